@@ -1,0 +1,274 @@
+// SPDX-License-Identifier: MIT
+// The private side of averbs::context: the request slab, the progress
+// sources, the timers, the deferred-completion doorbell and the wait loop.
+//
+// Slot life cycle (word = generation << 32 | flags, state in the low bits):
+//
+//   free --begin_request--> pending --complete/cancel (CAS winner)-->
+//   completing --publish--> completed --delivered and consumed--> free (gen+1)
+//
+// Exactly one party wins the pending -> completing CAS, so a request
+// completes once; every other completion or cancel sees a different state
+// (duplicate) or generation (stale) and is counted and ignored.  While the
+// initiating flag is set, the initiator (not the completer) delivers, which is
+// how an inline completion is held back until the initiating call returns.
+#pragma once
+
+#include "core/thread_state.hpp"
+#include "core/timer_queue.hpp"
+
+#include <averbs/async/completion_port.hpp>
+#include <averbs/async/context.hpp>
+#include <averbs/async/detail/core.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <span>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+namespace averbs::detail {
+
+enum : std::uint32_t {
+  state_free = 0,
+  state_pending = 1,
+  state_completing = 2,
+  state_completed = 3,
+  state_mask = 3,
+  flag_initiating = 1u << 2,  // initiator has not returned yet; it delivers
+  flag_waiter = 1u << 3,      // a thread sleeps on this request
+  flag_fd_armed = 1u << 4,    // native_handle() was asked for
+  flag_orphaned = 1u << 5,    // the request<T> handle was dropped
+  flag_cancelled = 1u << 6,
+};
+
+inline std::uint32_t gen_of(std::uint64_t w) noexcept { return static_cast<std::uint32_t>(w >> 32); }
+inline std::uint32_t state_of(std::uint64_t w) noexcept {
+  return static_cast<std::uint32_t>(w) & state_mask;
+}
+
+inline constexpr std::uint32_t no_index = 0xFFFFFFFFu;
+
+struct slot {
+  std::atomic<std::uint64_t> word{0};
+  std::atomic<std::uint32_t> next_free{no_index};
+  delivery_kind kind = delivery_kind::request;
+  bool skip_inline = false;
+  bool has_result = false;
+  bool fd_signaled = false;
+  int event_fd = -1;  // created on first native_handle(), kept across reuse
+  std::error_code ec;
+  result_manage_fn manage = nullptr;
+  const std::type_info* result_type = nullptr;
+  handler_fn handler = nullptr;
+  void* module = nullptr;  // dlopen reference held for the handler's module
+  port_impl* port = nullptr;
+  std::uint64_t key = 0;
+  thread_state* thread = nullptr;                 // thread delivery target
+  std::atomic<thread_state*> waiter{nullptr};     // thread sleeping in wait()
+  group_impl* group = nullptr;
+  std::uint32_t group_prev = no_index;  // Must hold the group's lock.
+  std::uint32_t group_next = no_index;  // Must hold the group's lock.
+  std::atomic<cancel_fn> cancel_hook{nullptr};
+  std::atomic<void*> cancel_arg{nullptr};
+  alignas(16) unsigned char result[inline_result_size];
+  alignas(16) unsigned char handler_storage[inline_handler_size];
+};
+
+/// What a wait waits for.  `arm()` registers the sleeping thread with the
+/// target and returns false if the target is already satisfied.
+class wait_target {
+ public:
+  virtual bool ready() noexcept = 0;
+  virtual bool arm(thread_state& ts) noexcept = 0;
+  virtual void disarm() noexcept = 0;
+  virtual int fd() const noexcept { return -1; }
+
+ protected:
+  ~wait_target() = default;
+};
+
+class context_impl final : public clock_listener {
+ public:
+  explicit context_impl(const context_options& opts);
+  ~context_impl();
+
+  void add_ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void release() noexcept;
+
+  // Slab.
+  slot* lookup(std::uint32_t index) const noexcept;
+  slot& at(std::uint32_t index) const noexcept { return *lookup(index); }
+  slot_ref begin(const initiation& in);
+  bool finish(request_id id, void* result_out, std::error_code* ec_out) noexcept;
+  bool complete(request_id id, const std::error_code& ec, void* result, bool cancel) noexcept;
+  void abandon(request_id id) noexcept;
+  /// Returns a slot to the free list; destroys what it still holds.
+  void free_slot(std::uint32_t index) noexcept;
+  /// Runs (or drops, if `run` is false) a thread-delivered handler.
+  void run_handler(std::uint32_t index, bool run);
+
+  // Progress.
+  void add_source(progress_source& s, std::error_code& ec) noexcept;
+  void remove_source(progress_source& s) noexcept;
+  std::size_t poll() noexcept;
+  /// Waits (driving progress) until `t` is ready, the timeout passes, or, if
+  /// `alertable`, handlers queued for this thread ran (their count goes to
+  /// `ran`).  Exceptions thrown by those handlers propagate.
+  std::error_code wait(wait_target& t, std::chrono::nanoseconds timeout, bool alertable,
+                       std::size_t* ran = nullptr);
+
+  // Timers and deferred completions, for operations.
+  void schedule(clock::duration delay, timer_fn fn, void* arg, const timer_payload& p);
+  void defer_completion(request_id id, const std::error_code& ec, std::uint64_t value);
+
+  averbs::clock& clock() const noexcept { return *clock_; }
+  int epoll_fd() const noexcept { return ep_; }
+  void on_clock_changed() noexcept override;
+
+  void start_progress_thread();
+  void stop_progress_thread() noexcept;
+  /// Cancels every pending request (context destruction).
+  void shutdown() noexcept;
+
+  context_stats stats() const noexcept;
+
+  struct counters {
+    std::atomic<std::uint64_t> started{0}, completed{0}, cancelled{0}, stale{0}, duplicate{0},
+        handlers_run{0}, handlers_dropped{0}, in_flight{0};
+  };
+  counters counters_;
+
+ private:
+  static constexpr std::uint32_t chunk_shift = 8;
+  static constexpr std::uint32_t chunk_size = 1u << chunk_shift;
+  static constexpr std::uint32_t max_chunks = 1u << 14;  // 4 Mi requests
+
+  std::uint32_t pop_free() noexcept;
+  void push_free(std::uint32_t index) noexcept;
+  std::uint32_t grow();
+  void publish(slot& s, std::uint32_t index) noexcept;
+  void deliver(slot& s, std::uint32_t index, std::uint64_t old_word) noexcept;
+  void run_timers() noexcept;
+  void drain_deferred() noexcept;
+  void rearm_timer(clock::time_point deadline) noexcept;
+  void progress_thread_main() noexcept;
+
+  std::atomic<int> refs_{1};
+  averbs::clock* clock_;
+  std::chrono::nanoseconds spin_;
+
+  std::unique_ptr<std::atomic<slot*>[]> chunks_;
+  std::atomic<std::uint32_t> capacity_{0};
+  std::atomic<std::uint64_t> free_head_;  // aba tag << 32 | index
+  std::mutex grow_mu_;
+
+  int ep_ = -1;
+  std::shared_mutex sources_mu_;  // shared: calling progress(); exclusive: (un)registering
+  std::vector<progress_source*> busy_sources_;  // Must hold sources_mu_.
+  std::vector<progress_source*> sources_;       // Must hold sources_mu_.
+
+  // Timers: a timerfd (real clock) or an eventfd the clock rings (manual).
+  timer_queue timers_;
+  int timer_fd_ = -1;
+  std::mutex timer_arm_mu_;
+  clock::time_point armed_deadline_ = clock::time_point::max();  // Must hold timer_arm_mu_.
+  std::mutex timer_run_mu_;
+
+  // Deferred completions, drained by progress.
+  struct deferred {
+    request_id id;
+    std::error_code ec;
+    std::uint64_t value;
+  };
+  int deferred_fd_ = -1;
+  std::mutex deferred_mu_;
+  std::vector<deferred> deferred_;        // Must hold deferred_mu_.
+  std::vector<deferred> deferred_spare_;  // Must hold deferred_mu_.
+  bool deferred_signaled_ = false;        // Must hold deferred_mu_.
+  std::mutex deferred_run_mu_;
+
+  std::thread progress_thread_;
+  int progress_stop_fd_ = -1;
+  std::atomic<bool> progress_stop_{false};
+};
+
+/// The port behind averbs::completion_port.
+class port_impl {
+ public:
+  explicit port_impl(context_impl& ctx);
+
+  void add_ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void release() noexcept;
+
+  /// Queues a completed request; false (caller frees the slot) if closed.
+  bool push_request(std::uint32_t index);
+  void post(std::uint64_t key, std::uint64_t value, const std::error_code& ec);
+  std::size_t try_get(std::span<completion_entry> out) noexcept;
+  std::size_t get(std::span<completion_entry> out, std::chrono::nanoseconds timeout, bool alertable,
+                  std::error_code& ec);
+  int native_handle() noexcept;
+  std::size_t size() const noexcept { return size_.load(std::memory_order_acquire); }
+  /// The handle was destroyed: discard queued entries and later deliveries.
+  void close() noexcept;
+
+ private:
+  friend class port_waiter;
+  ~port_impl();
+  struct item {
+    std::uint64_t key;
+    std::uint64_t value;
+    std::error_code ec;
+    std::uint32_t index;  // no_index for a user packet
+  };
+  void push_locked(const item& it, bool& need_write);
+  void clear_signal_locked() noexcept;
+
+  context_impl& ctx_;
+  std::atomic<int> refs_{1};
+  mutable std::mutex mu_;
+  std::vector<item> ring_;  // Must hold mu_; power-of-two capacity.
+  std::size_t head_ = 0;    // Must hold mu_.
+  std::size_t count_ = 0;   // Must hold mu_.
+  std::atomic<std::size_t> size_{0};
+  int fd_ = -1;
+  int watchers_ = 0;       // Must hold mu_: threads sleeping in get().
+  bool armed_ = false;     // Must hold mu_: native_handle() was asked for.
+  bool signaled_ = false;  // Must hold mu_: the eventfd holds a count.
+  bool closed_ = false;    // Must hold mu_.
+};
+
+/// The group behind averbs::request_group: an intrusive list of slots.
+class group_impl {
+ public:
+  explicit group_impl(context_impl& ctx) : ctx_(ctx) {}
+  void link(std::uint32_t index) noexcept;
+  void unlink(std::uint32_t index) noexcept;
+  std::size_t cancel_all() noexcept;
+  std::size_t pending() const noexcept;
+
+ private:
+  context_impl& ctx_;
+  mutable std::mutex mu_;
+  std::uint32_t head_ = no_index;  // Must hold mu_.
+  std::size_t count_ = 0;          // Must hold mu_.
+};
+
+/// Depth of completion-handler calls on this thread (the "dispatch level").
+struct handler_scope {
+  handler_scope() noexcept;
+  ~handler_scope();
+};
+
+/// Monotonic real time, for wait timeouts (never the injectable clock).
+std::chrono::nanoseconds real_now() noexcept;
+
+void* module_acquire(const void* code) noexcept;
+void module_release(void* handle) noexcept;
+
+}  // namespace averbs::detail

@@ -1,0 +1,232 @@
+// SPDX-License-Identifier: MIT
+#include "core/context_impl.hpp"
+
+#include <averbs/async/completion_port.hpp>
+#include <averbs/error.hpp>
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace averbs {
+namespace detail {
+
+namespace {
+void write_one(int fd) noexcept {
+  const std::uint64_t one = 1;
+  while (::write(fd, &one, sizeof one) < 0 && errno == EINTR) {
+  }
+}
+}  // namespace
+
+port_impl::port_impl(context_impl& ctx) : ctx_(ctx), ring_(16) {
+  fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (fd_ < 0) throw std::system_error(errno, std::system_category(), "eventfd");
+  ctx_.add_ref();
+}
+
+port_impl::~port_impl() {
+  ::close(fd_);
+  ctx_.release();
+}
+
+void port_impl::release() noexcept {
+  if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+}
+
+void port_impl::push_locked(const item& it, bool& need_write) {
+  if (count_ == ring_.size()) {
+    // Grow to the next power of two, unrolling the ring; only past the
+    // largest backlog seen so far.
+    std::vector<item> bigger(ring_.size() * 2);
+    for (std::size_t i = 0; i < count_; ++i) bigger[i] = ring_[(head_ + i) & (ring_.size() - 1)];
+    ring_.swap(bigger);
+    head_ = 0;
+  }
+  ring_[(head_ + count_) & (ring_.size() - 1)] = it;
+  ++count_;
+  size_.store(count_, std::memory_order_release);
+  if ((watchers_ > 0 || armed_) && !signaled_) {
+    signaled_ = true;
+    need_write = true;
+  }
+}
+
+void port_impl::clear_signal_locked() noexcept {
+  if (signaled_ && count_ == 0) {
+    std::uint64_t v;
+    while (::read(fd_, &v, sizeof v) < 0 && errno == EINTR) {
+    }
+    signaled_ = false;
+  }
+}
+
+bool port_impl::push_request(std::uint32_t index) {
+  bool need_write = false;
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return false;
+    try {
+      push_locked({0, 0, {}, index}, need_write);
+    } catch (...) {
+      return false;  // out of memory: the completion is dropped, not leaked
+    }
+  }
+  if (need_write) write_one(fd_);
+  return true;
+}
+
+void port_impl::post(std::uint64_t key, std::uint64_t value, const std::error_code& ec) {
+  bool need_write = false;
+  {
+    std::lock_guard lock(mu_);
+    if (closed_) return;
+    push_locked({key, value, ec, no_index}, need_write);
+  }
+  if (need_write) write_one(fd_);
+}
+
+std::size_t port_impl::try_get(std::span<completion_entry> out) noexcept {
+  std::lock_guard lock(mu_);
+  const std::size_t n = std::min(out.size(), count_);
+  for (std::size_t i = 0; i < n; ++i) {
+    const item it = ring_[head_];
+    head_ = (head_ + 1) & (ring_.size() - 1);
+    completion_entry& e = out[i];
+    e.reset();
+    if (it.index == no_index) {
+      e.key_ = it.key;
+      e.ec_ = it.ec;
+      e.user_ = true;
+      e.manage_ = &manage_result<std::uint64_t>;
+      e.type_ = &typeid(std::uint64_t);
+      ::new (e.storage_) std::uint64_t(it.value);
+      continue;
+    }
+    slot& s = ctx_.at(it.index);
+    e.key_ = s.key;
+    e.ec_ = s.ec;
+    e.user_ = false;
+    if (s.has_result) {
+      e.manage_ = s.manage;
+      e.type_ = s.result_type;
+      s.manage(result_op::move_construct, e.storage_, s.result);
+    }
+    ctx_.free_slot(it.index);
+  }
+  count_ -= n;
+  size_.store(count_, std::memory_order_release);
+  clear_signal_locked();
+  return n;
+}
+
+// Waits on the port: sleeping threads are counted so a push writes the
+// eventfd only when somebody may be asleep on it.
+class port_waiter final : public wait_target {
+ public:
+  explicit port_waiter(port_impl& p) : p_(p) {}
+  bool ready() noexcept override { return p_.size() != 0; }
+  bool arm(thread_state&) noexcept override {
+    std::lock_guard lock(p_.mu_);
+    // Entries that arrived before we counted ourselves did not ring the fd:
+    // do not sleep, take them.
+    if (p_.count_ != 0) return false;
+    ++p_.watchers_;
+    armed_ = true;
+    return true;
+  }
+  void disarm() noexcept override {
+    if (!armed_) return;
+    std::lock_guard lock(p_.mu_);
+    --p_.watchers_;
+    armed_ = false;
+  }
+  int fd() const noexcept override { return p_.fd_; }
+
+ private:
+  port_impl& p_;
+  bool armed_ = false;
+};
+
+std::size_t port_impl::get(std::span<completion_entry> out, std::chrono::nanoseconds timeout,
+                           bool alertable, std::error_code& ec) {
+  ec.clear();
+  if (out.empty()) return 0;
+  if (std::size_t n = try_get(out); n != 0) return n;
+  if (timeout != std::chrono::nanoseconds::zero() && in_handler()) {
+    ec = make_error_code(errc::would_deadlock);
+    return 0;
+  }
+  const auto deadline = timeout == std::chrono::nanoseconds::max() ? timeout : real_now() + timeout;
+  for (;;) {
+    port_waiter w(*this);
+    const auto left = deadline == std::chrono::nanoseconds::max()
+                          ? deadline
+                          : std::max(deadline - real_now(), std::chrono::nanoseconds::zero());
+    ec = ctx_.wait(w, left, alertable);
+    w.disarm();
+    if (ec) return 0;
+    if (std::size_t n = try_get(out); n != 0) return n;
+    // Another waiter took the entries; wait again for the time left.
+  }
+}
+
+int port_impl::native_handle() noexcept {
+  bool need_write = false;
+  {
+    std::lock_guard lock(mu_);
+    armed_ = true;
+    if (count_ != 0 && !signaled_) {
+      signaled_ = true;
+      need_write = true;
+    }
+  }
+  if (need_write) write_one(fd_);
+  return fd_;
+}
+
+void port_impl::close() noexcept {
+  std::lock_guard lock(mu_);
+  closed_ = true;
+  while (count_ != 0) {
+    const item it = ring_[head_];
+    head_ = (head_ + 1) & (ring_.size() - 1);
+    --count_;
+    if (it.index != no_index) ctx_.free_slot(it.index);
+  }
+  size_.store(0, std::memory_order_release);
+}
+
+}  // namespace detail
+
+completion_port::completion_port(context& ctx)
+    : ctx_(&ctx), impl_(new detail::port_impl(ctx.detail_impl())) {}
+
+completion_port::~completion_port() {
+  impl_->close();
+  impl_->release();
+}
+
+std::size_t completion_port::get(std::span<completion_entry> out, std::chrono::nanoseconds timeout,
+                                 wait_mode mode) {
+  std::error_code ec;
+  const std::size_t n = get(out, timeout, mode, ec);
+  if (ec == errc::would_deadlock) throw_error(ec, "averbs::completion_port::get");
+  return n;
+}
+
+std::size_t completion_port::get(std::span<completion_entry> out, std::chrono::nanoseconds timeout,
+                                 wait_mode mode, std::error_code& ec) {
+  return impl_->get(out, timeout, mode == wait_mode::alertable, ec);
+}
+
+void completion_port::post(std::uint64_t key, std::uint64_t value, const std::error_code& ec) {
+  impl_->post(key, value, ec);
+}
+
+int completion_port::native_handle() noexcept { return impl_->native_handle(); }
+
+std::size_t completion_port::size() const noexcept { return impl_->size(); }
+
+}  // namespace averbs

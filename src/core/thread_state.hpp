@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: MIT
+// Per-thread state: the queue of completion handlers (APCs) waiting for this
+// thread's next alertable wait, and the eventfd that wakes the thread when a
+// handler is queued or a request it sleeps on completes.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+namespace averbs::detail {
+
+class context_impl;
+
+class thread_state {
+ public:
+  /// The calling thread's state, created on first use.
+  static thread_state& current();
+
+  int wake_fd() const noexcept { return wake_fd_; }
+
+  /// A descriptor readable while handlers are queued, for a program's own
+  /// event loop (context::thread_handle()).  Created on first use.
+  int handle_fd();
+
+  /// Queues a handler; false if the thread has exited (the caller drops it).
+  /// Takes a context reference for the queued item.
+  bool push(context_impl& ctx, std::uint32_t index);
+
+  /// Runs queued handlers (only on the owning thread).  Stops after the
+  /// first handler that throws, rethrowing its exception.
+  std::size_t run();
+
+  bool has_work() const noexcept { return queued_.load(std::memory_order_acquire) != 0; }
+
+  /// Prepares to sleep in a wait.  Returns false if `alertable` and handlers
+  /// are already queued (the wait must not sleep).
+  bool arm(bool alertable) noexcept;
+  /// Ends the sleep; drains the wake descriptor.
+  void disarm() noexcept;
+
+  /// Wakes the thread if it sleeps in a wait (a request it waits on completed).
+  void wake() noexcept;
+
+  void add_ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
+  void release() noexcept;
+
+  /// Called by the thread-exit hook: drops queued handlers unrun.
+  void exit() noexcept;
+
+ private:
+  thread_state();
+  ~thread_state();
+
+  struct item {
+    context_impl* ctx;
+    std::uint32_t index;
+  };
+
+  void signal_locked(bool& need_write) noexcept;
+
+  void update_handle_locked() noexcept;
+
+  int wake_fd_ = -1;
+  int handle_fd_ = -1;          // Must hold mu_ to create.
+  bool handle_signaled_ = false;  // Must hold mu_.
+  std::mutex mu_;
+  std::vector<item> items_;  // Must hold mu_.
+  std::size_t head_ = 0;     // Must hold mu_.
+  bool sleeping_ = false;    // Must hold mu_.
+  bool signaled_ = false;    // Must hold mu_: the eventfd holds a count.
+  bool alive_ = true;        // Must hold mu_.
+  std::atomic<std::size_t> queued_{0};
+  std::atomic<int> refs_{1};  // the thread itself, plus one per slot targeting it
+};
+
+}  // namespace averbs::detail

@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: MIT
+#include "core/timer_queue.hpp"
+
+#include <algorithm>
+#include <array>
+
+namespace averbs::detail {
+
+bool timer_queue::schedule(clock::time_point deadline, timer_fn fn, void* arg,
+                           const timer_payload& p) {
+  std::lock_guard lock(mu_);
+  const std::uint64_t seq = seq_++;
+  heap_.push_back({deadline, seq, fn, arg, p});
+  std::push_heap(heap_.begin(), heap_.end(), later{});
+  return heap_.front().seq == seq;
+}
+
+std::size_t timer_queue::run_expired(clock::time_point now) {
+  std::size_t total = 0;
+  for (;;) {
+    // Take a batch under the lock, run it outside so timer functions may
+    // schedule (retry timers re-arm themselves).
+    std::array<entry, 32> batch;
+    std::size_t n = 0;
+    {
+      std::lock_guard lock(mu_);
+      while (n < batch.size() && !heap_.empty() && heap_.front().deadline <= now) {
+        std::pop_heap(heap_.begin(), heap_.end(), later{});
+        batch[n++] = heap_.back();
+        heap_.pop_back();
+      }
+    }
+    if (n == 0) return total;
+    for (std::size_t i = 0; i < n; ++i) batch[i].fn(batch[i].arg, batch[i].payload);
+    total += n;
+  }
+}
+
+clock::time_point timer_queue::next_deadline() const {
+  std::lock_guard lock(mu_);
+  return heap_.empty() ? clock::time_point::max() : heap_.front().deadline;
+}
+
+std::size_t timer_queue::size() const {
+  std::lock_guard lock(mu_);
+  return heap_.size();
+}
+
+}  // namespace averbs::detail

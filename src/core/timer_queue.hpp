@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: MIT
+// Deadline-ordered timers on a context's injectable clock.  Cancellation is
+// lazy: a timer whose owner no longer wants it fires into a stale request id
+// and is ignored by the core.
+#pragma once
+
+#include <averbs/async/clock.hpp>
+
+#include <cstdint>
+#include <mutex>
+#include <system_error>
+#include <vector>
+
+namespace averbs::detail {
+
+/// What a timer hands back to its function when it fires.
+struct timer_payload {
+  std::uint64_t a = 0;
+  std::uint64_t b = 0;
+  std::error_code ec{};
+};
+
+using timer_fn = void (*)(void* arg, const timer_payload& p) noexcept;
+
+class timer_queue {
+ public:
+  /// Adds a timer; returns true if it is now the earliest (the caller
+  /// re-arms its wake-up).
+  bool schedule(clock::time_point deadline, timer_fn fn, void* arg, const timer_payload& p);
+
+  /// Runs every timer due at `now`; returns the number run.  Timer functions
+  /// run without the lock held and may schedule new timers.
+  std::size_t run_expired(clock::time_point now);
+
+  /// The earliest deadline, or `time_point::max()` if none.
+  clock::time_point next_deadline() const;
+
+  std::size_t size() const;
+
+ private:
+  struct entry {
+    clock::time_point deadline;
+    std::uint64_t seq;
+    timer_fn fn;
+    void* arg;
+    timer_payload payload;
+  };
+  struct later {
+    bool operator()(const entry& a, const entry& b) const noexcept {
+      return a.deadline != b.deadline ? a.deadline > b.deadline : a.seq > b.seq;
+    }
+  };
+
+  mutable std::mutex mu_;
+  std::vector<entry> heap_;  // Must hold mu_.
+  std::uint64_t seq_ = 0;    // Must hold mu_.
+};
+
+}  // namespace averbs::detail

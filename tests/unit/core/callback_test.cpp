@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: MIT
+// Rule 3 (callbacks, the APC model): a handler runs exactly once, on the
+// initiating thread, only inside an alertable wait, never inside the
+// initiating call.
+#include <averbs/async.hpp>
+
+#include <gtest/gtest.h>
+#include <poll.h>
+
+#include <memory>
+#include <stdexcept>
+#include <thread>
+
+namespace {
+
+using namespace std::chrono_literals;
+using averbs::errc;
+
+TEST(callback, never_runs_inside_the_initiating_call) {
+  averbs::context ctx;
+  int calls = 0;
+  averbs::nop_params p;
+  p.value = 1;
+  averbs::async_nop(ctx, p, [&](std::error_code, std::uint64_t) { ++calls; });
+  EXPECT_EQ(calls, 0) << "the no-op completed inline, yet the handler waits";
+  EXPECT_EQ(ctx.alertable_wait(0ns), 1u);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(ctx.alertable_wait(0ns), 0u) << "exactly once";
+}
+
+TEST(callback, does_not_run_in_a_non_alertable_wait) {
+  averbs::context ctx;
+  int calls = 0;
+  averbs::async_nop(ctx, {}, [&](std::error_code, std::uint64_t) { ++calls; });
+  auto r = averbs::async_nop(ctx, {}, averbs::use_request);
+  r.wait();
+  EXPECT_EQ(calls, 0);
+  averbs::completion_port port(ctx);
+  std::array<averbs::completion_entry, 1> e;
+  std::error_code ec;
+  port.get(e, 1ms, averbs::wait_mode::normal, ec);
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(ctx.alertable_wait(0ns), 1u);
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(callback, runs_on_the_initiating_thread_even_when_another_thread_completes) {
+  averbs::context ctx;
+  ctx.start_progress_thread();  // completions happen on the progress thread
+  const auto self = std::this_thread::get_id();
+  std::thread::id ran_on;
+  averbs::nop_params p;
+  p.delay = 1ms;
+  p.value = 2;
+  std::uint64_t got = 0;
+  averbs::async_nop(ctx, p, [&](std::error_code ec, std::uint64_t v) {
+    EXPECT_FALSE(ec);
+    ran_on = std::this_thread::get_id();
+    got = v;
+  });
+  while (ctx.alertable_wait(1s) == 0) {
+  }
+  EXPECT_EQ(ran_on, self);
+  EXPECT_EQ(got, 2u);
+}
+
+TEST(callback, handlers_of_another_thread_stay_with_that_thread) {
+  averbs::context ctx;
+  std::thread::id ran_on;
+  std::thread t([&] {
+    averbs::async_nop(ctx, {}, [&](std::error_code, std::uint64_t) { ran_on = std::this_thread::get_id(); });
+    EXPECT_EQ(ctx.alertable_wait(1s), 1u);
+    ran_on = ran_on == std::this_thread::get_id() ? ran_on : std::thread::id{};
+  });
+  t.join();
+  EXPECT_NE(ran_on, std::thread::id{});
+  EXPECT_NE(ran_on, std::this_thread::get_id());
+  EXPECT_EQ(ctx.alertable_wait(0ns), 0u) << "nothing queued for this thread";
+}
+
+TEST(callback, alertable_wait_times_out_when_nothing_completes) {
+  averbs::context ctx;
+  std::error_code ec;
+  EXPECT_EQ(ctx.alertable_wait(2ms, ec), 0u);
+  EXPECT_EQ(ec, errc::timed_out);
+}
+
+TEST(callback, alertable_port_wait_runs_handlers_and_reports_alerted) {
+  averbs::context ctx;
+  averbs::completion_port port(ctx);
+  int calls = 0;
+  averbs::async_nop(ctx, {}, [&](std::error_code, std::uint64_t) { ++calls; });
+  std::array<averbs::completion_entry, 1> e;
+  std::error_code ec;
+  EXPECT_EQ(port.get(e, 1s, averbs::wait_mode::alertable, ec), 0u);
+  EXPECT_EQ(ec, errc::alerted);
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(callback, alertable_request_wait_runs_handlers) {
+  averbs::context ctx;
+  int calls = 0;
+  averbs::async_nop(ctx, {}, [&](std::error_code, std::uint64_t) { ++calls; });
+  averbs::nop_params p;
+  p.delay = 1h;
+  auto r = averbs::async_nop(ctx, p, averbs::use_request);
+  std::error_code ec;
+  EXPECT_FALSE(r.wait_for(1s, averbs::wait_mode::alertable, ec));
+  EXPECT_EQ(ec, errc::alerted);
+  EXPECT_EQ(calls, 1);
+  r.cancel();
+}
+
+TEST(callback, move_only_handler_is_accepted_and_destroyed_after_running) {
+  averbs::context ctx;
+  auto owned = std::make_shared<int>(5);
+  std::weak_ptr<int> watch = owned;
+  auto payload = std::make_unique<std::shared_ptr<int>>(std::move(owned));
+  int seen = 0;
+  averbs::async_nop(ctx, {}, [p = std::move(payload), &seen](std::error_code, std::uint64_t) { seen = **p; });
+  EXPECT_FALSE(watch.expired());
+  ctx.alertable_wait(0ns);
+  EXPECT_EQ(seen, 5);
+  EXPECT_TRUE(watch.expired()) << "handler state released once it ran";
+}
+
+TEST(callback, large_handler_is_boxed_and_still_runs_once) {
+  averbs::context ctx;
+  std::array<char, 512> big{};
+  big[100] = 'x';
+  char seen = 0;
+  averbs::async_nop(ctx, {}, [big, &seen](std::error_code, std::uint64_t) { seen = big[100]; });
+  EXPECT_EQ(ctx.alertable_wait(0ns), 1u);
+  EXPECT_EQ(seen, 'x');
+}
+
+TEST(callback, exception_from_a_handler_propagates_and_frees_the_request) {
+  averbs::context ctx;
+  averbs::async_nop(ctx, {}, [](std::error_code, std::uint64_t) { throw std::runtime_error("boom"); });
+  EXPECT_THROW(ctx.alertable_wait(0ns), std::runtime_error);
+  EXPECT_EQ(ctx.stats().in_flight, 0u);
+}
+
+TEST(callback, thread_handle_is_readable_while_handlers_are_queued) {
+  averbs::context ctx;
+  ctx.start_progress_thread();
+  const int fd = ctx.thread_handle();
+  pollfd pfd{fd, POLLIN, 0};
+  EXPECT_EQ(::poll(&pfd, 1, 0), 0);
+  averbs::nop_params p;
+  p.delay = 1ms;
+  int calls = 0;
+  averbs::async_nop(ctx, p, [&](std::error_code, std::uint64_t) { ++calls; });
+  // The program's own loop sleeps in poll(); the progress thread completes
+  // the no-op and the handle becomes readable.
+  ASSERT_EQ(::poll(&pfd, 1, 5000), 1);
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(ctx.alertable_wait(0ns), 1u);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(::poll(&pfd, 1, 0), 0) << "quiet once the queue is empty";
+}
+
+TEST(callback, handler_dropped_when_its_thread_exits_and_the_slot_is_freed) {
+  averbs::manual_clock clk;
+  averbs::context_options o;
+  o.clock = &clk;
+  averbs::context ctx(o);
+  int calls = 0;
+  std::thread t([&] {
+    averbs::nop_params p;
+    p.delay = 1ms;
+    averbs::async_nop(ctx, p, [&](std::error_code, std::uint64_t) { ++calls; });
+  });
+  t.join();
+  clk.advance(1ms);
+  ctx.poll();
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(ctx.stats().handlers_dropped, 1u);
+  EXPECT_EQ(ctx.stats().in_flight, 0u);
+}
+
+}  // namespace

@@ -1,0 +1,128 @@
+// SPDX-License-Identifier: MIT
+// Rule 3: use_future and use_awaitable.
+#include <averbs/async.hpp>
+
+#include <gtest/gtest.h>
+
+#include <coroutine>
+#include <exception>
+#include <future>
+#include <thread>
+
+namespace {
+
+using namespace std::chrono_literals;
+using averbs::errc;
+
+TEST(future, becomes_ready_when_a_wait_drives_progress) {
+  averbs::context ctx;
+  averbs::nop_params p;
+  p.defer = true;
+  p.value = 8;
+  std::future<std::uint64_t> f = averbs::async_nop(ctx, p, averbs::use_future);
+  EXPECT_EQ(f.wait_for(0s), std::future_status::timeout);
+  ctx.poll();  // a single-threaded program drives progress itself
+  ASSERT_EQ(f.wait_for(0s), std::future_status::ready);
+  EXPECT_EQ(f.get(), 8u);
+}
+
+TEST(future, carries_the_error_as_system_error) {
+  averbs::context ctx;
+  averbs::nop_params p;
+  p.error = errc::busy;
+  auto f = averbs::async_nop(ctx, p, averbs::use_future);
+  try {
+    f.get();
+    FAIL() << "expected an exception";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::busy);
+  }
+}
+
+TEST(future, is_satisfied_by_the_progress_thread) {
+  averbs::context ctx;
+  ctx.start_progress_thread();
+  averbs::nop_params p;
+  p.delay = 1ms;
+  p.value = 3;
+  auto f = averbs::async_nop(ctx, p, averbs::use_future);
+  EXPECT_EQ(f.get(), 3u);
+}
+
+// A minimal eager coroutine type for the tests.
+struct task {
+  struct promise_type {
+    task get_return_object() { return {}; }
+    std::suspend_never initial_suspend() noexcept { return {}; }
+    std::suspend_never final_suspend() noexcept { return {}; }
+    void return_void() {}
+    void unhandled_exception() { std::terminate(); }
+  };
+};
+
+task two_nops(averbs::context* ctx, std::uint64_t* sum, int* state) {
+  averbs::nop_params p;
+  p.value = 20;
+  *state = 1;
+  const std::uint64_t a = co_await averbs::async_nop(*ctx, p, averbs::use_awaitable);
+  *state = 2;
+  p.value = 22;
+  p.defer = true;
+  const std::uint64_t b = co_await averbs::async_nop(*ctx, p, averbs::use_awaitable);
+  *sum = a + b;
+  *state = 3;
+}
+
+TEST(awaitable, coroutine_resumes_only_inside_alertable_waits) {
+  averbs::context ctx;
+  std::uint64_t sum = 0;
+  int state = 0;
+  two_nops(&ctx, &sum, &state);
+  EXPECT_EQ(state, 1) << "suspended on the first no-op, not resumed inline";
+  EXPECT_EQ(ctx.alertable_wait(1s), 1u);
+  EXPECT_EQ(state, 2) << "suspended on the deferred no-op";
+  EXPECT_EQ(ctx.alertable_wait(1s), 1u);
+  EXPECT_EQ(state, 3);
+  EXPECT_EQ(sum, 42u);
+}
+
+task catch_error(averbs::context* ctx, std::error_code* seen) {
+  averbs::nop_params p;
+  p.error = averbs::wc_status::retry_exc_err;
+  try {
+    co_await averbs::async_nop(*ctx, p, averbs::use_awaitable);
+  } catch (const std::system_error& e) {
+    *seen = e.code();
+  }
+}
+
+TEST(awaitable, error_is_thrown_into_the_coroutine) {
+  averbs::context ctx;
+  std::error_code seen;
+  catch_error(&ctx, &seen);
+  ctx.alertable_wait(1s);
+  EXPECT_EQ(seen, averbs::wc_status::retry_exc_err);
+}
+
+task wait_cancelled(averbs::context* ctx, averbs::request_group* g, std::error_code* seen) {
+  averbs::nop_params p;
+  p.delay = 1h;
+  p.group = g;
+  try {
+    co_await averbs::async_nop(*ctx, p, averbs::use_awaitable);
+  } catch (const std::system_error& e) {
+    *seen = e.code();
+  }
+}
+
+TEST(awaitable, cancellation_resumes_with_operation_aborted) {
+  averbs::context ctx;
+  averbs::request_group g(ctx);
+  std::error_code seen;
+  wait_cancelled(&ctx, &g, &seen);
+  EXPECT_EQ(g.cancel(), 1u);
+  ctx.alertable_wait(1s);
+  EXPECT_EQ(seen, errc::operation_aborted);
+}
+
+}  // namespace

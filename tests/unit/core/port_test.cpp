@@ -1,0 +1,191 @@
+// SPDX-License-Identifier: MIT
+// Rule 3: the bind_port token and completion ports.
+#include <averbs/async.hpp>
+
+#include <gtest/gtest.h>
+#include <poll.h>
+
+#include <array>
+#include <atomic>
+#include <set>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace std::chrono_literals;
+using averbs::errc;
+
+TEST(port, completion_is_queued_with_key_status_and_result) {
+  averbs::context ctx;
+  averbs::completion_port port(ctx);
+  averbs::nop_params p;
+  p.defer = true;
+  p.value = 77;
+  auto s = averbs::async_nop(ctx, p, averbs::bind_port(port, 0xABC));
+  EXPECT_FALSE(s.completed_inline());
+  std::array<averbs::completion_entry, 4> e;
+  ASSERT_EQ(port.get(e, 1s), 1u);
+  EXPECT_EQ(e[0].key(), 0xABCu);
+  EXPECT_FALSE(e[0].error());
+  EXPECT_FALSE(e[0].user_packet());
+  ASSERT_NE(e[0].result<std::uint64_t>(), nullptr);
+  EXPECT_EQ(*e[0].result<std::uint64_t>(), 77u);
+  EXPECT_EQ(e[0].result<int>(), nullptr) << "wrong type is refused";
+}
+
+TEST(port, get_dequeues_a_batch) {
+  averbs::context ctx;
+  averbs::completion_port port(ctx);
+  for (std::uint64_t i = 0; i < 10; ++i) {
+    averbs::nop_params p;
+    p.value = i;
+    averbs::async_nop(ctx, p, averbs::bind_port(port, i));
+  }
+  EXPECT_EQ(port.size(), 10u);
+  std::array<averbs::completion_entry, 8> e;
+  ASSERT_EQ(port.get(e, 0ns), 8u);
+  for (std::uint64_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(e[i].key(), i) << "FIFO order";
+    EXPECT_EQ(*e[i].result<std::uint64_t>(), i);
+  }
+  ASSERT_EQ(port.get(e, 0ns), 2u);
+  std::error_code ec;
+  EXPECT_EQ(port.get(e, 0ns, averbs::wait_mode::normal, ec), 0u);
+  EXPECT_EQ(ec, errc::timed_out);
+}
+
+TEST(port, inline_completion_is_still_queued_without_the_skip_flag) {
+  averbs::context ctx;
+  averbs::completion_port port(ctx);
+  auto s = averbs::async_nop(ctx, {}, averbs::bind_port(port, 1));
+  EXPECT_FALSE(s.completed_inline());
+  EXPECT_EQ(port.size(), 1u);
+}
+
+TEST(port, skip_on_inline_success_returns_the_result_and_queues_nothing) {
+  averbs::context ctx;
+  averbs::completion_port port(ctx);
+  averbs::nop_params p;
+  p.value = 9;
+  auto s = averbs::async_nop(ctx, p,
+                             averbs::bind_port(port, 1, averbs::port_flags::skip_on_inline_success));
+  ASSERT_TRUE(s.completed_inline());
+  EXPECT_EQ(s.value(), 9u);
+  EXPECT_EQ(port.size(), 0u);
+  EXPECT_EQ(ctx.stats().in_flight, 0u);
+}
+
+TEST(port, skip_flag_still_queues_inline_failures_and_pending_completions) {
+  averbs::context ctx;
+  averbs::completion_port port(ctx);
+  const auto skip = averbs::port_flags::skip_on_inline_success;
+  averbs::nop_params failing;
+  failing.error = errc::invalid_argument;
+  EXPECT_FALSE(averbs::async_nop(ctx, failing, averbs::bind_port(port, 1, skip)).completed_inline());
+  averbs::nop_params deferred;
+  deferred.defer = true;
+  EXPECT_FALSE(averbs::async_nop(ctx, deferred, averbs::bind_port(port, 2, skip)).completed_inline());
+  std::array<averbs::completion_entry, 2> e;
+  ASSERT_EQ(port.get(e, 1s), 1u);
+  EXPECT_EQ(e[0].key(), 1u);
+  EXPECT_EQ(e[0].error(), errc::invalid_argument);
+  ASSERT_EQ(port.get(e, 1s), 1u);
+  EXPECT_EQ(e[0].key(), 2u);
+  EXPECT_FALSE(e[0].error());
+}
+
+TEST(port, post_queues_a_user_packet) {
+  averbs::context ctx;
+  averbs::completion_port port(ctx);
+  port.post(5, 123, errc::timed_out);
+  std::array<averbs::completion_entry, 1> e;
+  ASSERT_EQ(port.get(e, 0ns), 1u);
+  EXPECT_TRUE(e[0].user_packet());
+  EXPECT_EQ(e[0].key(), 5u);
+  EXPECT_EQ(e[0].error(), errc::timed_out);
+  EXPECT_EQ(*e[0].result<std::uint64_t>(), 123u);
+}
+
+TEST(port, native_handle_is_readable_while_entries_are_queued) {
+  averbs::context ctx;
+  averbs::completion_port port(ctx);
+  pollfd pfd{port.native_handle(), POLLIN, 0};
+  EXPECT_EQ(::poll(&pfd, 1, 0), 0);
+  port.post(1);
+  port.post(2);
+  EXPECT_EQ(::poll(&pfd, 1, 0), 1);
+  std::array<averbs::completion_entry, 1> e;
+  ASSERT_EQ(port.get(e, 0ns), 1u);
+  EXPECT_EQ(::poll(&pfd, 1, 0), 1) << "one entry left";
+  ASSERT_EQ(port.get(e, 0ns), 1u);
+  EXPECT_EQ(::poll(&pfd, 1, 0), 0) << "empty again";
+}
+
+TEST(port, several_threads_wait_on_one_port_and_each_entry_is_taken_once) {
+  averbs::context_options o;
+  o.spin = 0ns;
+  averbs::context ctx(o);
+  averbs::completion_port port(ctx);
+  constexpr int threads = 4, per_thread = 2000, total = threads * per_thread;
+  std::atomic<int> taken{0};
+  std::vector<std::vector<std::uint64_t>> got(threads);
+  std::vector<std::thread> ws;
+  for (int t = 0; t < threads; ++t) {
+    ws.emplace_back([&, t] {
+      std::array<averbs::completion_entry, 16> e;
+      while (taken.load() < total) {
+        const std::size_t n = port.get(e, 20ms);
+        for (std::size_t i = 0; i < n; ++i) got[t].push_back(*e[i].result<std::uint64_t>());
+        taken.fetch_add(static_cast<int>(n));
+      }
+    });
+  }
+  for (int i = 0; i < total; ++i) {
+    averbs::nop_params p;
+    p.defer = (i % 2) == 0;
+    p.value = static_cast<std::uint64_t>(i);
+    averbs::async_nop(ctx, p, averbs::bind_port(port, 0));
+    if (i % 256 == 0) std::this_thread::yield();
+  }
+  for (auto& w : ws) w.join();
+  std::set<std::uint64_t> all;
+  for (auto& g : got) all.insert(g.begin(), g.end());
+  EXPECT_EQ(all.size(), static_cast<std::size_t>(total)) << "no entry lost or duplicated";
+  EXPECT_EQ(taken.load(), total);
+}
+
+TEST(port, destroying_a_port_discards_queued_and_later_completions) {
+  averbs::manual_clock clk;
+  averbs::context_options o;
+  o.clock = &clk;
+  averbs::context ctx(o);
+  {
+    averbs::completion_port port(ctx);
+    averbs::async_nop(ctx, {}, averbs::bind_port(port, 1));  // queued
+    averbs::nop_params p;
+    p.delay = 1ms;
+    averbs::async_nop(ctx, p, averbs::bind_port(port, 2));  // pending
+    EXPECT_EQ(ctx.stats().in_flight, 2u);
+  }
+  EXPECT_EQ(ctx.stats().in_flight, 1u);
+  clk.advance(1ms);
+  ctx.poll();
+  EXPECT_EQ(ctx.stats().in_flight, 0u);
+}
+
+TEST(port, entry_moves_keep_the_result) {
+  averbs::context ctx;
+  averbs::completion_port port(ctx);
+  averbs::nop_params p;
+  p.value = 4;
+  averbs::async_nop(ctx, p, averbs::bind_port(port, 3));
+  std::array<averbs::completion_entry, 1> e;
+  ASSERT_EQ(port.get(e, 0ns), 1u);
+  averbs::completion_entry moved = std::move(e[0]);
+  EXPECT_EQ(e[0].result<std::uint64_t>(), nullptr);
+  EXPECT_EQ(*moved.result<std::uint64_t>(), 4u);
+  EXPECT_EQ(moved.key(), 3u);
+}
+
+}  // namespace

@@ -1,0 +1,213 @@
+// SPDX-License-Identifier: MIT
+// Rule 5: progress without threads.
+#include <averbs/async.hpp>
+
+#include <gtest/gtest.h>
+#include <dirent.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <thread>
+
+namespace {
+
+using namespace std::chrono_literals;
+using averbs::errc;
+
+int thread_count() {
+  int n = 0;
+  if (DIR* d = ::opendir("/proc/self/task")) {
+    while (dirent* e = ::readdir(d)) n += e->d_name[0] != '.';
+    ::closedir(d);
+  }
+  return n;
+}
+
+// A progress source standing for a device: an eventfd "interrupt" and a
+// completion that progress() delivers.
+class fake_device final : public averbs::progress_source {
+ public:
+  explicit fake_device(averbs::context& ctx) : ctx_(ctx), fd_(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+  ~fake_device() { ::close(fd_); }
+  int native_handle() const noexcept override { return fd_; }
+  void progress() noexcept override {
+    std::uint64_t v;
+    if (::read(fd_, &v, sizeof v) != sizeof v) return;
+    ++progress_calls;
+    if (pending.index != 0xFFFFFFFFu)
+      averbs::detail::complete_request(ctx_.detail_impl(), std::exchange(pending, {0xFFFFFFFFu, 0}), {}, nullptr);
+  }
+  void interrupt() {
+    const std::uint64_t one = 1;
+    ASSERT_EQ(::write(fd_, &one, sizeof one), 8);
+  }
+  template <class Token>
+  auto async_op(Token&& token) {
+    return averbs::detail::initiate<void>(ctx_, nullptr, std::forward<Token>(token),
+                                          [this](averbs::detail::completer<void> c) noexcept { pending = c.id(); });
+  }
+
+  averbs::detail::request_id pending{0xFFFFFFFFu, 0};
+  int progress_calls = 0;
+
+ private:
+  averbs::context& ctx_;
+  int fd_;
+};
+
+TEST(progress, no_thread_is_started_by_default) {
+  const int before = thread_count();
+  averbs::context ctx;
+  averbs::completion_port port(ctx);
+  averbs::nop_params p;
+  p.delay = 1ms;
+  averbs::async_nop(ctx, p, averbs::bind_port(port, 1));
+  std::array<averbs::completion_entry, 1> e;
+  ASSERT_EQ(port.get(e, 1s), 1u);
+  EXPECT_EQ(thread_count(), before);
+}
+
+TEST(progress, wait_drives_a_registered_source) {
+  averbs::context ctx;
+  fake_device dev(ctx);
+  ctx.add_source(dev);
+  auto r = dev.async_op(averbs::use_request);
+  dev.interrupt();
+  r.wait();
+  EXPECT_EQ(dev.progress_calls, 1);
+  std::error_code ec;
+  r.get(ec);
+  EXPECT_FALSE(ec);
+  ctx.remove_source(dev);
+}
+
+TEST(progress, source_registered_twice_is_refused) {
+  averbs::context ctx;
+  fake_device dev(ctx);
+  ctx.add_source(dev);
+  std::error_code ec;
+  ctx.add_source(dev, ec);
+  EXPECT_EQ(ec, errc::already_exists);
+  ctx.remove_source(dev);
+}
+
+TEST(progress, blocked_wait_wakes_for_a_source_interrupt_from_another_thread) {
+  averbs::context_options o;
+  o.spin = 0ns;
+  averbs::context ctx(o);
+  fake_device dev(ctx);
+  ctx.add_source(dev);
+  auto r = dev.async_op(averbs::use_request);
+  std::thread t([&] {
+    std::this_thread::sleep_for(20ms);
+    dev.interrupt();
+  });
+  r.wait();
+  t.join();
+  EXPECT_TRUE(r.ready());
+  ctx.remove_source(dev);
+}
+
+TEST(progress, program_event_loop_drives_progress_through_descriptors) {
+  averbs::context ctx;
+  fake_device dev(ctx);
+  ctx.add_source(dev);
+  averbs::completion_port port(ctx);
+  dev.async_op(averbs::bind_port(port, 4));
+  dev.interrupt();
+  // The program's own epoll: the context fd and the port fd.
+  const int ep = ::epoll_create1(EPOLL_CLOEXEC);
+  epoll_event ev{EPOLLIN, {.u32 = 1}};
+  ::epoll_ctl(ep, EPOLL_CTL_ADD, ctx.native_handle(), &ev);
+  ev.data.u32 = 2;
+  ::epoll_ctl(ep, EPOLL_CTL_ADD, port.native_handle(), &ev);
+  bool got = false;
+  for (int i = 0; i < 10 && !got; ++i) {
+    epoll_event out[2];
+    const int n = ::epoll_wait(ep, out, 2, 1000);
+    for (int k = 0; k < n; ++k) {
+      if (out[k].data.u32 == 1) ctx.poll();
+      if (out[k].data.u32 == 2) {
+        std::array<averbs::completion_entry, 1> e;
+        got = port.get(e, 0ns) == 1 && e[0].key() == 4;
+      }
+    }
+  }
+  ::close(ep);
+  EXPECT_TRUE(got);
+  ctx.remove_source(dev);
+}
+
+TEST(progress, manual_clock_fires_timers_only_when_advanced) {
+  averbs::manual_clock clk;
+  averbs::context_options o;
+  o.clock = &clk;
+  averbs::context ctx(o);
+  averbs::nop_params p;
+  p.delay = 5s;
+  auto r = averbs::async_nop(ctx, p, averbs::use_request);
+  std::error_code ec;
+  EXPECT_FALSE(r.wait_for(10ms, averbs::wait_mode::normal, ec)) << "no real time passes for it";
+  clk.advance(4s);
+  ctx.poll();
+  EXPECT_FALSE(r.ready());
+  clk.advance(1s);
+  ctx.poll();
+  EXPECT_TRUE(r.ready());
+}
+
+TEST(progress, timers_fire_in_deadline_order) {
+  averbs::manual_clock clk;
+  averbs::context_options o;
+  o.clock = &clk;
+  averbs::context ctx(o);
+  std::vector<std::uint64_t> order;
+  for (std::uint64_t d : {30, 10, 20}) {
+    averbs::nop_params p;
+    p.delay = std::chrono::milliseconds(d);
+    p.value = d;
+    averbs::async_nop(ctx, p, [&](std::error_code, std::uint64_t v) { order.push_back(v); });
+  }
+  clk.advance(1s);
+  ctx.poll();
+  while (ctx.alertable_wait(0ns) != 0) {
+  }
+  EXPECT_EQ(order, (std::vector<std::uint64_t>{10, 20, 30}));
+}
+
+TEST(progress, opt_in_progress_thread_completes_without_any_wait) {
+  averbs::context_options o;
+  o.progress_thread = true;
+  averbs::context ctx(o);
+  averbs::nop_params p;
+  p.delay = 1ms;
+  auto r = averbs::async_nop(ctx, p, averbs::use_request);
+  for (int i = 0; i < 5000 && !r.ready(); ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(r.ready()) << "completed with nobody waiting";
+  ctx.stop_progress_thread();
+}
+
+TEST(progress, single_threaded_program_uses_every_token) {
+  averbs::context ctx;
+  averbs::completion_port port(ctx);
+  averbs::nop_params p;
+  p.delay = 1ms;
+  p.value = 1;
+  auto r = averbs::async_nop(ctx, p, averbs::use_request);
+  averbs::async_nop(ctx, p, averbs::bind_port(port, 1));
+  int cb = 0;
+  averbs::async_nop(ctx, p, [&](std::error_code, std::uint64_t v) { cb += static_cast<int>(v); });
+  auto f = averbs::async_nop(ctx, p, averbs::use_future);
+  EXPECT_EQ(r.get(), 1u);
+  std::array<averbs::completion_entry, 1> e;
+  EXPECT_EQ(port.get(e, 1s), 1u);
+  while (cb == 0) ctx.alertable_wait(1s);
+  EXPECT_EQ(cb, 1);
+  while (f.wait_for(0s) != std::future_status::ready) ctx.poll();
+  EXPECT_EQ(f.get(), 1u);
+}
+
+}  // namespace

@@ -1,0 +1,206 @@
+// SPDX-License-Identifier: MIT
+// Rule 2 (slab, exactly once, stale and duplicate completions) and the
+// use_request token.
+#include <averbs/async.hpp>
+
+#include <gtest/gtest.h>
+#include <poll.h>
+
+#include <chrono>
+#include <thread>
+
+namespace {
+
+using namespace std::chrono_literals;
+using averbs::errc;
+
+// An operation whose completion the test drives by hand, to reach the
+// completer directly.
+struct manual_op {
+  averbs::detail::completer<int> done;
+};
+
+template <class Token>
+auto async_manual(averbs::context& ctx, manual_op& op, Token&& token) {
+  return averbs::detail::initiate<int>(ctx, nullptr, std::forward<Token>(token),
+                                       [&op](averbs::detail::completer<int> c) noexcept { op.done = c; });
+}
+
+TEST(request, completes_exactly_once_and_ignores_a_duplicate) {
+  averbs::context ctx;
+  manual_op op;
+  auto r = async_manual(ctx, op, averbs::use_request);
+  EXPECT_FALSE(r.ready());
+  EXPECT_TRUE(op.done.complete({}, 7));
+  EXPECT_FALSE(op.done.complete({}, 8)) << "second completion of a live request";
+  EXPECT_EQ(ctx.stats().duplicate_ignored, 1u);
+  ASSERT_TRUE(r.ready());
+  EXPECT_EQ(r.get(), 7);
+  EXPECT_FALSE(r.valid());
+}
+
+TEST(request, stale_completion_after_reuse_is_ignored_and_counted) {
+  averbs::context ctx;
+  manual_op first;
+  auto r1 = async_manual(ctx, first, averbs::use_request);
+  ASSERT_TRUE(first.done.complete({}, 1));
+  EXPECT_EQ(r1.get(), 1);  // frees the slot
+
+  // The next request reuses the slot with a new generation.
+  manual_op second;
+  auto r2 = async_manual(ctx, second, averbs::use_request);
+  EXPECT_EQ(second.done.id().index, first.done.id().index);
+  EXPECT_NE(second.done.id().generation, first.done.id().generation);
+
+  EXPECT_FALSE(first.done.complete({}, 99)) << "old id must not complete the new occupant";
+  EXPECT_EQ(ctx.stats().stale_ignored, 1u);
+  EXPECT_FALSE(r2.ready());
+  ASSERT_TRUE(second.done.complete({}, 2));
+  EXPECT_EQ(r2.get(), 2);
+}
+
+TEST(request, completion_naming_an_index_beyond_the_slab_is_stale) {
+  averbs::context ctx;
+  averbs::detail::completer<int> bogus(ctx.detail_impl(), {1u << 30, 0});
+  EXPECT_FALSE(bogus.complete({}, 1));
+  EXPECT_EQ(ctx.stats().stale_ignored, 1u);
+}
+
+TEST(request, wait_drives_a_timer_on_the_calling_thread) {
+  averbs::context ctx;
+  averbs::nop_params p;
+  p.delay = 2ms;
+  p.value = 5;
+  auto r = averbs::async_nop(ctx, p, averbs::use_request);
+  EXPECT_FALSE(r.ready());
+  r.wait();
+  EXPECT_TRUE(r.ready());
+  EXPECT_EQ(r.get(), 5u);
+}
+
+TEST(request, wait_for_times_out_then_succeeds) {
+  averbs::manual_clock clk;
+  averbs::context_options o;
+  o.clock = &clk;
+  averbs::context ctx(o);
+  averbs::nop_params p;
+  p.delay = 10ms;
+  auto r = averbs::async_nop(ctx, p, averbs::use_request);
+  std::error_code ec;
+  EXPECT_FALSE(r.wait_for(1ms, averbs::wait_mode::normal, ec));
+  EXPECT_EQ(ec, errc::timed_out);
+  clk.advance(10ms);
+  EXPECT_TRUE(r.wait_for(1s, averbs::wait_mode::normal, ec));
+  EXPECT_FALSE(ec);
+}
+
+TEST(request, get_reports_the_operation_error_with_a_default_value) {
+  averbs::context ctx;
+  averbs::nop_params p;
+  p.defer = true;
+  p.error = averbs::wc_status::rem_access_err;
+  p.value = 3;
+  auto r = averbs::async_nop(ctx, p, averbs::use_request);
+  std::error_code ec;
+  EXPECT_EQ(r.get(ec), 0u);
+  EXPECT_EQ(ec, averbs::wc_status::rem_access_err);
+}
+
+TEST(request, cancel_completes_with_operation_aborted_once) {
+  averbs::context ctx;
+  averbs::nop_params p;
+  p.delay = 1h;
+  auto r = averbs::async_nop(ctx, p, averbs::use_request);
+  EXPECT_TRUE(r.cancel());
+  EXPECT_FALSE(r.cancel()) << "already completed";
+  std::error_code ec;
+  r.get(ec);
+  EXPECT_EQ(ec, errc::operation_aborted);
+  EXPECT_EQ(ctx.stats().cancelled, 1u);
+}
+
+TEST(request, native_handle_becomes_readable_on_completion) {
+  averbs::context ctx;
+  averbs::nop_params p;
+  p.defer = true;
+  p.value = 11;
+  auto r = averbs::async_nop(ctx, p, averbs::use_request);
+  const int fd = r.native_handle();
+  pollfd pfd{fd, POLLIN, 0};
+  EXPECT_EQ(::poll(&pfd, 1, 0), 0) << "not complete yet";
+  // The program's own loop: the context descriptor says progress is due.
+  pollfd cfd{ctx.native_handle(), POLLIN, 0};
+  ASSERT_EQ(::poll(&cfd, 1, 1000), 1);
+  ctx.poll();
+  EXPECT_EQ(::poll(&pfd, 1, 1000), 1);
+  EXPECT_EQ(r.get(), 11u);
+}
+
+TEST(request, native_handle_of_a_completed_request_is_readable_at_once) {
+  averbs::context ctx;
+  auto r = averbs::async_nop(ctx, {}, averbs::use_request);  // completes inline
+  ASSERT_TRUE(r.ready());
+  pollfd pfd{r.native_handle(), POLLIN, 0};
+  EXPECT_EQ(::poll(&pfd, 1, 0), 1);
+}
+
+TEST(request, slot_eventfd_is_quiet_for_the_next_occupant) {
+  averbs::context ctx;
+  {
+    auto r = averbs::async_nop(ctx, {}, averbs::use_request);
+    (void)r.native_handle();
+    r.get();
+  }
+  averbs::nop_params p;
+  p.delay = 1h;
+  auto r2 = averbs::async_nop(ctx, p, averbs::use_request);
+  pollfd pfd{r2.native_handle(), POLLIN, 0};
+  EXPECT_EQ(::poll(&pfd, 1, 0), 0) << "a reused slot must not look complete";
+  r2.cancel();
+}
+
+TEST(request, dropping_a_pending_handle_detaches_without_leaking) {
+  averbs::manual_clock clk;
+  averbs::context_options o;
+  o.clock = &clk;
+  averbs::context ctx(o);
+  {
+    averbs::nop_params p;
+    p.delay = 1ms;
+    auto r = averbs::async_nop(ctx, p, averbs::use_request);
+  }
+  EXPECT_EQ(ctx.stats().in_flight, 1u) << "the operation still runs";
+  clk.advance(1ms);
+  ctx.poll();
+  EXPECT_EQ(ctx.stats().in_flight, 0u) << "its completion freed the slot";
+}
+
+TEST(request, completion_from_another_thread_wakes_a_blocked_waiter) {
+  averbs::context_options o;
+  o.spin = 0ns;  // block in the kernel at once
+  averbs::context ctx(o);
+  manual_op op;
+  auto r = async_manual(ctx, op, averbs::use_request);
+  std::thread t([&] {
+    std::this_thread::sleep_for(20ms);
+    op.done.complete({}, 3);
+  });
+  r.wait();
+  EXPECT_EQ(r.get(), 3);
+  t.join();
+}
+
+TEST(request, slab_grows_and_every_slot_is_returned) {
+  averbs::context ctx;
+  std::vector<averbs::request<std::uint64_t>> rs;
+  averbs::nop_params p;
+  p.delay = 1h;
+  for (int i = 0; i < 1000; ++i) rs.push_back(averbs::async_nop(ctx, p, averbs::use_request));
+  EXPECT_GE(ctx.stats().slots, 1000u);
+  EXPECT_EQ(ctx.stats().in_flight, 1000u);
+  for (auto& r : rs) r.cancel();
+  rs.clear();
+  EXPECT_EQ(ctx.stats().in_flight, 0u);
+}
+
+}  // namespace

@@ -1,0 +1,42 @@
+// SPDX-License-Identifier: MIT
+#include "averbs/commands.hpp"
+
+#include <array>
+#include <cstdio>
+#include <cstring>
+
+namespace {
+
+using averbs::cli::command;
+
+// Kept sorted by name.
+constexpr std::array commands = {
+    command{"nop", "run the no-op operation through every completion token", &averbs::cli::cmd_nop},
+};
+
+int usage(FILE* out) {
+  std::fprintf(out,
+               "usage: averbs <command> [options]\n"
+               "       averbs --version\n\ncommands:\n");
+  for (const command& c : commands)
+    std::fprintf(out, "  %-10.*s %.*s\n", static_cast<int>(c.name.size()), c.name.data(),
+                 static_cast<int>(c.summary.size()), c.summary.data());
+  std::fprintf(out, "\n'averbs <command> --help' describes a command's options.\n");
+  return out == stdout ? 0 : 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return usage(stderr);
+  const std::string_view name = argv[1];
+  if (name == "-h" || name == "--help" || name == "help") return usage(stdout);
+  if (name == "--version" || name == "version") {
+    std::printf("averbs %s\n", AVERBS_VERSION_STRING);
+    return 0;
+  }
+  for (const command& c : commands)
+    if (c.name == name) return c.run(std::span<char* const>(argv + 2, static_cast<std::size_t>(argc - 2)));
+  std::fprintf(stderr, "averbs: unknown command '%s'\n\n", argv[1]);
+  return usage(stderr);
+}

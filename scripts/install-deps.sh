@@ -6,8 +6,9 @@ set -euo pipefail
 packages=(
   # build
   build-essential cmake ninja-build pkg-config git clang clang-format libclang-rt-14-dev
+  libdeflate-dev
   # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev python3
+  libgtest-dev libgmock-dev libbenchmark-dev python3 zlib1g-dev
   # rdma-core 44 headers and tools: ABI reference and unmodified test programs
   libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest
   # wire checks, network namespaces, peers for side-by-side benchmarks

@@ -28,6 +28,13 @@ bool complete_request(context_impl& ctx, request_id id, const std::error_code& e
   return ctx.complete(id, ec, result, false);
 }
 
+bool request_pending(context_impl& ctx, request_id id) noexcept {
+  slot* s = ctx.lookup(id.index);
+  if (s == nullptr) return false;
+  const std::uint64_t w = s->word.load(std::memory_order_acquire);
+  return gen_of(w) == id.generation && state_of(w) == state_pending;
+}
+
 bool cancel_request(context_impl& ctx, request_id id) noexcept {
   return ctx.complete(id, make_error_code(errc::operation_aborted), nullptr, true);
 }

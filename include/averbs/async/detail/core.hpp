@@ -35,7 +35,7 @@ class port_impl;
 class group_impl;
 
 /// Results up to this size live inside the slot (no allocation).
-inline constexpr std::size_t inline_result_size = 64;
+inline constexpr std::size_t inline_result_size = 256;
 /// Handlers up to this size live inside the slot; larger ones are boxed.
 inline constexpr std::size_t inline_handler_size = 96;
 
@@ -134,6 +134,9 @@ bool complete_request(context_impl& ctx, request_id id, const std::error_code& e
 /// once, never after the operation completed the request.
 using cancel_fn = void (*)(void* arg, request_id id) noexcept;
 void set_cancel_hook(context_impl& ctx, request_id id, cancel_fn fn, void* arg) noexcept;
+
+/// True while the request is pending (neither completed nor freed).
+bool request_pending(context_impl& ctx, request_id id) noexcept;
 
 /// Completes a pending request with `errc::operation_aborted`.
 bool cancel_request(context_impl& ctx, request_id id) noexcept;

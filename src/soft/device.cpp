@@ -1,0 +1,1082 @@
+// SPDX-License-Identifier: MIT
+// Soft device: object tables, keys and memory, CQ/SRQ, events, timers,
+// packets, the loopback link and the run loop.
+#include "soft/engine.hpp"
+
+#include <averbs/error.hpp>
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <sys/eventfd.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace averbs::soft {
+
+namespace {
+
+std::error_code err(errc e) { return make_error_code(e); }
+
+std::uint64_t fnv1a(const std::string& s) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return h;
+}
+
+// The host's addresses as GIDs, IPv4 first (as IPv4-mapped), then IPv6.
+std::vector<gid> host_gids() {
+  std::vector<gid> v4, v6;
+  ifaddrs* ifa = nullptr;
+  if (::getifaddrs(&ifa) == 0) {
+    for (ifaddrs* i = ifa; i != nullptr; i = i->ifa_next) {
+      if (i->ifa_addr == nullptr) continue;
+      gid g;
+      if (i->ifa_addr->sa_family == AF_INET) {
+        g = gid::from_ipv4(ntohl(reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr));
+        if (std::find(v4.begin(), v4.end(), g) == v4.end()) v4.push_back(g);
+      } else if (i->ifa_addr->sa_family == AF_INET6) {
+        std::memcpy(g.raw.data(), &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr, 16);
+        if (std::find(v6.begin(), v6.end(), g) == v6.end()) v6.push_back(g);
+      }
+    }
+    ::freeifaddrs(ifa);
+  }
+  if (v4.empty()) v4.push_back(gid::from_ipv4(0x7F000001));
+  v4.insert(v4.end(), v6.begin(), v6.end());
+  return v4;
+}
+
+void write_one(int fd) noexcept {
+  const std::uint64_t one = 1;
+  while (::write(fd, &one, sizeof one) < 0 && errno == EINTR) {
+  }
+}
+
+}  // namespace
+
+void complete_parked(const parked& p, const std::error_code& ec, void* result) noexcept {
+  detail::complete_request(*p.ctx, p.id, ec, result);
+  detail::context_release(*p.ctx);
+}
+
+// ---------------------------------------------------------------------------
+// Packets
+
+void packet::own_payload() noexcept {
+  if (nsegs == 1 && segs[0].p == buf) return;
+  std::uint32_t off = 0;
+  for (std::uint8_t i = 0; i < nsegs; ++i) {
+    std::memmove(buf + off, segs[i].p, segs[i].len);
+    off += segs[i].len;
+  }
+  segs[0] = {buf, off};
+  nsegs = off == 0 ? 0 : 1;
+}
+
+packet* device::alloc_packet() noexcept {
+  if (free_packets_ == nullptr) {
+    try {
+      auto p = std::make_unique<packet>();
+      auto b = std::make_unique<std::byte[]>(packet::buffer_size);
+      p->buf = b.get();
+      p->next = nullptr;
+      free_packets_ = p.get();
+      packet_store_.push_back(std::move(p));
+      buffer_store_.push_back(std::move(b));
+    } catch (...) {
+      return nullptr;
+    }
+  }
+  packet* p = free_packets_;
+  free_packets_ = p->next;
+  p->next = nullptr;
+  p->nsegs = 0;
+  p->payload_len = 0;
+  return p;
+}
+
+void device::free_packet(packet* p) noexcept {
+  p->next = free_packets_;
+  free_packets_ = p;
+}
+
+/// The in-process link: a packet addressed to one of this device's GIDs is
+/// queued on its receive queue; anything else has no route and is dropped.
+class loopback_link final : public link {
+ public:
+  explicit loopback_link(device& d) : dev_(d) {}
+  void send(packet* p) noexcept override {
+    std::uint32_t idx;
+    if (!dev_.find_gid(p->dst, idx)) {
+      ++dev_.counters_.dropped;
+      dev_.free_packet(p);
+      return;
+    }
+    dev_.receive_locked(p);
+  }
+
+ private:
+  device& dev_;
+};
+
+void device::receive_locked(packet* p) {
+  p->next = nullptr;
+  if (rx_tail_ != nullptr) rx_tail_->next = p;
+  else rx_head_ = p;
+  rx_tail_ = p;
+}
+
+void device::receive(packet* p) {
+  std::lock_guard lock(lock_);
+  p->own_payload();
+  receive_locked(p);
+  run();
+}
+
+void device::set_link(link* l) {
+  std::lock_guard lock(lock_);
+  link_ = l != nullptr ? l : loopback_.get();
+}
+
+void device::transmit(packet* p) noexcept {
+  ++counters_.packets_sent;
+  counters_.bytes_sent += p->payload_len;
+  link_->send(p);
+}
+
+// ---------------------------------------------------------------------------
+// Construction and queries
+
+device::device(const device_config& cfg)
+    : name_(cfg.name),
+      clock_(cfg.clock != nullptr ? cfg.clock : &steady_clock::instance()),
+      node_guid_(cfg.node_guid != 0 ? cfg.node_guid : (fnv1a(cfg.name) | 0x0200000000000000ull)),
+      gids_(cfg.gids.empty() ? host_gids() : cfg.gids) {
+  loopback_ = std::make_unique<loopback_link>(*this);
+  link_ = loopback_.get();
+  if (clock_->is_real_time()) {
+    timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  } else {
+    timer_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  }
+  if (timer_fd_ < 0) throw std::system_error(errno, std::system_category(), "soft device timer");
+  clock_->subscribe(*this);
+  keys_.resize(1);  // key index 0 is never used: lkey 0 is invalid
+  pds_.resize(1);
+  ahs_.resize(1);
+  cqs_.resize(1);
+  srqs_.resize(1);
+}
+
+device::~device() {
+  clock_->unsubscribe(*this);
+  ::close(timer_fd_);
+}
+
+device_attr device::query_device() const {
+  device_attr a;
+  a.fw_ver = "0.1.0";
+  a.node_guid = node_guid_;
+  a.sys_image_guid = node_guid_;
+  a.max_mr_size = limits::max_mr_size;
+  a.page_size_cap = limits::page_size_cap;
+  a.vendor_id = limits::vendor_id;
+  a.vendor_part_id = 0;
+  a.hw_ver = 0;
+  a.max_qp = limits::max_qp;
+  a.max_qp_wr = limits::max_qp_wr;
+  a.device_cap_flags = limits::device_cap_flags;
+  a.max_sge = limits::max_sge;
+  a.max_sge_rd = limits::max_sge_rd;
+  a.max_cq = limits::max_cq;
+  a.max_cqe = limits::max_cqe;
+  a.max_mr = limits::max_mr;
+  a.max_pd = limits::max_pd;
+  a.max_qp_rd_atom = limits::max_qp_rd_atom;
+  a.max_res_rd_atom = limits::max_res_rd_atom;
+  a.max_qp_init_rd_atom = limits::max_qp_rd_atom;
+  a.atomic_cap = 1;  // IBV_ATOMIC_HCA
+  a.max_mw = limits::max_mw;
+  a.max_ah = limits::max_ah;
+  a.max_srq = limits::max_srq;
+  a.max_srq_wr = limits::max_srq_wr;
+  a.max_srq_sge = limits::max_srq_sge;
+  a.max_pkeys = limits::pkey_table_len;
+  a.max_mcast_grp = 0;
+  a.local_ca_ack_delay = limits::local_ca_ack_delay;
+  a.phys_port_cnt = 1;
+  a.max_inline_data = limits::max_inline_data;
+  return a;
+}
+
+std::error_code device::query_port(std::uint8_t port, port_attr& out) const {
+  if (port != 1) return err(errc::invalid_argument);
+  std::lock_guard lock(lock_);
+  out = port_attr{};
+  out.state = port_state_;
+  out.max_mtu = mtu::mtu_4096;
+  out.active_mtu = mtu::mtu_4096;
+  out.gid_tbl_len = limits::gid_table_len;
+  out.port_cap_flags = 0x00010000 /* IBV_PORT_CM_SUP */ | 0x04000000 /* IP_BASED_GIDS */;
+  out.max_msg_sz = limits::max_msg_size;
+  out.pkey_tbl_len = limits::pkey_table_len;
+  out.max_vl_num = 1;
+  out.active_width = 1;   // 1X
+  out.active_speed = 32;  // EDR-like, as rxe reports for fast links
+  out.phys_state = port_state_ == port_state::active ? 5 /* LINK_UP */ : 3 /* DISABLED */;
+  out.link_layer = averbs::link_layer::ethernet;
+  return {};
+}
+
+std::error_code device::query_gid(std::uint8_t port, std::uint32_t index, gid& out) const {
+  if (port != 1 || index >= limits::gid_table_len) return err(errc::invalid_argument);
+  std::lock_guard lock(lock_);
+  out = index < gids_.size() ? gids_[index] : gid{};
+  return {};
+}
+
+std::error_code device::query_pkey(std::uint8_t port, std::uint16_t index, std::uint16_t& out) const {
+  if (port != 1 || index >= limits::pkey_table_len) return err(errc::invalid_argument);
+  out = wire::default_pkey;
+  return {};
+}
+
+std::vector<gid> device::gids() const {
+  std::lock_guard lock(lock_);
+  return gids_;
+}
+
+bool device::find_gid(const gid& g, std::uint32_t& index) const {
+  for (std::uint32_t i = 0; i < gids_.size(); ++i) {
+    if (gids_[i] == g) {
+      index = i;
+      return true;
+    }
+  }
+  return false;
+}
+
+device_counters device::counters() const {
+  std::lock_guard lock(lock_);
+  return counters_;
+}
+
+// ---------------------------------------------------------------------------
+// Table helpers
+
+namespace {
+
+template <class T>
+std::uint32_t take_slot(std::vector<std::unique_ptr<T>>& table, std::vector<std::uint32_t>& free_list) {
+  if (!free_list.empty()) {
+    const std::uint32_t i = free_list.back();
+    free_list.pop_back();
+    return i;
+  }
+  table.emplace_back();
+  return static_cast<std::uint32_t>(table.size() - 1);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// PD
+
+std::error_code device::alloc_pd(pd_t*& out) {
+  std::lock_guard lock(lock_);
+  if (live_pds_ >= limits::max_pd) return err(errc::no_resources);
+  const std::uint32_t i = take_slot(pds_, free_pds_);
+  pds_[i] = std::make_unique<pd_t>();
+  pds_[i]->handle = i;
+  ++live_pds_;
+  out = pds_[i].get();
+  return {};
+}
+
+std::error_code device::dealloc_pd(pd_t* pd) {
+  std::lock_guard lock(lock_);
+  if (pd->children != 0) return err(errc::busy);
+  const std::uint32_t i = pd->handle;
+  pds_[i].reset();
+  free_pds_.push_back(i);
+  --live_pds_;
+  return {};
+}
+
+void device::release_pd(pd_t* pd) noexcept {
+  std::lock_guard lock(lock_);
+  if (pd->children != 0) {
+    pd->released = true;  // freed with its last child
+    return;
+  }
+  const std::uint32_t i = pd->handle;
+  pds_[i].reset();
+  free_pds_.push_back(i);
+  --live_pds_;
+}
+
+namespace {
+// A child of a PD went away; free a released PD with its last child.
+void drop_child(pd_t* pd, std::vector<std::unique_ptr<pd_t>>& pds, std::vector<std::uint32_t>& free_pds,
+                std::uint32_t& live) {
+  if (--pd->children == 0 && pd->released) {
+    const std::uint32_t i = pd->handle;
+    pds[i].reset();
+    free_pds.push_back(i);
+    --live;
+  }
+}
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Keys: key = index << 8 | key byte; the byte changes on every reuse and on
+// every type-2 window bind, so an old key stops working at once.
+
+std::uint32_t device::alloc_key(key_entry::kind k, void* obj) noexcept {
+  std::uint32_t index;
+  if (!free_keys_.empty()) {
+    index = free_keys_.back();
+    free_keys_.pop_back();
+  } else {
+    if (keys_.size() >= (1u << 24)) return 0;
+    keys_.emplace_back();
+    index = static_cast<std::uint32_t>(keys_.size() - 1);
+  }
+  key_entry& e = keys_[index];
+  e.type = k;
+  e.obj = obj;
+  e.key = static_cast<std::uint8_t>(e.key + 1);
+  return (index << 8) | e.key;
+}
+
+void device::free_key(std::uint32_t key) noexcept {
+  const std::uint32_t index = key >> 8;
+  keys_[index].type = key_entry::kind::free;
+  keys_[index].obj = nullptr;
+  free_keys_.push_back(index);
+}
+
+mr_t* device::lookup_lkey(pd_t* pd, std::uint32_t lkey) noexcept {
+  const std::uint32_t index = lkey >> 8;
+  if (index >= keys_.size()) return nullptr;
+  const key_entry& e = keys_[index];
+  if (e.type != key_entry::kind::mr || e.key != (lkey & 0xFF)) return nullptr;
+  auto* mr = static_cast<mr_t*>(e.obj);
+  return mr->pd == pd ? mr : nullptr;
+}
+
+bool device::resolve_rkey(qp_t* qp, std::uint32_t rkey, std::uint64_t va, std::uint64_t len,
+                          std::uint32_t need, std::byte*& host, std::uint64_t& addr) noexcept {
+  const std::uint32_t index = rkey >> 8;
+  if (index >= keys_.size()) return false;
+  const key_entry& e = keys_[index];
+  if (e.key != (rkey & 0xFF)) return false;
+  mr_t* mr;
+  std::uint64_t base, length, offset;
+  std::uint32_t access;
+  if (e.type == key_entry::kind::mr) {
+    mr = static_cast<mr_t*>(e.obj);
+    if (mr->rkey != rkey || mr->pd != qp->pd) return false;
+    base = mr->iova;
+    length = mr->length;
+    offset = 0;
+    access = mr->access;
+  } else if (e.type == key_entry::kind::mw) {
+    auto* mw = static_cast<mw_t*>(e.obj);
+    if (mw->state != mw_state::valid || mw->rkey != rkey || mw->pd != qp->pd) return false;
+    // A type-2 window is usable only through the QP it was bound with.
+    if (mw->type == mw_type::type2 && mw->qp != qp) return false;
+    mr = mw->mr;
+    base = mw->addr;
+    length = mw->length;
+    offset = mw->mr_offset;
+    access = mw->access;
+  } else {
+    return false;
+  }
+  if ((access & need) != need) return false;
+  if (va < base || len > length || va - base > length - len) return false;
+  const std::uint64_t host_addr = mr->host_addr + offset + (va - base);
+  addr = host_addr;
+  host = mr->host != nullptr ? mr->host + offset + (va - base) : mem_->map(host_addr, len);
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// MR
+
+std::error_code device::reg_mr(pd_t* pd, std::uint64_t addr, std::uint64_t length, std::uint32_t access,
+                               mr_t*& out) {
+  // IBTA 10.6.3.1: remote write or atomic access needs local write.
+  if ((access & (access_remote_write | access_remote_atomic)) != 0 && (access & access_local_write) == 0)
+    return err(errc::invalid_argument);
+  constexpr std::uint32_t known = access_local_write | access_remote_write | access_remote_read |
+                                  access_remote_atomic | access_mw_bind | access_zero_based |
+                                  access_relaxed_ordering;
+  if ((access & ~known) != 0) return err(errc::not_supported);
+  if (length == 0 && addr == 0) return err(errc::invalid_argument);
+  if (addr + length < addr) return err(errc::invalid_argument);
+  std::lock_guard lock(lock_);
+  if (live_mrs_ >= limits::max_mr) return err(errc::no_resources);
+  auto mr = std::make_unique<mr_t>();
+  mr->pd = pd;
+  mr->host_addr = addr;
+  mr->length = length;
+  mr->iova = (access & access_zero_based) != 0 ? 0 : addr;
+  mr->access = access;
+  mr->host = mem_->map(addr, length);
+  const std::uint32_t key = alloc_key(key_entry::kind::mr, mr.get());
+  if (key == 0) return err(errc::no_resources);
+  mr->lkey = key;
+  mr->rkey = key;
+  const std::uint32_t index = key >> 8;
+  if (mrs_.size() <= index) mrs_.resize(index + 1);
+  out = mr.get();
+  mrs_[index] = std::move(mr);
+  ++pd->children;
+  ++live_mrs_;
+  return {};
+}
+
+std::error_code device::rereg_mr(mr_t* mr, int flags, pd_t* pd, std::uint64_t addr, std::uint64_t length,
+                                 std::uint32_t access) {
+  constexpr int change_translation = 1, change_pd = 2, change_access = 4;
+  if (flags == 0 || (flags & ~(change_translation | change_pd | change_access)) != 0)
+    return err(errc::invalid_argument);
+  const std::uint32_t new_access = (flags & change_access) != 0 ? access : mr->access;
+  if ((new_access & (access_remote_write | access_remote_atomic)) != 0 &&
+      (new_access & access_local_write) == 0)
+    return err(errc::invalid_argument);
+  if ((flags & change_translation) != 0 && (length == 0 || addr + length < addr))
+    return err(errc::invalid_argument);
+  std::lock_guard lock(lock_);
+  if (mr->bound_mws != 0) return err(errc::invalid_state);
+  if ((flags & change_pd) != 0 && pd != mr->pd) {
+    drop_child(mr->pd, pds_, free_pds_, live_pds_);
+    mr->pd = pd;
+    ++pd->children;
+  }
+  if ((flags & change_translation) != 0) {
+    mr->host_addr = addr;
+    mr->length = length;
+    mr->host = mem_->map(addr, length);
+  }
+  mr->access = new_access;
+  mr->iova = (mr->access & access_zero_based) != 0 ? 0 : mr->host_addr;
+  // A re-registered region gets new keys, as rxe does.
+  free_key(mr->lkey);
+  const std::uint32_t key = alloc_key(key_entry::kind::mr, mr);
+  const std::uint32_t old_index = mr->lkey >> 8, index = key >> 8;
+  if (index != old_index) {
+    if (mrs_.size() <= index) mrs_.resize(index + 1);
+    mrs_[index] = std::move(mrs_[old_index]);
+  }
+  mr->lkey = mr->rkey = key;
+  return {};
+}
+
+std::error_code device::dereg_mr(mr_t* mr) {
+  std::lock_guard lock(lock_);
+  // IBA 10.6.7.2.6: a region with bound windows cannot be deregistered
+  // (rxe answers EINVAL).
+  if (mr->bound_mws != 0) return err(errc::invalid_state);
+  pd_t* pd = mr->pd;
+  const std::uint32_t index = mr->lkey >> 8;
+  free_key(mr->lkey);
+  mrs_[index].reset();
+  --live_mrs_;
+  drop_child(pd, pds_, free_pds_, live_pds_);
+  return {};
+}
+
+void device::release_mr(mr_t* mr) noexcept {
+  {
+    std::lock_guard lock(lock_);
+    if (mr->bound_mws != 0) {
+      for (auto& w : mws_) {
+        if (w != nullptr && w->mr == mr) {
+          w->state = mw_state::free;
+          w->mr = nullptr;
+        }
+      }
+      mr->bound_mws = 0;
+    }
+  }
+  dereg_mr(mr);
+}
+
+// ---------------------------------------------------------------------------
+// MW
+
+std::error_code device::alloc_mw(pd_t* pd, mw_type type, mw_t*& out) {
+  if (type != mw_type::type1 && type != mw_type::type2) return err(errc::invalid_argument);
+  std::lock_guard lock(lock_);
+  if (live_mws_ >= limits::max_mw) return err(errc::no_resources);
+  auto mw = std::make_unique<mw_t>();
+  mw->pd = pd;
+  mw->type = type;
+  const std::uint32_t key = alloc_key(key_entry::kind::mw, mw.get());
+  if (key == 0) return err(errc::no_resources);
+  mw->rkey = key;
+  mw->handle = key >> 8;
+  if (mws_.size() <= mw->handle) mws_.resize(mw->handle + 1);
+  out = mw.get();
+  mws_[mw->handle] = std::move(mw);
+  ++pd->children;
+  ++live_mws_;
+  return {};
+}
+
+std::uint32_t device::mw_rkey(mw_t* mw) const {
+  std::lock_guard lock(lock_);
+  return mw->rkey;
+}
+
+std::error_code device::dealloc_mw(mw_t* mw) {
+  std::lock_guard lock(lock_);
+  if (mw->state == mw_state::valid && mw->mr != nullptr) --mw->mr->bound_mws;
+  pd_t* pd = mw->pd;
+  const std::uint32_t index = mw->handle;
+  free_key(mw->rkey);
+  mws_[index].reset();
+  --live_mws_;
+  drop_child(pd, pds_, free_pds_, live_pds_);
+  return {};
+}
+
+// IBTA 10.6.7.2.2 / rxe_mw.c: what binding a window requires.  Must hold lock_.
+std::error_code device::bind_mw(qp_t* qp, send_wqe* w) noexcept {
+  const std::uint32_t index = w->mw;
+  if (index >= mws_.size() || mws_[index] == nullptr) return make_error_code(wc_status::mw_bind_err);
+  mw_t* mw = mws_[index].get();
+  const auto want = static_cast<mw_type>(w->mw_type);
+  if (mw->type != want || mw->pd != qp->pd) return make_error_code(wc_status::mw_bind_err);
+  if (want == mw_type::type2) {
+    // The new key keeps the index and changes the key byte; a valid type-2
+    // window must be invalidated before it is bound again.
+    if ((w->bind_rkey >> 8) != (mw->rkey >> 8) || w->bind_rkey == mw->rkey || mw->state == mw_state::valid)
+      return make_error_code(wc_status::mw_bind_err);
+  }
+  const std::uint32_t remote = access_remote_write | access_remote_read | access_remote_atomic;
+  mr_t* mr = nullptr;
+  if (w->bind_length != 0 || want == mw_type::type2) {
+    mr = lookup_lkey(qp->pd, w->bind_lkey);
+    if (mr == nullptr) return make_error_code(wc_status::mw_bind_err);
+    if ((mr->access & access_mw_bind) == 0) return make_error_code(wc_status::mw_bind_err);
+    // A window may not grant remote write or atomic on a region without local write.
+    if ((w->bind_access & (access_remote_write | access_remote_atomic)) != 0 &&
+        (mr->access & access_local_write) == 0)
+      return make_error_code(wc_status::mw_bind_err);
+    if ((mr->access & access_zero_based) != 0) return make_error_code(wc_status::mw_bind_err);
+    if (w->bind_addr < mr->iova || w->bind_length > mr->length ||
+        w->bind_addr - mr->iova > mr->length - w->bind_length)
+      return make_error_code(wc_status::mw_bind_err);
+  }
+  if (mw->state == mw_state::valid && mw->mr != nullptr) --mw->mr->bound_mws;
+  if (w->bind_length == 0 && want == mw_type::type1) {
+    // A zero-length type-1 bind unbinds the window (IBTA 10.6.7.2.4).
+    mw->state = mw_state::free;
+    mw->mr = nullptr;
+    mw->length = 0;
+    const std::uint8_t byte = static_cast<std::uint8_t>((mw->rkey & 0xFF) + 1);
+    mw->rkey = (mw->rkey & ~0xFFu) | byte;
+    keys_[index].key = byte;
+    return {};
+  }
+  mw->mr = mr;
+  ++mr->bound_mws;
+  mw->access = w->bind_access & (remote | access_zero_based);
+  mw->length = w->bind_length;
+  mw->mr_offset = w->bind_addr - mr->iova;
+  mw->addr = (w->bind_access & access_zero_based) != 0 ? 0 : w->bind_addr;
+  mw->state = mw_state::valid;
+  mw->qp = want == mw_type::type2 ? qp : nullptr;
+  const std::uint8_t byte = static_cast<std::uint8_t>(want == mw_type::type2 ? (w->bind_rkey & 0xFF)
+                                                                              : (w->bind_rkey & 0xFF));
+  mw->rkey = (mw->rkey & ~0xFFu) | byte;
+  keys_[index].key = byte;
+  return {};
+}
+
+std::error_code device::invalidate_rkey(pd_t* pd, std::uint32_t rkey, qp_t* qp) noexcept {
+  const std::uint32_t index = rkey >> 8;
+  if (index >= keys_.size()) return make_error_code(wc_status::loc_prot_err);
+  key_entry& e = keys_[index];
+  if (e.key != (rkey & 0xFF)) return make_error_code(wc_status::loc_prot_err);
+  if (e.type == key_entry::kind::mw) {
+    auto* mw = static_cast<mw_t*>(e.obj);
+    // Only type-2 windows are invalidated by key (IBTA 10.6.7.3).
+    if (mw->type != mw_type::type2 || mw->pd != pd || mw->state != mw_state::valid)
+      return make_error_code(wc_status::mw_bind_err);
+    (void)qp;
+    mw->state = mw_state::free;
+    if (mw->mr != nullptr) --mw->mr->bound_mws;
+    mw->mr = nullptr;
+    return {};
+  }
+  // Plain MRs (not fast-registration) cannot be invalidated.
+  return make_error_code(wc_status::mw_bind_err);
+}
+
+// ---------------------------------------------------------------------------
+// AH
+
+std::error_code device::create_ah(pd_t* pd, const ah_attr& attr, ah_t*& out) {
+  if (attr.port_num != 1 || !attr.is_global) return err(errc::invalid_argument);
+  if (attr.grh.dgid.is_zero()) return err(errc::invalid_argument);
+  std::lock_guard lock(lock_);
+  if (attr.grh.sgid_index >= gids_.size()) return err(errc::invalid_argument);
+  if (live_ahs_ >= limits::max_ah) return err(errc::no_resources);
+  const std::uint32_t i = take_slot(ahs_, free_ahs_);
+  ahs_[i] = std::make_unique<ah_t>();
+  ahs_[i]->pd = pd;
+  ahs_[i]->handle = i;
+  ahs_[i]->attr = attr;
+  ahs_[i]->sgid = gids_[attr.grh.sgid_index];
+  ++pd->children;
+  ++live_ahs_;
+  out = ahs_[i].get();
+  return {};
+}
+
+std::error_code device::destroy_ah(ah_t* ah) {
+  std::lock_guard lock(lock_);
+  pd_t* pd = ah->pd;
+  const std::uint32_t i = ah->handle;
+  ahs_[i].reset();
+  free_ahs_.push_back(i);
+  --live_ahs_;
+  drop_child(pd, pds_, free_pds_, live_pds_);
+  return {};
+}
+
+// ---------------------------------------------------------------------------
+// CQ
+
+std::error_code device::create_cq(std::uint32_t cqe, cq_t*& out) {
+  if (cqe < 1 || cqe > limits::max_cqe) return err(errc::invalid_argument);
+  std::lock_guard lock(lock_);
+  if (live_cqs_ >= limits::max_cq) return err(errc::no_resources);
+  auto cq = std::make_unique<cq_t>();
+  if (!cq->q.init(cqe + 1, sizeof(work_completion))) return err(errc::no_resources);
+  cq->cqe = cqe;
+  const std::uint32_t i = take_slot(cqs_, free_cqs_);
+  cq->handle = i;
+  out = cq.get();
+  cqs_[i] = std::move(cq);
+  ++live_cqs_;
+  return {};
+}
+
+std::error_code device::resize_cq(cq_t* cq, std::uint32_t cqe) {
+  if (cqe < 1 || cqe > limits::max_cqe) return err(errc::invalid_argument);
+  std::lock_guard lock(lock_);
+  const std::uint32_t used = cq->q.count();
+  if (cqe < used) return err(errc::invalid_argument);
+  ring bigger;
+  if (!bigger.init(cqe + 1, sizeof(work_completion))) return err(errc::no_resources);
+  std::uint32_t n = 0;
+  for (std::uint32_t i = cq->q.consumer(); i != cq->q.producer(); ++i, ++n)
+    std::memcpy(bigger.at(n), cq->q.at(i), sizeof(work_completion));
+  bigger.publish(n);
+  swap(cq->q, bigger);
+  cq->cqe = cqe;
+  return {};
+}
+
+namespace {
+void fail_all(std::vector<parked>& v, const std::error_code& ec) {
+  for (const parked& p : v) complete_parked(p, ec, nullptr);
+  v.clear();
+}
+void fail_all(std::vector<cq_notify>& v, const std::error_code& ec) {
+  for (const cq_notify& n : v) complete_parked(n.p, ec, nullptr);
+  v.clear();
+}
+}  // namespace
+
+namespace {
+// Forgets parked requests that were cancelled meanwhile (their group or
+// handle cancelled them), so the lists do not grow with abandoned waits.
+template <class V, class Get>
+void prune(V& v, Get get) {
+  for (auto it = v.begin(); it != v.end();) {
+    const parked& p = get(*it);
+    if (!detail::request_pending(*p.ctx, p.id)) {
+      detail::context_release(*p.ctx);
+      it = v.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+}  // namespace
+
+std::error_code device::destroy_cq(cq_t* cq) {
+  std::lock_guard lock(lock_);
+  if (cq->users != 0) return err(errc::busy);
+  fail_all(cq->notifies, err(errc::operation_aborted));
+  const std::uint32_t i = cq->handle;
+  cqs_[i].reset();
+  free_cqs_.push_back(i);
+  --live_cqs_;
+  return {};
+}
+
+void device::release_cq(cq_t* cq) noexcept {
+  std::lock_guard lock(lock_);
+  fail_all(cq->notifies, err(errc::operation_aborted));
+  if (cq->users != 0) {
+    cq->released = true;
+    return;
+  }
+  const std::uint32_t i = cq->handle;
+  cqs_[i].reset();
+  free_cqs_.push_back(i);
+  --live_cqs_;
+}
+
+bool device::post_cqe(cq_t* cq, const work_completion& wc, bool solicited) noexcept {
+  if (cq->error) return false;
+  if (cq->q.count() >= cq->cqe) {
+    // Overflow: the CQ is in error (IBTA 11.4.2.1) and says so once.
+    cq->error = true;
+    ++counters_.cq_overflows;
+    raise_event(event_type::cq_err, cq->handle);
+    return false;
+  }
+  const std::uint32_t p = cq->q.producer();
+  std::memcpy(cq->q.at(p), &wc, sizeof wc);
+  cq->q.publish(p + 1);
+  ++counters_.completions;
+  if (cq->armed) {
+    // Complete every parked notification this completion satisfies
+    // (rxe: solicited-only arms fire on solicited completions only).
+    for (auto it = cq->notifies.begin(); it != cq->notifies.end();) {
+      if (!it->solicited_only || solicited) {
+        complete_parked(it->p, {}, nullptr);
+        it = cq->notifies.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    cq->armed = !cq->notifies.empty();
+  }
+  return true;
+}
+
+std::size_t device::poll_cq(cq_t* cq, std::span<work_completion> out) {
+  std::lock_guard lock(lock_);
+  if (clock_->is_real_time() && armed_deadline_ != clock::time_point::max() &&
+      clock_->now() >= armed_deadline_)
+    run_timers();
+  run();
+  std::uint32_t c = cq->q.consumer();
+  const std::uint32_t p = cq->q.producer();
+  std::size_t n = 0;
+  while (n < out.size() && c != p) {
+    std::memcpy(&out[n], cq->q.at(c), sizeof(work_completion));
+    ++c;
+    ++n;
+  }
+  cq->q.release(c);
+  return n;
+}
+
+void device::arm_cq(cq_t* cq, bool solicited_only, detail::context_impl& ctx, detail::request_id id) {
+  std::lock_guard lock(lock_);
+  prune(cq->notifies, [](const cq_notify& n) -> const parked& { return n.p; });
+  detail::context_add_ref(ctx);
+  cq->notifies.push_back({{&ctx, id}, solicited_only});
+  cq->armed = true;
+}
+
+// ---------------------------------------------------------------------------
+// SRQ
+
+std::error_code device::create_srq(pd_t* pd, const srq_attr& attr, srq_t*& out) {
+  if (attr.max_wr < 1 || attr.max_wr > limits::max_srq_wr) return err(errc::invalid_argument);
+  if (attr.max_sge > limits::max_srq_sge) return err(errc::invalid_argument);
+  if (attr.srq_limit > attr.max_wr) return err(errc::invalid_argument);
+  const std::uint32_t max_sge = std::max<std::uint32_t>(attr.max_sge, 1);  // rxe: 0 means 1
+  std::lock_guard lock(lock_);
+  if (live_srqs_ >= limits::max_srq) return err(errc::no_resources);
+  auto srq = std::make_unique<srq_t>();
+  if (!srq->q.init(attr.max_wr, sizeof(recv_wqe) + max_sge * sizeof(wqe_sge)))
+    return err(errc::no_resources);
+  srq->pd = pd;
+  srq->max_wr = attr.max_wr;
+  srq->max_sge = max_sge;
+  srq->limit = attr.srq_limit;
+  const std::uint32_t i = take_slot(srqs_, free_srqs_);
+  srq->handle = i;
+  out = srq.get();
+  srqs_[i] = std::move(srq);
+  ++pd->children;
+  ++live_srqs_;
+  return {};
+}
+
+std::error_code device::modify_srq(srq_t* srq, const srq_attr& attr, std::uint32_t mask) {
+  constexpr std::uint32_t max_wr_bit = 1, limit_bit = 2;
+  if ((mask & ~(max_wr_bit | limit_bit)) != 0 || mask == 0) return err(errc::invalid_argument);
+  std::lock_guard lock(lock_);
+  const std::uint32_t new_max = (mask & max_wr_bit) != 0 ? attr.max_wr : srq->max_wr;
+  if ((mask & max_wr_bit) != 0) {
+    // Resize (IB_DEVICE_SRQ_RESIZE): never below the receives posted now or
+    // below an armed limit (rxe_srq_chk_attr).
+    if (new_max < 1 || new_max > limits::max_srq_wr || new_max < srq->q.count()) return err(errc::invalid_argument);
+    const std::uint32_t limit = (mask & limit_bit) != 0 ? attr.srq_limit : srq->limit;
+    if (limit > new_max) return err(errc::invalid_argument);
+  }
+  if ((mask & limit_bit) != 0 && attr.srq_limit > new_max) return err(errc::invalid_argument);
+  if ((mask & max_wr_bit) != 0 && new_max != srq->max_wr) {
+    ring bigger;
+    if (!bigger.init(new_max, srq->q.entry_size())) return err(errc::no_resources);
+    std::uint32_t n = 0;
+    for (std::uint32_t i = srq->q.consumer(); i != srq->q.producer(); ++i, ++n)
+      std::memcpy(bigger.at(n), srq->q.at(i), srq->q.entry_size());
+    bigger.publish(n);
+    swap(srq->q, bigger);
+    srq->max_wr = new_max;
+  }
+  if ((mask & limit_bit) != 0) srq->limit = attr.srq_limit;
+  return {};
+}
+
+std::error_code device::query_srq(srq_t* srq, srq_attr& out) {
+  std::lock_guard lock(lock_);
+  out.max_wr = srq->max_wr;
+  out.max_sge = srq->max_sge;
+  out.srq_limit = srq->limit;
+  return {};
+}
+
+std::error_code device::destroy_srq(srq_t* srq) {
+  std::lock_guard lock(lock_);
+  if (srq->users != 0) return err(errc::busy);
+  pd_t* pd = srq->pd;
+  const std::uint32_t i = srq->handle;
+  srqs_[i].reset();
+  free_srqs_.push_back(i);
+  --live_srqs_;
+  drop_child(pd, pds_, free_pds_, live_pds_);
+  return {};
+}
+
+void device::release_srq(srq_t* srq) noexcept {
+  std::lock_guard lock(lock_);
+  if (srq->users != 0) {
+    srq->released = true;
+    return;
+  }
+  pd_t* pd = srq->pd;
+  const std::uint32_t i = srq->handle;
+  srqs_[i].reset();
+  free_srqs_.push_back(i);
+  --live_srqs_;
+  drop_child(pd, pds_, free_pds_, live_pds_);
+}
+
+void device::check_srq_limit(srq_t* srq) noexcept {
+  // IBTA 10.2.9.2: the limit event fires once when the number of posted
+  // receives drops below the limit, then the limit disarms.
+  if (srq->limit != 0 && srq->q.count() < srq->limit) {
+    srq->limit = 0;
+    raise_event(event_type::srq_limit_reached, srq->handle);
+  }
+}
+
+std::error_code device::post_srq_recv(srq_t* srq, const recv_wr* wrs, std::size_t n, std::size_t* bad) {
+  std::lock_guard lock(lock_);
+  for (std::size_t k = 0; k < n; ++k) {
+    const recv_wr& wr = wrs[k];
+    std::error_code ec;
+    if (srq->error) ec = err(errc::invalid_state);
+    else if (wr.num_sge > srq->max_sge) ec = err(errc::invalid_argument);
+    else if (srq->q.count() >= srq->max_wr) ec = err(errc::queue_full);
+    if (ec) {
+      if (bad != nullptr) *bad = k;
+      return ec;
+    }
+    const std::uint32_t p = srq->q.producer();
+    auto* w = srq->q.at<recv_wqe>(p);
+    w->wr_id = wr.wr_id;
+    w->num_sge = wr.num_sge;
+    for (std::uint32_t i = 0; i < wr.num_sge; ++i)
+      w->sges()[i] = {wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
+    srq->q.publish(p + 1);
+  }
+  return {};
+}
+
+// ---------------------------------------------------------------------------
+// Async events
+
+void device::raise_event(event_type t, std::uint32_t element) noexcept {
+  async_event ev{t, element};
+  if (!event_waiters_.empty()) {
+    const parked p = event_waiters_.front();
+    event_waiters_.erase(event_waiters_.begin());
+    complete_parked(p, {}, &ev);
+    return;
+  }
+  if (events_.size() < 4096) events_.push_back(ev);
+}
+
+void device::cancel_event_waiters(detail::context_impl& ctx) noexcept {
+  std::lock_guard lock(lock_);
+  for (auto it = event_waiters_.begin(); it != event_waiters_.end();) {
+    if (it->ctx == &ctx) {
+      complete_parked(*it, err(errc::operation_aborted), nullptr);
+      it = event_waiters_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void device::get_event(detail::context_impl& ctx, detail::request_id id) {
+  std::lock_guard lock(lock_);
+  prune(event_waiters_, [](const parked& p) -> const parked& { return p; });
+  if (!events_.empty()) {
+    async_event ev = events_.front();
+    events_.pop_front();
+    detail::complete_request(ctx, id, {}, &ev);
+    return;
+  }
+  detail::context_add_ref(ctx);
+  event_waiters_.push_back({&ctx, id});
+}
+
+void device::set_port_state(port_state s) {
+  std::lock_guard lock(lock_);
+  if (s == port_state_) return;
+  port_state_ = s;
+  raise_event(s == port_state::active ? event_type::port_active : event_type::port_err, 1);
+}
+
+void device::fatal() {
+  std::lock_guard lock(lock_);
+  port_state_ = port_state::down;
+  for (auto& q : qps_)
+    if (q != nullptr && q->state != qp_state::reset && q->state != qp_state::err) qp_to_error(q.get());
+  for (auto& c : cqs_)
+    if (c != nullptr) fail_all(c->notifies, err(errc::device_removed));
+  raise_event(event_type::device_fatal, 0);
+  fail_all(event_waiters_, err(errc::device_removed));
+}
+
+// ---------------------------------------------------------------------------
+// Timers
+
+void device::rearm_timer_fd() noexcept {
+  const clock::time_point next = timers_.next_deadline();
+  if (next == armed_deadline_) return;
+  armed_deadline_ = next;
+  if (next == clock::time_point::max()) return;
+  if (!clock_->is_real_time()) {
+    if (next <= clock_->now()) write_one(timer_fd_);
+    return;
+  }
+  itimerspec its{};
+  const auto ns = next.time_since_epoch().count();
+  its.it_value.tv_sec = ns / 1'000'000'000;
+  its.it_value.tv_nsec = ns % 1'000'000'000;
+  if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0) its.it_value.tv_nsec = 1;
+  ::timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &its, nullptr);
+}
+
+void device::run_timers() noexcept {
+  std::uint64_t v;
+  while (::read(timer_fd_, &v, sizeof v) < 0 && errno == EINTR) {
+  }
+  armed_deadline_ = clock::time_point::max();
+  timers_.run_expired(clock_->now());
+  rearm_timer_fd();
+}
+
+void device::progress() noexcept {
+  std::unique_lock lock(lock_, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  run_timers();
+  run();
+}
+
+void device::on_clock_changed() noexcept { write_one(timer_fd_); }
+
+// ---------------------------------------------------------------------------
+// The run loop: drain received packets and runnable requesters until idle.
+
+void device::schedule_requester(qp_t* qp) noexcept {
+  if (qp->req.scheduled) return;
+  qp->req.scheduled = true;
+  req_ready_.push_back(qp);
+}
+
+void device::run() noexcept {
+  if (running_) return;
+  running_ = true;
+  for (;;) {
+    if (rx_head_ != nullptr) {
+      packet* p = rx_head_;
+      rx_head_ = p->next;
+      if (rx_head_ == nullptr) rx_tail_ = nullptr;
+      ++counters_.packets_received;
+      counters_.bytes_received += p->payload_len;
+      wire::packet_view v;
+      if (wire::decode_headers(std::span(p->header.data(), p->header_len), p->payload_len, v) !=
+          wire::decode_error::ok) {
+        ++counters_.dropped;
+        free_packet(p);
+        continue;
+      }
+      p->hdr = v.hdr;
+      p->op = v.op;
+      const std::uint32_t qpn = p->hdr.bth.dest_qp;
+      qp_t* qp = nullptr;
+      if (qpn >= limits::qpn_base && qpn - limits::qpn_base < qps_.size())
+        qp = qps_[qpn - limits::qpn_base].get();
+      const bool response = (p->op->ops & wire::op_response) != 0;
+      const auto tp = p->op->tp;
+      bool ok = qp != nullptr && !qp->released;
+      if (ok) {
+        ok = (tp == wire::transport::rc && qp->type == qp_type::rc) ||
+             (tp == wire::transport::uc && qp->type == qp_type::uc) ||
+             (tp == wire::transport::ud && qp->type == qp_type::ud);
+      }
+      if (ok) {
+        const qp_state s = qp->state;
+        ok = response ? (s == qp_state::rts || s == qp_state::sqd)
+                      : (s == qp_state::rtr || s == qp_state::rts || s == qp_state::sqd || s == qp_state::sqe);
+      }
+      if (ok && qp->type != qp_type::ud) ok = p->src == qp->av.grh.dgid && p->dst == qp->sgid;
+      if (ok) ok = (p->hdr.bth.pkey & 0x7FFF) == (wire::default_pkey & 0x7FFF);
+      if (!ok) {
+        ++counters_.dropped;
+        free_packet(p);
+        continue;
+      }
+      if (response) complete_rx(qp, p);
+      else respond(qp, p);
+      free_packet(p);
+      continue;
+    }
+    if (!req_ready_.empty()) {
+      qp_t* qp = req_ready_.front();
+      req_ready_.pop_front();
+      qp->req.scheduled = false;
+      requester(qp);
+      continue;
+    }
+    break;
+  }
+  running_ = false;
+}
+
+}  // namespace averbs::soft

@@ -1,0 +1,551 @@
+// SPDX-License-Identifier: MIT
+// The soft RDMA device engine (the "HCA"): verbs objects, the QP state
+// machine, and the requester, responder and completer that run RC, UC and UD
+// on RoCEv2 packets, structured as rxe structures them.
+//
+// Implementation overview
+// -----------------------
+// One lock (`device::lock_`) protects the whole engine; every entry point
+// takes it.  Work runs to quiescence inside the calling thread (`run()`):
+// posting a send runs the requester, whose packets cross the link; the
+// loopback link queues them on this device's receive queue, which `run()`
+// drains through the responder (requests) and the completer (responses)
+// until nothing is left to do.  Timers (retransmit, RNR) live on the
+// device's timer queue, on its injectable clock, and are driven by any
+// context that opened the device (the device is one of its progress
+// sources) and by poll_cq.
+//
+// Application memory is reached only through `memory_access`; payloads are
+// carried by reference (zero copy) while a packet is inside one `run()`, and
+// copied when a link must keep them.  Work queues are position-independent
+// rings (ring.hpp); the engine-private state of each send WQE lives beside
+// the ring, not in it.
+#pragma once
+
+#include "core/timer_queue.hpp"
+#include "soft/limits.hpp"
+#include "soft/memory.hpp"
+#include "soft/ring.hpp"
+#include "wire/roce.hpp"
+
+#include <averbs/async/clock.hpp>
+#include <averbs/async/context.hpp>
+#include <averbs/async/detail/core.hpp>
+#include <averbs/verbs/types.hpp>
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <system_error>
+#include <vector>
+
+namespace averbs::soft {
+
+class device;
+struct pd_t;
+struct mr_t;
+struct mw_t;
+struct cq_t;
+struct srq_t;
+struct qp_t;
+
+// ---------------------------------------------------------------------------
+// Work-queue entry layouts.  Warning: frozen once rings live in shared
+// memory between the application and the daemon.
+
+struct wqe_sge {
+  std::uint64_t addr;
+  std::uint32_t length;
+  std::uint32_t lkey;
+};
+
+struct send_wqe {
+  std::uint64_t wr_id;
+  std::uint8_t opcode;  // averbs::wr_opcode
+  std::uint8_t mw_type; // bind_mw: 1 (ibv_bind_mw) or 2 (IBV_WR_BIND_MW)
+  std::uint16_t num_sge;
+  std::uint32_t flags;  // averbs::send_flags
+  std::uint32_t imm;    // immediate data (network order) or R_Key to invalidate
+  std::uint32_t length; // total payload bytes
+  std::uint64_t remote_addr;
+  std::uint32_t rkey;
+  std::uint32_t inline_len;  // inline payload bytes following the header
+  std::uint64_t compare_add;
+  std::uint64_t swap;
+  std::uint32_t ah;          // UD: AH handle
+  std::uint32_t remote_qpn;
+  std::uint32_t remote_qkey;
+  std::uint32_t mw;          // bind_mw: MW handle
+  std::uint32_t bind_rkey;
+  std::uint32_t bind_lkey;
+  std::uint64_t bind_addr;
+  std::uint64_t bind_length;
+  std::uint32_t bind_access;
+  std::uint32_t reserved;
+  // followed by wqe_sge[num_sge], or by inline_len bytes
+  wqe_sge* sges() noexcept { return reinterpret_cast<wqe_sge*>(this + 1); }
+  std::byte* inline_data() noexcept { return reinterpret_cast<std::byte*>(this + 1); }
+};
+static_assert(sizeof(send_wqe) % 8 == 0);
+
+struct recv_wqe {
+  std::uint64_t wr_id;
+  std::uint32_t num_sge;
+  std::uint32_t reserved;
+  wqe_sge* sges() noexcept { return reinterpret_cast<wqe_sge*>(this + 1); }
+};
+
+// ---------------------------------------------------------------------------
+// Objects.  Every field is guarded by device::lock_.
+
+struct pd_t {
+  std::uint32_t handle = 0;
+  std::uint32_t children = 0;
+  bool released = false;  // the user dropped it; freed with its last child
+};
+
+struct mr_t {
+  pd_t* pd = nullptr;
+  std::uint32_t lkey = 0;
+  std::uint32_t rkey = 0;
+  std::uint64_t iova = 0;       // address the keys name (0 when zero-based)
+  std::uint64_t length = 0;
+  std::uint64_t host_addr = 0;  // application address of iova
+  std::byte* host = nullptr;    // mapped pointer of host_addr, or null
+  std::uint32_t access = 0;
+  std::uint32_t bound_mws = 0;
+};
+
+enum class mw_state : std::uint8_t { free, valid };
+
+struct mw_t {
+  pd_t* pd = nullptr;
+  mw_type type = mw_type::type1;
+  std::uint32_t handle = 0;
+  std::uint32_t rkey = 0;
+  mw_state state = mw_state::free;
+  mr_t* mr = nullptr;
+  std::uint64_t addr = 0;    // first address the window's rkey names
+  std::uint64_t length = 0;
+  std::uint64_t mr_offset = 0;  // offset of the window inside the MR
+  std::uint32_t access = 0;
+  qp_t* qp = nullptr;        // type 2: the QP it is bound through
+};
+
+struct ah_t {
+  pd_t* pd = nullptr;
+  std::uint32_t handle = 0;
+  ah_attr attr{};
+  gid sgid{};
+};
+
+/// A request parked on an object (CQ notification, async event).
+struct parked {
+  detail::context_impl* ctx;
+  detail::request_id id;
+};
+
+/// A parked CQ notification: next completion, or next solicited one.
+struct cq_notify {
+  parked p;
+  bool solicited_only;
+};
+
+struct cq_t {
+  std::uint32_t handle = 0;
+  ring q;
+  std::uint32_t cqe = 0;  // capacity the user sees
+  std::uint32_t users = 0;
+  bool armed = false;
+  bool error = false;     // overflowed
+  bool released = false;
+  std::vector<cq_notify> notifies;
+};
+
+struct srq_t {
+  std::uint32_t handle = 0;
+  pd_t* pd = nullptr;
+  ring q;
+  std::uint32_t max_wr = 0;
+  std::uint32_t max_sge = 0;
+  std::uint32_t limit = 0;  // armed when non-zero
+  std::uint32_t users = 0;
+  bool error = false;
+  bool released = false;
+};
+
+enum class wqe_state : std::uint8_t { posted, processing, pending, done };
+
+/// Engine-private state of one send WQE (parallel to the SQ ring).
+struct send_state {
+  wqe_state state = wqe_state::posted;
+  wc_status status = wc_status::success;
+  std::uint32_t first_psn = 0;
+  std::uint32_t last_psn = 0;
+  std::uint32_t sent = 0;        // payload bytes already sent
+  std::uint32_t read_done = 0;   // READ: response bytes placed
+  std::uint64_t read_va = 0;     // READ retried for the remainder: its VA
+};
+
+/// A READ or atomic the responder executed, kept for duplicate replay.
+struct rd_resource {
+  enum class kind : std::uint8_t { none, read, atomic } type = kind::none;
+  std::uint32_t first_psn = 0;
+  std::uint32_t last_psn = 0;
+  std::uint64_t va = 0;
+  std::uint32_t rkey = 0;
+  std::uint32_t length = 0;
+  std::uint64_t orig = 0;  // atomic: the value before execution
+};
+
+struct qp_t {
+  device* dev = nullptr;
+  std::uint32_t qpn = 0;
+  std::uint32_t index = 0;
+  qp_type type = qp_type::rc;
+  qp_state state = qp_state::reset;
+  bool released = false;
+  bool sq_sig_all = false;
+  pd_t* pd = nullptr;
+  cq_t* scq = nullptr;
+  cq_t* rcq = nullptr;
+  srq_t* srq = nullptr;
+  qp_cap cap{};
+  std::uint32_t send_wqe_size = 0;
+  ring sq;
+  std::vector<send_state> sq_state;
+  ring rq;
+
+  // Attributes (modify_qp).
+  std::uint32_t qkey = 0;
+  std::uint32_t dest_qpn = 0;
+  std::uint32_t access_flags = 0;
+  mtu path_mtu = mtu::mtu_256;
+  std::uint32_t mtu_bytes = 256;
+  ah_attr av{};
+  gid sgid{};
+  std::uint16_t sport = 0;
+  std::uint16_t pkey_index = 0;
+  std::uint8_t port = 1;
+  std::uint8_t timeout = 0;
+  std::uint8_t retry_cnt = 0;
+  std::uint8_t rnr_retry = 0;
+  std::uint8_t min_rnr_timer = 0;
+  std::uint8_t max_rd_atomic = 0;
+  std::uint8_t max_dest_rd_atomic = 0;
+  std::uint32_t sq_psn = 0;
+  std::uint32_t rq_psn = 0;
+  bool sqd_notify = false;
+  bool sq_draining = false;
+
+  struct requester {
+    std::uint32_t wqe_index = 0;  // next WQE to send from (free-running)
+    std::uint32_t psn = 0;        // next PSN to send
+    std::uint32_t rd_atomic = 0;  // READ/atomic requests outstanding
+    std::uint32_t noack_pkts = 0; // packets sent since the last AckReq
+    bool scheduled = false;
+  } req;
+
+  struct completer {
+    std::uint32_t psn = 0;        // oldest PSN not yet acknowledged
+    std::uint8_t retry_left = 0;
+    std::uint8_t rnr_left = 0;
+    bool timer_armed = false;
+    bool rnr_waiting = false;
+    std::uint64_t timer_gen = 0;  // stale timers carry an older generation
+  } comp;
+
+  struct responder {
+    std::uint32_t psn = 0;        // next expected request PSN
+    std::uint32_t msn = 0;
+    std::uint8_t last_opcode = 0xFF;  // previous request opcode; 0xFF none
+    bool nak_sent = false;        // one PSN-sequence NAK per gap
+    bool drop_msg = false;        // UC: dropping until the next FIRST/ONLY
+    bool comm_est = false;        // COMM_EST raised
+    // The message in progress.
+    bool have_wqe = false;
+    std::uint32_t wqe_index = 0;  // RQ/SRQ slot of the receive in use
+    recv_wqe* wqe = nullptr;
+    std::vector<std::byte> srq_wqe;  // SRQ receives are copied out of the ring
+    std::uint32_t offset = 0;     // bytes placed so far
+    std::uint64_t va = 0;         // RDMA WRITE target of the message
+    std::uint32_t rkey = 0;
+    std::uint32_t length = 0;     // RETH length of the message
+    std::byte* target = nullptr;  // host pointer of va (null: via accessor)
+    std::uint64_t target_addr = 0;
+    std::uint32_t last_ack_psn = 0;
+    std::vector<rd_resource> resources;
+    std::uint32_t res_head = 0;
+  } resp;
+};
+
+// ---------------------------------------------------------------------------
+// Packets.
+
+struct packet {
+  struct seg {
+    const std::byte* p;
+    std::uint32_t len;
+  };
+  static constexpr std::size_t max_segs = 4;
+  static constexpr std::size_t buffer_size = 4096 + 64;
+
+  std::array<std::byte, wire::max_header_size> header{};  // encoded BTH + ext headers
+  std::uint8_t header_len = 0;
+  wire::transport_headers hdr{};     // decoded
+  const wire::opcode_info* op = nullptr;
+  std::array<seg, max_segs> segs{};
+  std::uint8_t nsegs = 0;
+  std::uint32_t payload_len = 0;     // without pad
+  std::byte* buf = nullptr;          // owned payload storage (buffer_size)
+  gid src{};
+  gid dst{};
+  std::uint16_t sport = 0;
+  std::uint8_t hop_limit = 64;
+  std::uint8_t tclass = 0;
+  packet* next = nullptr;
+
+  /// Copies the referenced payload into `buf` so the packet can outlive
+  /// the memory it points to.
+  void own_payload() noexcept;
+};
+
+/// Where packets leave the device.  `send` takes ownership of the packet.
+class link {
+ public:
+  virtual ~link() = default;
+  virtual void send(packet* p) noexcept = 0;
+};
+
+// ---------------------------------------------------------------------------
+
+struct device_config {
+  std::string name;
+  averbs::clock* clock = nullptr;  // null: the real clock
+  std::vector<gid> gids;           // empty: this host's addresses
+  std::uint64_t node_guid = 0;     // 0: derived from the name
+};
+
+class device final : public progress_source, public clock_listener {
+ public:
+  explicit device(const device_config& cfg);
+  ~device();
+  device(const device&) = delete;
+  device& operator=(const device&) = delete;
+
+  const std::string& name() const noexcept { return name_; }
+  averbs::clock& clock() const noexcept { return *clock_; }
+
+  // --- queries --------------------------------------------------------------
+  device_attr query_device() const;
+  std::error_code query_port(std::uint8_t port, port_attr& out) const;
+  std::error_code query_gid(std::uint8_t port, std::uint32_t index, gid& out) const;
+  std::error_code query_pkey(std::uint8_t port, std::uint16_t index, std::uint16_t& out) const;
+  std::vector<gid> gids() const;
+  device_counters counters() const;
+  /// Finds the GID table index of a local address.
+  bool find_gid(const gid& g, std::uint32_t& index) const;
+
+  // --- objects ----------------------------------------------------------------
+  std::error_code alloc_pd(pd_t*& out);
+  std::error_code dealloc_pd(pd_t* pd);     ///< errc::busy with children
+  void release_pd(pd_t* pd) noexcept;       ///< handle dropped
+
+  std::error_code reg_mr(pd_t* pd, std::uint64_t addr, std::uint64_t length, std::uint32_t access,
+                         mr_t*& out);
+  std::error_code rereg_mr(mr_t* mr, int flags, pd_t* pd, std::uint64_t addr, std::uint64_t length,
+                           std::uint32_t access);
+  std::error_code dereg_mr(mr_t* mr);
+  /// Handle dropped: unbinds any windows still on the region, then frees it.
+  void release_mr(mr_t* mr) noexcept;
+
+  std::error_code alloc_mw(pd_t* pd, mw_type type, mw_t*& out);
+  std::error_code dealloc_mw(mw_t* mw);
+  std::uint32_t mw_rkey(mw_t* mw) const;
+
+  std::error_code create_ah(pd_t* pd, const ah_attr& attr, ah_t*& out);
+  std::error_code destroy_ah(ah_t* ah);
+
+  std::error_code create_cq(std::uint32_t cqe, cq_t*& out);
+  std::error_code resize_cq(cq_t* cq, std::uint32_t cqe);
+  std::error_code destroy_cq(cq_t* cq);     ///< errc::busy while QPs use it
+  void release_cq(cq_t* cq) noexcept;
+
+  std::error_code create_srq(pd_t* pd, const srq_attr& attr, srq_t*& out);
+  std::error_code modify_srq(srq_t* srq, const srq_attr& attr, std::uint32_t mask);
+  std::error_code query_srq(srq_t* srq, srq_attr& out);
+  std::error_code destroy_srq(srq_t* srq);
+  void release_srq(srq_t* srq) noexcept;
+
+  struct qp_init {
+    cq_t* send_cq = nullptr;
+    cq_t* recv_cq = nullptr;
+    srq_t* srq = nullptr;
+    qp_cap cap{};
+    qp_type type = qp_type::rc;
+    bool sq_sig_all = false;
+  };
+  std::error_code create_qp(pd_t* pd, const qp_init& init, qp_t*& out);
+  std::error_code modify_qp(qp_t* qp, const qp_attr& attr, std::uint32_t mask);
+  std::error_code query_qp(qp_t* qp, qp_attr& out, qp_cap& init_cap);
+  qp_state state_of(qp_t* qp) const;
+  /// Flushes the QP's work (wr_flush_err, once each) and frees it.
+  std::error_code destroy_qp(qp_t* qp);
+
+  // --- data path ---------------------------------------------------------------
+  /// Posts a chain of `n` work requests; on failure `*bad` is the index of the
+  /// first one not posted.
+  std::error_code post_send(qp_t* qp, const send_wr* wrs, std::size_t n, std::size_t* bad);
+  std::error_code post_recv(qp_t* qp, const recv_wr* wrs, std::size_t n, std::size_t* bad);
+  std::error_code post_srq_recv(srq_t* srq, const recv_wr* wrs, std::size_t n, std::size_t* bad);
+  /// type-1 memory window bind: posts a bind WQE.
+  std::error_code bind_mw1(qp_t* qp, mw_t* mw, std::uint64_t wr_id, std::uint32_t flags,
+                           const mw_bind_info& info, std::uint32_t& new_rkey);
+  std::size_t poll_cq(cq_t* cq, std::span<work_completion> out);
+
+  /// Parks a CQ notification request (next completion, or next solicited).
+  void arm_cq(cq_t* cq, bool solicited_only, detail::context_impl& ctx, detail::request_id id);
+  /// Parks a request for the next async event (completes at once if queued).
+  void get_event(detail::context_impl& ctx, detail::request_id id);
+  /// Completes (aborted) and forgets every parked event request of `ctx`.
+  void cancel_event_waiters(detail::context_impl& ctx) noexcept;
+  /// Raises a port event and sets the port state (tests pull the cable).
+  void set_port_state(port_state s);
+  /// Raises DEVICE_FATAL, moves every QP to error, fails parked requests.
+  void fatal();
+
+  // --- the link ----------------------------------------------------------------
+  /// Replaces the link (null: loopback).  Packets from the link enter
+  /// through receive().
+  void set_link(link* l);
+  /// A packet arrived from the link (takes ownership).  Must hold lock_.
+  void receive_locked(packet* p);
+  void receive(packet* p);
+  packet* alloc_packet() noexcept;
+  void free_packet(packet* p) noexcept;
+  std::mutex& lock() noexcept { return lock_; }
+
+  // --- progress_source, clock_listener ---------------------------------------------
+  int native_handle() const noexcept override { return timer_fd_; }
+  void progress() noexcept override;
+  void on_clock_changed() noexcept override;
+
+ private:
+  friend class loopback_link;
+  struct key_entry {
+    enum class kind : std::uint8_t { free, mr, mw } type = kind::free;
+    std::uint8_t key = 0;
+    void* obj = nullptr;
+  };
+
+  // Must hold lock_ for everything below.
+  void run() noexcept;
+  void schedule_requester(qp_t* qp) noexcept;
+  void requester(qp_t* qp) noexcept;
+  bool send_packet_of(qp_t* qp, std::uint32_t index) noexcept;
+  void respond(qp_t* qp, packet* p) noexcept;
+  void respond_ud(qp_t* qp, packet* p) noexcept;
+  void respond_duplicate(qp_t* qp, packet* p) noexcept;
+  void complete_rx(qp_t* qp, packet* p) noexcept;
+  void complete_wqes(qp_t* qp) noexcept;
+  void retry(qp_t* qp, bool from_timeout) noexcept;
+  void arm_retry_timer(qp_t* qp) noexcept;
+  void on_qp_timer(std::uint32_t qpn, std::uint64_t gen, bool rnr) noexcept;
+  void qp_to_error(qp_t* qp) noexcept;
+  void flush_qp(qp_t* qp) noexcept;
+  void check_sq_drained(qp_t* qp) noexcept;
+  bool post_cqe(cq_t* cq, const work_completion& wc, bool solicited) noexcept;
+  void raise_event(event_type t, std::uint32_t element) noexcept;
+  void send_ack(qp_t* qp, std::uint8_t syndrome, std::uint32_t psn) noexcept;
+  void send_atomic_ack(qp_t* qp, std::uint32_t psn, std::uint64_t orig) noexcept;
+  void send_read_responses(qp_t* qp, std::uint32_t from_psn, std::byte* host, std::uint64_t addr,
+                           std::uint32_t length) noexcept;
+  packet* new_packet(qp_t* qp, wire::opcode op, std::uint32_t psn) noexcept;
+  void finish_packet(qp_t* qp, packet* p) noexcept;
+  void transmit(packet* p) noexcept;
+  bool next_recv(qp_t* qp) noexcept;
+  void consume_recv(qp_t* qp) noexcept;
+  void check_srq_limit(srq_t* srq) noexcept;
+  std::error_code post_one_send(qp_t* qp, const send_wr& wr) noexcept;
+
+  // Keys and memory.
+  mr_t* lookup_lkey(pd_t* pd, std::uint32_t lkey) noexcept;
+  /// Resolves an R_Key range for remote access: MR or MW, PD, access, bounds.
+  /// On success `host` (may be null) and `addr` name the range's start.
+  bool resolve_rkey(qp_t* qp, std::uint32_t rkey, std::uint64_t va, std::uint64_t len, std::uint32_t need,
+                    std::byte*& host, std::uint64_t& addr) noexcept;
+  bool copy_from_sges(pd_t* pd, wqe_sge* sges, std::uint32_t nsge, std::uint32_t offset, std::uint32_t len,
+                      packet* p) noexcept;
+  bool copy_to_sges(pd_t* pd, wqe_sge* sges, std::uint32_t nsge, std::uint32_t offset, const packet* p,
+                    std::uint32_t skip, std::uint32_t len) noexcept;
+  bool write_host(std::byte* host, std::uint64_t addr, const packet* p, std::uint32_t skip,
+                  std::uint32_t len) noexcept;
+  std::error_code invalidate_rkey(pd_t* pd, std::uint32_t rkey, qp_t* qp) noexcept;
+  std::error_code bind_mw(qp_t* qp, send_wqe* w) noexcept;
+  std::uint32_t alloc_key(key_entry::kind k, void* obj) noexcept;
+  void free_key(std::uint32_t key) noexcept;
+
+  std::string name_;
+  averbs::clock* clock_;
+  std::uint64_t node_guid_;
+  std::vector<gid> gids_;
+  port_state port_state_ = port_state::active;
+  direct_memory direct_;
+  memory_access* mem_ = &direct_;
+
+  mutable std::mutex lock_;
+  bool running_ = false;
+  link* link_;
+  std::unique_ptr<link> loopback_;
+  packet* rx_head_ = nullptr;
+  packet* rx_tail_ = nullptr;
+  std::deque<qp_t*> req_ready_;
+  packet* free_packets_ = nullptr;
+  std::vector<std::unique_ptr<packet>> packet_store_;
+  std::vector<std::unique_ptr<std::byte[]>> buffer_store_;
+
+  // Object tables.
+  std::vector<std::unique_ptr<pd_t>> pds_;
+  std::vector<std::uint32_t> free_pds_;
+  std::vector<key_entry> keys_;  // index = key >> 8
+  std::vector<std::uint32_t> free_keys_;
+  std::vector<std::unique_ptr<mr_t>> mrs_;  // owns MRs (by key index)
+  std::vector<std::unique_ptr<mw_t>> mws_;
+  std::vector<std::unique_ptr<ah_t>> ahs_;
+  std::vector<std::uint32_t> free_ahs_;
+  std::vector<std::unique_ptr<cq_t>> cqs_;
+  std::vector<std::uint32_t> free_cqs_;
+  std::vector<std::unique_ptr<srq_t>> srqs_;
+  std::vector<std::uint32_t> free_srqs_;
+  std::vector<std::unique_ptr<qp_t>> qps_;  // index = qpn - qpn_base
+  std::deque<std::uint32_t> free_qps_;      // FIFO: a QPN is reused late
+  std::uint32_t live_pds_ = 0, live_mrs_ = 0, live_mws_ = 0, live_ahs_ = 0, live_cqs_ = 0,
+                live_srqs_ = 0, live_qps_ = 0;
+
+  // Async events.
+  std::deque<async_event> events_;
+  std::vector<parked> event_waiters_;
+
+  // Timers.
+  detail::timer_queue timers_;
+  int timer_fd_ = -1;
+  clock::time_point armed_deadline_ = clock::time_point::max();
+  void rearm_timer_fd() noexcept;
+  void run_timers() noexcept;
+
+  device_counters counters_{};
+};
+
+/// Implemented by the verbs layer: the engine objects behind public handles
+/// (null for an empty handle).
+ah_t* engine_object(const averbs::ah* h) noexcept;
+mw_t* engine_object(averbs::mw* h) noexcept;
+
+/// Completes a parked request; releases the context reference it held.
+void complete_parked(const parked& p, const std::error_code& ec, void* result) noexcept;
+
+}  // namespace averbs::soft

@@ -1,0 +1,41 @@
+// SPDX-License-Identifier: MIT
+// The soft device's limits, reported by query_device and enforced by the
+// engine.  Values follow rxe 6.x (rxe_param.h), so programs tuned for rxe
+// fit.
+#pragma once
+
+#include <cstdint>
+
+namespace averbs::soft::limits {
+
+inline constexpr std::uint32_t max_qp = (1u << 20) - 16;
+inline constexpr std::uint32_t qpn_base = 16;  // rxe starts data QPs at 16
+inline constexpr std::uint32_t max_qp_wr = 1u << 20;
+inline constexpr std::uint32_t max_sge = 32;
+inline constexpr std::uint32_t max_sge_rd = 32;
+inline constexpr std::uint32_t max_inline_data = 512;  // 32 SGEs worth, as rxe
+inline constexpr std::uint32_t max_cq = 1u << 20;
+inline constexpr std::uint32_t device_cap_flags = 0x01223c76;  // rxe: MW, type 2B, SRQ resize, ...
+inline constexpr std::uint32_t max_cqe = (1u << 15) - 1;
+inline constexpr std::uint32_t max_mr = 524287;
+inline constexpr std::uint32_t max_mw = 524287;
+inline constexpr std::uint32_t max_pd = 1u << 20;
+inline constexpr std::uint32_t max_ah = 32767;
+inline constexpr std::uint32_t max_srq = 917503;
+inline constexpr std::uint32_t max_srq_wr = 1u << 20;
+inline constexpr std::uint32_t max_srq_sge = 27;
+inline constexpr std::uint32_t max_qp_rd_atom = 128;
+inline constexpr std::uint32_t max_res_rd_atom = 0x3f000;
+inline constexpr std::uint64_t max_mr_size = ~std::uint64_t{0};
+inline constexpr std::uint32_t max_msg_size = 0x80000000;  // 2 GiB, as rxe since 6.12
+inline constexpr std::uint64_t page_size_cap = 0xfffff000;
+inline constexpr std::uint32_t gid_table_len = 1024;
+inline constexpr std::uint16_t pkey_table_len = 1;
+inline constexpr std::uint8_t local_ca_ack_delay = 15;
+inline constexpr std::uint32_t vendor_id = 0xFFFFFF;
+
+// Transport window (rxe): unacknowledged PSNs and packets between AckReqs.
+inline constexpr std::uint32_t max_unacked_psns = 128;
+inline constexpr std::uint32_t max_pkts_per_ack = 64;
+
+}  // namespace averbs::soft::limits

@@ -1,0 +1,658 @@
+// SPDX-License-Identifier: MIT
+// Queue pairs: creation, the IBTA state machine (modify/query), posting,
+// retiring completed work, flushing, and destruction.
+#include "soft/engine.hpp"
+
+#include <averbs/error.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+namespace averbs::soft {
+
+namespace {
+
+std::error_code err(errc e) { return make_error_code(e); }
+
+// --- The modify_qp attribute table (IBTA 11.2.4.2, the kernel's
+// qp_state_table): for each (current, next) state and QP type, the
+// attributes that must be given and those that may be.
+
+enum : std::uint32_t {
+  m_state = qp_attr_state,
+  m_cur = qp_attr_cur_state,
+  m_sqd_notify = qp_attr_en_sqd_async_notify,
+  m_access = qp_attr_access_flags,
+  m_pkey = qp_attr_pkey_index,
+  m_port = qp_attr_port,
+  m_qkey = qp_attr_qkey,
+  m_av = qp_attr_av,
+  m_mtu = qp_attr_path_mtu,
+  m_timeout = qp_attr_timeout,
+  m_retry = qp_attr_retry_cnt,
+  m_rnr_retry = qp_attr_rnr_retry,
+  m_rq_psn = qp_attr_rq_psn,
+  m_rd_atomic = qp_attr_max_qp_rd_atomic,
+  m_alt = qp_attr_alt_path,
+  m_min_rnr = qp_attr_min_rnr_timer,
+  m_sq_psn = qp_attr_sq_psn,
+  m_dest_rd_atomic = qp_attr_max_dest_rd_atomic,
+  m_mig = qp_attr_path_mig_state,
+  m_cap = qp_attr_cap,
+  m_dest_qpn = qp_attr_dest_qpn,
+};
+
+struct rule {
+  bool valid = false;
+  std::array<std::uint32_t, 3> req{};  // rc, uc, ud
+  std::array<std::uint32_t, 3> opt{};
+};
+
+constexpr int type_index(qp_type t) { return t == qp_type::rc ? 0 : t == qp_type::uc ? 1 : 2; }
+
+struct state_table {
+  rule r[7][7];
+  constexpr state_table() {
+    using enum qp_state;
+    auto at = [this](qp_state a, qp_state b) -> rule& {
+      return r[static_cast<int>(a)][static_cast<int>(b)];
+    };
+    for (int s = 0; s < 7; ++s) {
+      r[s][static_cast<int>(reset)].valid = true;
+      if (s != static_cast<int>(reset)) r[s][static_cast<int>(err)].valid = true;
+    }
+    at(reset, init) = {true, {m_pkey | m_port | m_access, m_pkey | m_port | m_access, m_pkey | m_port | m_qkey}, {}};
+    at(init, init) = {true, {}, {m_pkey | m_port | m_access, m_pkey | m_port | m_access, m_pkey | m_port | m_qkey}};
+    at(init, rtr) = {true,
+                     {m_av | m_mtu | m_dest_qpn | m_rq_psn | m_dest_rd_atomic | m_min_rnr,
+                      m_av | m_mtu | m_dest_qpn | m_rq_psn, 0},
+                     {m_alt | m_access | m_pkey, m_alt | m_access | m_pkey, m_pkey | m_qkey}};
+    at(rtr, rts) = {true,
+                    {m_timeout | m_retry | m_rnr_retry | m_sq_psn | m_rd_atomic, m_sq_psn, m_sq_psn},
+                    {m_cur | m_alt | m_access | m_min_rnr | m_mig, m_cur | m_alt | m_access | m_mig,
+                     m_cur | m_qkey}};
+    at(rts, rts) = {true,
+                    {},
+                    {m_cur | m_access | m_alt | m_mig | m_min_rnr, m_cur | m_access | m_alt | m_mig,
+                     m_cur | m_qkey}};
+    at(rts, sqd) = {true, {}, {m_sqd_notify, m_sqd_notify, m_sqd_notify}};
+    at(sqd, rts) = {true,
+                    {},
+                    {m_cur | m_alt | m_access | m_min_rnr | m_mig, m_cur | m_alt | m_access | m_mig,
+                     m_cur | m_qkey}};
+    at(sqd, sqd) = {true,
+                    {},
+                    {m_port | m_av | m_timeout | m_retry | m_rnr_retry | m_rd_atomic | m_dest_rd_atomic |
+                         m_alt | m_access | m_pkey | m_min_rnr | m_mig,
+                     m_av | m_alt | m_access | m_pkey | m_mig, m_pkey | m_qkey}};
+    at(sqe, rts) = {true, {}, {0, m_cur | m_access, m_cur | m_qkey}};
+  }
+};
+
+constexpr state_table table;
+
+std::uint32_t pow2_at_least(std::uint32_t v) {
+  std::uint32_t p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+wc_opcode wc_opcode_of(std::uint8_t op) {
+  switch (static_cast<wr_opcode>(op)) {
+    case wr_opcode::rdma_write:
+    case wr_opcode::rdma_write_with_imm: return wc_opcode::rdma_write;
+    case wr_opcode::send:
+    case wr_opcode::send_with_imm:
+    case wr_opcode::send_with_inv: return wc_opcode::send;
+    case wr_opcode::rdma_read: return wc_opcode::rdma_read;
+    case wr_opcode::atomic_cmp_and_swp: return wc_opcode::comp_swap;
+    case wr_opcode::atomic_fetch_and_add: return wc_opcode::fetch_add;
+    case wr_opcode::local_inv: return wc_opcode::local_inv;
+    case wr_opcode::bind_mw: return wc_opcode::bind_mw;
+  }
+  return wc_opcode::send;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Create
+
+std::error_code device::create_qp(pd_t* pd, const qp_init& init, qp_t*& out) {
+  if (init.type != qp_type::rc && init.type != qp_type::uc && init.type != qp_type::ud)
+    return err(errc::not_supported);
+  if (init.send_cq == nullptr || (init.recv_cq == nullptr && init.srq == nullptr))
+    return err(errc::invalid_argument);
+  const qp_cap& c = init.cap;
+  if (c.max_send_wr > limits::max_qp_wr || c.max_send_sge > limits::max_sge ||
+      c.max_inline_data > limits::max_inline_data)
+    return err(errc::invalid_argument);
+  if (init.srq == nullptr && (c.max_recv_wr > limits::max_qp_wr || c.max_recv_sge > limits::max_sge))
+    return err(errc::invalid_argument);
+  std::lock_guard lock(lock_);
+  if (live_qps_ >= limits::max_qp) return err(errc::no_resources);
+  if (init.srq != nullptr && init.srq->pd != pd) return err(errc::invalid_argument);
+  auto qp = std::make_unique<qp_t>();
+  qp->dev = this;
+  qp->type = init.type;
+  qp->pd = pd;
+  qp->scq = init.send_cq;
+  qp->rcq = init.recv_cq != nullptr ? init.recv_cq : init.send_cq;
+  qp->srq = init.srq;
+  qp->sq_sig_all = init.sq_sig_all;
+  qp->cap = c;
+  if (qp->srq != nullptr) qp->cap.max_recv_wr = qp->cap.max_recv_sge = 0;
+  const std::size_t body =
+      std::max<std::size_t>(std::size_t{c.max_send_sge} * sizeof(wqe_sge), c.max_inline_data);
+  qp->send_wqe_size = static_cast<std::uint32_t>(sizeof(send_wqe) + body);
+  if (!qp->sq.init(std::max<std::uint32_t>(c.max_send_wr, 1), qp->send_wqe_size))
+    return err(errc::no_resources);
+  qp->sq_state.resize(qp->sq.size());
+  if (qp->srq == nullptr &&
+      !qp->rq.init(std::max<std::uint32_t>(c.max_recv_wr, 1),
+                   sizeof(recv_wqe) + std::size_t{c.max_recv_sge} * sizeof(wqe_sge)))
+    return err(errc::no_resources);
+  // Grow the table before reusing numbers, then reuse the longest-freed one,
+  // so a peer still holding an old QPN (CM timewait) does not meet it soon.
+  std::uint32_t index;
+  if (!free_qps_.empty() && (qps_.size() >= 65536 || qps_.size() >= limits::max_qp)) {
+    index = free_qps_.front();
+    free_qps_.pop_front();
+  } else {
+    qps_.emplace_back();
+    index = static_cast<std::uint32_t>(qps_.size() - 1);
+  }
+  qp->index = index;
+  qp->qpn = index + limits::qpn_base;
+  ++pd->children;
+  ++qp->scq->users;
+  ++qp->rcq->users;
+  if (qp->srq != nullptr) ++qp->srq->users;
+  ++live_qps_;
+  out = qp.get();
+  qps_[index] = std::move(qp);
+  return {};
+}
+
+// ---------------------------------------------------------------------------
+// Modify and query
+
+std::error_code device::modify_qp(qp_t* qp, const qp_attr& a, std::uint32_t mask) {
+  std::lock_guard lock(lock_);
+  constexpr std::uint32_t known = (qp_attr_dest_qpn << 1) - 1;
+  if ((mask & ~known) != 0) return err(errc::invalid_argument);
+  const qp_state cur = qp->state;
+  if ((mask & m_cur) != 0 && a.cur_state != cur) return err(errc::invalid_argument);
+  // While the send queue drains, only a move to error is allowed (rxe).
+  if (cur == qp_state::sqd && qp->sq_draining && (mask & m_state) != 0 && a.state != qp_state::err)
+    return err(errc::invalid_state);
+  const qp_state next = (mask & m_state) != 0 ? a.state : cur;
+  if (static_cast<unsigned>(next) > 6) return err(errc::invalid_argument);
+  const rule& r = table.r[static_cast<int>(cur)][static_cast<int>(next)];
+  if (!r.valid) return err(errc::invalid_state);
+  const int t = type_index(qp->type);
+  const std::uint32_t given = mask & ~m_state;
+  if ((given & r.req[t]) != r.req[t]) return err(errc::invalid_argument);
+  if ((given & ~(r.req[t] | r.opt[t])) != 0) return err(errc::invalid_argument);
+
+  // Value checks (rxe_qp_chk_attr and the IBTA field widths).
+  if ((mask & m_port) != 0 && a.port_num != 1) return err(errc::invalid_argument);
+  if ((mask & m_pkey) != 0 && a.pkey_index >= limits::pkey_table_len) return err(errc::invalid_argument);
+  if ((mask & m_mtu) != 0 && (static_cast<unsigned>(a.path_mtu) < 1 || static_cast<unsigned>(a.path_mtu) > 5))
+    return err(errc::invalid_argument);
+  if ((mask & m_timeout) != 0 && a.timeout > 31) return err(errc::invalid_argument);
+  if ((mask & m_retry) != 0 && a.retry_cnt > 7) return err(errc::invalid_argument);
+  if ((mask & m_rnr_retry) != 0 && a.rnr_retry > 7) return err(errc::invalid_argument);
+  if ((mask & m_min_rnr) != 0 && a.min_rnr_timer > 31) return err(errc::invalid_argument);
+  if ((mask & m_rd_atomic) != 0 && a.max_rd_atomic > limits::max_qp_rd_atom) return err(errc::invalid_argument);
+  if ((mask & m_dest_rd_atomic) != 0 && a.max_dest_rd_atomic > limits::max_qp_rd_atom)
+    return err(errc::invalid_argument);
+  if ((mask & m_dest_qpn) != 0 && a.dest_qp_num > wire::qpn_mask) return err(errc::invalid_argument);
+  if ((mask & m_access) != 0 &&
+      (a.qp_access_flags & ~(access_local_write | access_remote_write | access_remote_read |
+                             access_remote_atomic | access_mw_bind)) != 0)
+    return err(errc::invalid_argument);
+  if ((mask & m_av) != 0) {
+    // RoCE needs a GRH (rdma_check_ah_attr) naming a local source GID.
+    if (!a.ah.is_global || a.ah.port_num > 1 || a.ah.grh.sgid_index >= gids_.size() ||
+        a.ah.grh.dgid.is_zero())
+      return err(errc::invalid_argument);
+  }
+
+  // Apply.
+  if ((mask & m_access) != 0) qp->access_flags = a.qp_access_flags;
+  if ((mask & m_pkey) != 0) qp->pkey_index = a.pkey_index;
+  if ((mask & m_port) != 0) qp->port = a.port_num;
+  if ((mask & m_qkey) != 0) qp->qkey = a.qkey;
+  if ((mask & m_av) != 0) {
+    qp->av = a.ah;
+    qp->sgid = gids_[a.ah.grh.sgid_index];
+  }
+  if ((mask & m_mtu) != 0) {
+    qp->path_mtu = a.path_mtu;
+    qp->mtu_bytes = mtu_bytes(a.path_mtu);
+  }
+  if ((mask & m_timeout) != 0) qp->timeout = a.timeout;
+  if ((mask & m_retry) != 0) qp->retry_cnt = a.retry_cnt;
+  if ((mask & m_rnr_retry) != 0) qp->rnr_retry = a.rnr_retry;
+  if ((mask & m_rq_psn) != 0) qp->rq_psn = a.rq_psn & wire::psn_mask;
+  if ((mask & m_rd_atomic) != 0) qp->max_rd_atomic = a.max_rd_atomic;
+  if ((mask & m_min_rnr) != 0) qp->min_rnr_timer = a.min_rnr_timer;
+  if ((mask & m_sq_psn) != 0) qp->sq_psn = a.sq_psn & wire::psn_mask;
+  if ((mask & m_dest_rd_atomic) != 0) qp->max_dest_rd_atomic = a.max_dest_rd_atomic;
+  if ((mask & m_dest_qpn) != 0) qp->dest_qpn = a.dest_qp_num;
+  if ((mask & m_sqd_notify) != 0) qp->sqd_notify = a.en_sqd_async_notify;
+  if (qp->type == qp_type::ud && (mask & m_qkey) == 0 && cur == qp_state::reset) qp->qkey = 0;
+
+  if ((mask & m_state) == 0 || next == cur) {
+    if (next == qp_state::sqd && (mask & m_state) != 0) check_sq_drained(qp);
+    return {};
+  }
+  switch (next) {
+    case qp_state::reset: {
+      // Discard all queued work without completions (IBTA 10.3.1).
+      qp->comp.timer_gen++;
+      qp->comp.timer_armed = false;
+      qp->sq.release(qp->sq.producer());
+      if (qp->srq == nullptr) qp->rq.release(qp->rq.producer());
+      qp->req = {};
+      qp->resp = {};
+      qp->comp = {};
+      qp->state = qp_state::reset;
+      qp->sq_draining = false;
+      break;
+    }
+    case qp_state::init:
+      qp->state = next;
+      break;
+    case qp_state::rtr:
+      qp->resp.psn = qp->rq_psn;
+      qp->resp.msn = 0;
+      qp->resp.last_opcode = 0xFF;
+      qp->resp.last_ack_psn = (qp->rq_psn - 1) & wire::psn_mask;
+      qp->resp.resources.assign(pow2_at_least(std::max<std::uint32_t>(qp->max_dest_rd_atomic, 1)), {});
+      qp->resp.res_head = 0;
+      qp->state = next;
+      break;
+    case qp_state::rts:
+      if (cur == qp_state::rtr) {
+        qp->req.psn = qp->sq_psn;
+        qp->req.wqe_index = qp->sq.consumer();
+        qp->comp.psn = qp->sq_psn;
+        qp->comp.retry_left = qp->retry_cnt;
+        qp->comp.rnr_left = qp->rnr_retry;
+        const std::uint32_t remote = qp->type == qp_type::ud ? qp->qpn : qp->dest_qpn;
+        qp->sport = wire::udp_source_port(qp->av.grh.flow_label, qp->qpn, remote);
+        if (qp->type == qp_type::ud) qp->sgid = gids_.empty() ? gid{} : gids_[0];
+      }
+      qp->sq_draining = false;
+      qp->state = next;
+      schedule_requester(qp);
+      run();
+      break;
+    case qp_state::sqd:
+      qp->state = next;
+      qp->sq_draining = true;
+      check_sq_drained(qp);
+      break;
+    case qp_state::sqe:
+      return err(errc::invalid_state);  // entered only by the engine
+    case qp_state::err:
+      qp_to_error(qp);
+      break;
+  }
+  return {};
+}
+
+std::error_code device::query_qp(qp_t* qp, qp_attr& o, qp_cap& init_cap) {
+  std::lock_guard lock(lock_);
+  o = qp_attr{};
+  o.state = qp->state;
+  o.cur_state = qp->state;
+  o.path_mtu = qp->path_mtu;
+  o.qkey = qp->qkey;
+  o.rq_psn = qp->state >= qp_state::rtr && qp->state != qp_state::err ? qp->resp.psn : qp->rq_psn;
+  o.sq_psn = qp->state == qp_state::rts || qp->state == qp_state::sqd ? qp->req.psn : qp->sq_psn;
+  o.dest_qp_num = qp->dest_qpn;
+  o.qp_access_flags = qp->access_flags;
+  o.cap = qp->cap;
+  o.ah = qp->av;
+  o.pkey_index = qp->pkey_index;
+  o.en_sqd_async_notify = qp->sqd_notify;
+  o.sq_draining = qp->sq_draining && qp->sq.consumer() != qp->req.wqe_index;
+  o.max_rd_atomic = qp->max_rd_atomic;
+  o.max_dest_rd_atomic = qp->max_dest_rd_atomic;
+  o.min_rnr_timer = qp->min_rnr_timer;
+  o.port_num = qp->port;
+  o.timeout = qp->timeout;
+  o.retry_cnt = qp->retry_cnt;
+  o.rnr_retry = qp->rnr_retry;
+  init_cap = qp->cap;
+  return {};
+}
+
+qp_state device::state_of(qp_t* qp) const {
+  std::lock_guard lock(lock_);
+  return qp->state;
+}
+
+// ---------------------------------------------------------------------------
+// Error and flush
+
+void device::qp_to_error(qp_t* qp) noexcept {
+  if (qp->state == qp_state::err) {
+    flush_qp(qp);
+    return;
+  }
+  qp->state = qp_state::err;
+  qp->comp.timer_gen++;
+  qp->comp.timer_armed = false;
+  qp->comp.rnr_waiting = false;
+  flush_qp(qp);
+  // IBTA 11.6.3.3: a QP attached to an SRQ reports its last WQE.
+  if (qp->srq != nullptr) raise_event(event_type::qp_last_wqe_reached, qp->qpn);
+}
+
+void device::flush_qp(qp_t* qp) noexcept {
+  // Send queue: every WQE not yet retired completes, in order, once; the
+  // one that failed keeps its error status, the rest are flushed.
+  const std::uint32_t mask = qp->sq.size() - 1;
+  std::uint32_t c = qp->sq.consumer();
+  const std::uint32_t p = qp->sq.producer();
+  for (; c != p; ++c) {
+    auto* w = qp->sq.at<send_wqe>(c);
+    send_state& st = qp->sq_state[c & mask];
+    work_completion wc;
+    wc.wr_id = w->wr_id;
+    wc.status = st.state == wqe_state::done && st.status != wc_status::success ? st.status
+                                                                                : wc_status::wr_flush_err;
+    wc.opcode = wc_opcode_of(w->opcode);
+    wc.qp_num = qp->qpn;
+    wc.byte_len = w->length;
+    post_cqe(qp->scq, wc, false);
+    st = send_state{};
+  }
+  qp->sq.release(p);
+  qp->req.wqe_index = p;
+  qp->req.rd_atomic = 0;
+  // Receive queue (not an SRQ's: its receives belong to other QPs too).
+  if (qp->srq == nullptr) {
+    std::uint32_t rc = qp->rq.consumer();
+    const std::uint32_t rp = qp->rq.producer();
+    for (; rc != rp; ++rc) {
+      auto* w = qp->rq.at<recv_wqe>(rc);
+      work_completion wc;
+      wc.wr_id = w->wr_id;
+      wc.status = wc_status::wr_flush_err;
+      wc.opcode = wc_opcode::recv;
+      wc.qp_num = qp->qpn;
+      post_cqe(qp->rcq, wc, false);
+    }
+    qp->rq.release(rp);
+  }
+  qp->resp.have_wqe = false;
+}
+
+void device::check_sq_drained(qp_t* qp) noexcept {
+  if (qp->state != qp_state::sqd || !qp->sq_draining) return;
+  // Drained when nothing started is outstanding.
+  if (qp->sq.consumer() != qp->req.wqe_index) return;
+  const std::uint32_t i = qp->req.wqe_index;
+  if (i != qp->sq.producer() && qp->sq_state[i & (qp->sq.size() - 1)].state == wqe_state::processing) return;
+  qp->sq_draining = false;
+  if (qp->sqd_notify) raise_event(event_type::sq_drained, qp->qpn);
+}
+
+void device::complete_wqes(qp_t* qp) noexcept {
+  // Retire finished WQEs strictly in order (IBTA 10.8.2.4).  An unsignaled
+  // success produces no completion; an error always does.
+  const std::uint32_t mask = qp->sq.size() - 1;
+  std::uint32_t c = qp->sq.consumer();
+  while (c != qp->sq.producer()) {
+    send_state& st = qp->sq_state[c & mask];
+    if (st.state != wqe_state::done) break;
+    auto* w = qp->sq.at<send_wqe>(c);
+    const bool ok = st.status == wc_status::success;
+    bool overflow = false;
+    if (!ok || qp->sq_sig_all || (w->flags & send_signaled) != 0) {
+      work_completion wc;
+      wc.wr_id = w->wr_id;
+      wc.status = st.status;
+      wc.opcode = wc_opcode_of(w->opcode);
+      wc.qp_num = qp->qpn;
+      wc.byte_len = w->length;
+      overflow = !post_cqe(qp->scq, wc, false);
+    }
+    st = send_state{};
+    ++c;
+    qp->sq.release(c);
+    if (static_cast<std::int32_t>(c - qp->req.wqe_index) > 0) qp->req.wqe_index = c;
+    if (!ok || overflow) {
+      qp_to_error(qp);
+      return;
+    }
+  }
+  check_sq_drained(qp);
+  if (qp->req.wqe_index != qp->sq.producer()) schedule_requester(qp);
+}
+
+// ---------------------------------------------------------------------------
+// Destroy
+
+std::error_code device::destroy_qp(qp_t* qp) {
+  std::lock_guard lock(lock_);
+  if (qp->state != qp_state::reset) {
+    qp->state = qp_state::err;
+    flush_qp(qp);
+  }
+  qp->comp.timer_gen++;
+  for (auto it = req_ready_.begin(); it != req_ready_.end();) {
+    if (*it == qp) it = req_ready_.erase(it);
+    else ++it;
+  }
+  auto drop_cq = [this](cq_t* cq) {
+    if (--cq->users == 0 && cq->released) {
+      const std::uint32_t i = cq->handle;
+      cqs_[i].reset();
+      free_cqs_.push_back(i);
+      --live_cqs_;
+    }
+  };
+  cq_t* scq = qp->scq;
+  cq_t* rcq = qp->rcq;
+  drop_cq(scq);
+  drop_cq(rcq);
+  if (srq_t* srq = qp->srq; srq != nullptr && --srq->users == 0 && srq->released) {
+    pd_t* spd = srq->pd;
+    const std::uint32_t i = srq->handle;
+    srqs_[i].reset();
+    free_srqs_.push_back(i);
+    --live_srqs_;
+    if (--spd->children == 0 && spd->released) {
+      pds_[spd->handle].reset();
+      free_pds_.push_back(spd->handle);
+      --live_pds_;
+    }
+  }
+  pd_t* pd = qp->pd;
+  const std::uint32_t index = qp->index;
+  qps_[index].reset();
+  free_qps_.push_back(index);
+  --live_qps_;
+  if (--pd->children == 0 && pd->released) {
+    pds_[pd->handle].reset();
+    free_pds_.push_back(pd->handle);
+    --live_pds_;
+  }
+  return {};
+}
+
+// ---------------------------------------------------------------------------
+// Posting
+
+std::error_code device::post_one_send(qp_t* qp, const send_wr& wr) noexcept {
+  const qp_state s = qp->state;
+  if (s == qp_state::reset || s == qp_state::init || s == qp_state::rtr) return err(errc::invalid_state);
+  if (wr.num_sge > qp->cap.max_send_sge) return err(errc::invalid_argument);
+  const auto op = wr.opcode;
+  ah_t* ah = nullptr;
+  mw_t* mw = nullptr;
+  switch (qp->type) {
+    case qp_type::ud:
+      if (op != wr_opcode::send && op != wr_opcode::send_with_imm) return err(errc::invalid_argument);
+      ah = engine_object(wr.ah);
+      if (ah == nullptr || ah->pd != qp->pd) return err(errc::invalid_argument);
+      break;
+    case qp_type::uc:
+      if (op != wr_opcode::send && op != wr_opcode::send_with_imm && op != wr_opcode::rdma_write &&
+          op != wr_opcode::rdma_write_with_imm && op != wr_opcode::local_inv && op != wr_opcode::bind_mw)
+        return err(errc::invalid_argument);
+      break;
+    case qp_type::rc:
+      if (static_cast<unsigned>(op) > static_cast<unsigned>(wr_opcode::send_with_inv))
+        return err(errc::invalid_argument);
+      break;
+  }
+  std::uint64_t length = 0;
+  for (std::uint32_t i = 0; i < wr.num_sge; ++i) length += wr.sg_list[i].length;
+  const bool atomic = op == wr_opcode::atomic_cmp_and_swp || op == wr_opcode::atomic_fetch_and_add;
+  const bool local = op == wr_opcode::local_inv || op == wr_opcode::bind_mw;
+  const bool inl = (wr.flags & send_inline) != 0 && !atomic && !local && op != wr_opcode::rdma_read;
+  if (inl && length > qp->cap.max_inline_data) return err(errc::invalid_argument);
+  if (atomic && (length != 8 || (wr.remote_addr & 7) != 0)) return err(errc::invalid_argument);
+  if ((wr.flags & send_inline) != 0 && (atomic || local || op == wr_opcode::rdma_read))
+    return err(errc::invalid_argument);  // inline needs a payload the op carries
+  if (op == wr_opcode::bind_mw && (wr.num_sge != 0 || wr.imm_data != 0)) return err(errc::invalid_argument);
+  if (length > limits::max_msg_size) return err(errc::message_too_long);
+  if (op == wr_opcode::bind_mw) {
+    mw = engine_object(wr.bind_mw);
+    if (mw == nullptr) return err(errc::invalid_argument);
+  }
+  if (qp->sq.count() >= std::max<std::uint32_t>(qp->cap.max_send_wr, 1) ||
+      (qp->cap.max_send_wr == 0))
+    return err(errc::queue_full);
+
+  const std::uint32_t p = qp->sq.producer();
+  auto* w = qp->sq.at<send_wqe>(p);
+  std::memset(w, 0, sizeof *w);
+  w->wr_id = wr.wr_id;
+  w->opcode = static_cast<std::uint8_t>(op);
+  w->flags = wr.flags;
+  w->imm = wr.imm_data;
+  w->length = static_cast<std::uint32_t>(length);
+  w->remote_addr = wr.remote_addr;
+  w->rkey = wr.rkey;
+  w->compare_add = wr.compare_add;
+  w->swap = wr.swap;
+  w->remote_qpn = wr.remote_qpn & wire::qpn_mask;
+  w->remote_qkey = wr.remote_qkey;
+  if (ah != nullptr) w->ah = ah->handle;
+  if (mw != nullptr) {
+    w->mw_type = 2;
+    w->mw = mw->handle;
+    w->bind_rkey = wr.bind_rkey;
+    w->bind_lkey = wr.bind_info.mr_lkey;
+    w->bind_addr = wr.bind_info.addr;
+    w->bind_length = wr.bind_info.length;
+    w->bind_access = wr.bind_info.access;
+  }
+  if (inl) {
+    // Inline data is copied now: the caller may reuse its buffers at once.
+    std::uint32_t off = 0;
+    for (std::uint32_t i = 0; i < wr.num_sge; ++i) {
+      const sge& g = wr.sg_list[i];
+      if (g.length != 0 && !mem_->read(g.addr, w->inline_data() + off, g.length)) return err(errc::invalid_argument);
+      off += g.length;
+    }
+    w->inline_len = off;
+    w->flags |= send_inline;
+  } else {
+    w->flags &= ~static_cast<std::uint32_t>(send_inline);
+    for (std::uint32_t i = 0; i < wr.num_sge; ++i)
+      w->sges()[i] = {wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
+    w->num_sge = static_cast<std::uint16_t>(wr.num_sge);
+  }
+  qp->sq_state[p & (qp->sq.size() - 1)] = send_state{};
+  qp->sq.publish(p + 1);
+  return {};
+}
+
+std::error_code device::post_send(qp_t* qp, const send_wr* wrs, std::size_t n, std::size_t* bad) {
+  std::lock_guard lock(lock_);
+  for (std::size_t k = 0; k < n; ++k) {
+    if (std::error_code ec = post_one_send(qp, wrs[k])) {
+      if (bad != nullptr) *bad = k;
+      if (k != 0) {
+        if (qp->state == qp_state::err) flush_qp(qp);
+        else schedule_requester(qp);
+        run();
+      }
+      return ec;
+    }
+  }
+  if (qp->state == qp_state::err) flush_qp(qp);  // posting to an error QP flushes (IBTA 10.8.3.3)
+  else schedule_requester(qp);
+  run();
+  return {};
+}
+
+std::error_code device::bind_mw1(qp_t* qp, mw_t* mw, std::uint64_t wr_id, std::uint32_t flags,
+                                 const mw_bind_info& info, std::uint32_t& new_rkey) {
+  std::lock_guard lock(lock_);
+  if (mw->type != mw_type::type1) return err(errc::invalid_argument);
+  const qp_state s = qp->state;
+  if (s == qp_state::reset || s == qp_state::init || s == qp_state::rtr) return err(errc::invalid_state);
+  if (qp->type == qp_type::ud) return err(errc::invalid_argument);
+  if (qp->sq.count() >= std::max<std::uint32_t>(qp->cap.max_send_wr, 1)) return err(errc::queue_full);
+  // The new key is known at once (libibverbs returns it from ibv_bind_mw);
+  // the window changes when the bind WQE executes, in order.
+  new_rkey = (mw->rkey & ~0xFFu) | ((mw->rkey + 1) & 0xFF);
+  const std::uint32_t p = qp->sq.producer();
+  auto* w = qp->sq.at<send_wqe>(p);
+  std::memset(w, 0, sizeof *w);
+  w->wr_id = wr_id;
+  w->opcode = static_cast<std::uint8_t>(wr_opcode::bind_mw);
+  w->mw_type = 1;
+  w->flags = flags & (send_signaled | send_fence);
+  w->mw = mw->handle;
+  w->bind_rkey = new_rkey;
+  w->bind_lkey = info.mr_lkey;
+  w->bind_addr = info.addr;
+  w->bind_length = info.length;
+  w->bind_access = info.access;
+  qp->sq_state[p & (qp->sq.size() - 1)] = send_state{};
+  qp->sq.publish(p + 1);
+  if (qp->state == qp_state::err) flush_qp(qp);
+  else schedule_requester(qp);
+  run();
+  return {};
+}
+
+std::error_code device::post_recv(qp_t* qp, const recv_wr* wrs, std::size_t n, std::size_t* bad) {
+  std::lock_guard lock(lock_);
+  for (std::size_t k = 0; k < n; ++k) {
+    const recv_wr& wr = wrs[k];
+    std::error_code ec;
+    if (qp->srq != nullptr) ec = err(errc::invalid_argument);
+    else if (qp->state == qp_state::reset) ec = err(errc::invalid_state);
+    else if (wr.num_sge > qp->cap.max_recv_sge) ec = err(errc::invalid_argument);
+    else if (qp->rq.count() >= qp->cap.max_recv_wr) ec = err(errc::queue_full);
+    if (ec) {
+      if (bad != nullptr) *bad = k;
+      if (qp->state == qp_state::err) flush_qp(qp);
+      return ec;
+    }
+    const std::uint32_t p = qp->rq.producer();
+    auto* w = qp->rq.at<recv_wqe>(p);
+    w->wr_id = wr.wr_id;
+    w->num_sge = wr.num_sge;
+    for (std::uint32_t i = 0; i < wr.num_sge; ++i)
+      w->sges()[i] = {wr.sg_list[i].addr, wr.sg_list[i].length, wr.sg_list[i].lkey};
+    qp->rq.publish(p + 1);
+  }
+  if (qp->state == qp_state::err) flush_qp(qp);
+  return {};
+}
+
+}  // namespace averbs::soft

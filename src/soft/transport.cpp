@@ -1,0 +1,1150 @@
+// SPDX-License-Identifier: MIT
+// The RC/UC/UD transport: requester (rxe_req.c), responder (rxe_resp.c) and
+// completer (rxe_comp.c), one packet at a time.  IBTA vol. 1 chapter 9
+// section numbers are given where a rule comes from the specification.
+#include "soft/engine.hpp"
+
+#include <averbs/error.hpp>
+
+#include <algorithm>
+#include <cstring>
+
+namespace averbs::soft {
+
+namespace {
+
+using wire::opcode;
+
+constexpr std::uint32_t psn_add(std::uint32_t psn, std::uint32_t n) { return (psn + n) & wire::psn_mask; }
+constexpr bool psn_before(std::uint32_t a, std::uint32_t b) { return wire::psn_compare(a, b) < 0; }
+
+bool is_read(std::uint8_t op) { return op == static_cast<std::uint8_t>(wr_opcode::rdma_read); }
+bool is_atomic(std::uint8_t op) {
+  return op == static_cast<std::uint8_t>(wr_opcode::atomic_cmp_and_swp) ||
+         op == static_cast<std::uint8_t>(wr_opcode::atomic_fetch_and_add);
+}
+
+std::uint32_t packets_for(std::uint32_t length, std::uint32_t mtu) {
+  return length == 0 ? 1 : (length + mtu - 1) / mtu;
+}
+
+// The opcode of the next packet of a SEND or WRITE message (IBTA 9.4,
+// rxe next_opcode_rc/uc).
+std::uint8_t data_opcode(qp_type t, wr_opcode op, bool first, bool last) {
+  const std::uint8_t base = t == qp_type::uc ? 0x20 : 0x00;
+  const bool write = op == wr_opcode::rdma_write || op == wr_opcode::rdma_write_with_imm;
+  const bool imm = op == wr_opcode::rdma_write_with_imm || op == wr_opcode::send_with_imm;
+  const bool inv = op == wr_opcode::send_with_inv;
+  std::uint8_t o;
+  if (write) {
+    if (first && last) o = imm ? 0x0B : 0x0A;
+    else if (first) o = 0x06;
+    else if (last) o = imm ? 0x09 : 0x08;
+    else o = 0x07;
+  } else {
+    if (first && last) o = imm ? 0x05 : inv ? 0x17 : 0x04;
+    else if (first) o = 0x00;
+    else if (last) o = imm ? 0x03 : inv ? 0x16 : 0x02;
+    else o = 0x01;
+  }
+  return static_cast<std::uint8_t>(base + o);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Packet helpers
+
+packet* device::new_packet(qp_t* qp, wire::opcode op, std::uint32_t psn) noexcept {
+  packet* p = alloc_packet();
+  if (p == nullptr) return nullptr;
+  p->hdr = wire::transport_headers{};
+  p->hdr.bth.opcode = static_cast<std::uint8_t>(op);
+  p->hdr.bth.pkey = wire::default_pkey;
+  p->hdr.bth.dest_qp = qp->dest_qpn;
+  p->hdr.bth.psn = psn & wire::psn_mask;
+  p->src = qp->sgid;
+  p->dst = qp->av.grh.dgid;
+  p->sport = qp->sport;
+  p->hop_limit = qp->av.grh.hop_limit;
+  p->tclass = qp->av.grh.traffic_class;
+  return p;
+}
+
+void device::finish_packet(qp_t*, packet* p) noexcept {
+  p->op = &wire::info(p->hdr.bth.opcode);
+  p->hdr.bth.pad = wire::pad_for(p->payload_len);
+  p->header_len = static_cast<std::uint8_t>(wire::encode(p->hdr, p->header));
+  transmit(p);
+}
+
+void device::send_ack(qp_t* qp, std::uint8_t syndrome, std::uint32_t psn) noexcept {
+  packet* p = new_packet(qp, opcode::rc_ack, psn);
+  if (p == nullptr) return;
+  p->hdr.aeth.syndrome = syndrome;
+  p->hdr.aeth.msn = qp->resp.msn & 0xFFFFFF;
+  finish_packet(qp, p);
+}
+
+void device::send_atomic_ack(qp_t* qp, std::uint32_t psn, std::uint64_t orig) noexcept {
+  packet* p = new_packet(qp, opcode::rc_atomic_ack, psn);
+  if (p == nullptr) return;
+  p->hdr.aeth.syndrome = wire::aeth_ack_unlimited;
+  p->hdr.aeth.msn = qp->resp.msn & 0xFFFFFF;
+  p->hdr.atomic_ack = orig;
+  finish_packet(qp, p);
+}
+
+// Gathers `len` bytes starting `offset` bytes into an SGE list (local
+// memory, any access) into the packet: by reference when it takes at most
+// packet::max_segs pieces of mapped memory, else copied into p->buf.
+bool device::copy_from_sges(pd_t* pd, wqe_sge* sges, std::uint32_t nsge, std::uint32_t offset,
+                            std::uint32_t len, packet* p) noexcept {
+  p->nsegs = 0;
+  p->payload_len = len;
+  if (len == 0) return true;
+  std::uint32_t i = 0;
+  while (i < nsge && offset >= sges[i].length) offset -= sges[i++].length;
+  bool by_ref = true;
+  std::uint32_t copied = 0;
+  std::uint32_t left = len;
+  while (left > 0) {
+    if (i >= nsge) return false;
+    const wqe_sge& g = sges[i];
+    const std::uint32_t take = std::min(left, g.length - offset);
+    mr_t* mr = lookup_lkey(pd, g.lkey);
+    if (mr == nullptr || g.addr < mr->iova || g.length > mr->length || g.addr - mr->iova > mr->length - g.length)
+      return false;
+    const std::uint64_t host_addr = mr->host_addr + (g.addr - mr->iova) + offset;
+    std::byte* host = mr->host != nullptr ? mr->host + (g.addr - mr->iova) + offset : nullptr;
+    if (by_ref && host != nullptr && p->nsegs < packet::max_segs) {
+      p->segs[p->nsegs++] = {host, take};
+    } else {
+      if (by_ref) {
+        // Switch to copying: bring what was referenced into the buffer.
+        for (std::uint8_t k = 0; k < p->nsegs; ++k) {
+          std::memcpy(p->buf + copied, p->segs[k].p, p->segs[k].len);
+          copied += p->segs[k].len;
+        }
+        by_ref = false;
+      }
+      if (host != nullptr) std::memcpy(p->buf + copied, host, take);
+      else if (!mem_->read(host_addr, p->buf + copied, take)) return false;
+      copied += take;
+    }
+    left -= take;
+    offset = 0;
+    ++i;
+  }
+  if (!by_ref) {
+    p->segs[0] = {p->buf, copied};
+    p->nsegs = 1;
+  }
+  return true;
+}
+
+namespace {
+
+// Walks a packet's payload segments.
+struct payload_reader {
+  const packet* p;
+  std::uint8_t seg = 0;
+  std::uint32_t off = 0;
+  void skip(std::uint32_t n) {
+    while (n > 0 && seg < p->nsegs) {
+      const std::uint32_t t = std::min(n, p->segs[seg].len - off);
+      n -= t;
+      off += t;
+      if (off == p->segs[seg].len) {
+        ++seg;
+        off = 0;
+      }
+    }
+  }
+  // Copies n bytes to dst (host) or through write_fn.
+  template <class Sink>
+  void copy(std::uint32_t n, Sink&& sink) {
+    std::uint32_t done = 0;
+    while (n > 0 && seg < p->nsegs) {
+      const std::uint32_t t = std::min(n, p->segs[seg].len - off);
+      sink(done, p->segs[seg].p + off, t);
+      done += t;
+      n -= t;
+      off += t;
+      if (off == p->segs[seg].len) {
+        ++seg;
+        off = 0;
+      }
+    }
+  }
+};
+
+}  // namespace
+
+bool device::write_host(std::byte* host, std::uint64_t addr, const packet* p, std::uint32_t skip,
+                        std::uint32_t len) noexcept {
+  payload_reader r{p};
+  r.skip(skip);
+  bool ok = true;
+  r.copy(len, [&](std::uint32_t at, const std::byte* src, std::uint32_t n) {
+    if (host != nullptr) std::memcpy(host + at, src, n);
+    else ok = ok && mem_->write(addr + at, src, n);
+  });
+  return ok;
+}
+
+// Scatters payload bytes [skip, skip + len) into an SGE list at `offset`;
+// every MR must allow local write.  False on a bad key, bounds, access, or
+// when the list is too short.
+bool device::copy_to_sges(pd_t* pd, wqe_sge* sges, std::uint32_t nsge, std::uint32_t offset, const packet* p,
+                          std::uint32_t skip, std::uint32_t len) noexcept {
+  std::uint32_t i = 0;
+  while (i < nsge && offset >= sges[i].length) offset -= sges[i++].length;
+  payload_reader r{p};
+  r.skip(skip);
+  while (len > 0) {
+    if (i >= nsge) return false;
+    const wqe_sge& g = sges[i];
+    const std::uint32_t take = std::min(len, g.length - offset);
+    mr_t* mr = lookup_lkey(pd, g.lkey);
+    if (mr == nullptr || (mr->access & access_local_write) == 0 || g.addr < mr->iova || g.length > mr->length ||
+        g.addr - mr->iova > mr->length - g.length)
+      return false;
+    std::byte* host = mr->host != nullptr ? mr->host + (g.addr - mr->iova) + offset : nullptr;
+    const std::uint64_t host_addr = mr->host_addr + (g.addr - mr->iova) + offset;
+    bool ok = true;
+    r.copy(take, [&](std::uint32_t at, const std::byte* src, std::uint32_t n) {
+      if (host != nullptr) std::memcpy(host + at, src, n);
+      else ok = ok && mem_->write(host_addr + at, src, n);
+    });
+    if (!ok) return false;
+    len -= take;
+    offset = 0;
+    ++i;
+  }
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// Timers: one heap entry per QP at a time; ACK progress only moves the
+// deadline field, so the common path costs a clock read, not a syscall.
+
+namespace {
+struct timer_cookie {
+  static std::uint64_t pack(bool rnr, std::uint64_t gen) { return (gen << 1) | (rnr ? 1 : 0); }
+};
+}  // namespace
+
+void device::arm_retry_timer(qp_t* qp) noexcept {
+  if (qp->type != qp_type::rc || qp->timeout == 0) return;  // timeout 0: no retransmission timer
+  const auto deadline = clock_->now() + std::chrono::nanoseconds(wire::ack_timeout_ns(qp->timeout));
+  qp->comp.timer_armed = true;
+  qp->comp.timer_gen++;
+  try {
+    if (timers_.schedule(deadline,
+                         [](void* arg, const detail::timer_payload& pl) noexcept {
+                           auto* d = static_cast<device*>(arg);
+                           d->on_qp_timer(static_cast<std::uint32_t>(pl.a), pl.b >> 1, (pl.b & 1) != 0);
+                         },
+                         this, {qp->qpn, timer_cookie::pack(false, qp->comp.timer_gen), {}}))
+      rearm_timer_fd();
+  } catch (...) {
+  }
+}
+
+void device::on_qp_timer(std::uint32_t qpn, std::uint64_t gen, bool rnr) noexcept {
+  if (qpn < limits::qpn_base || qpn - limits::qpn_base >= qps_.size()) return;
+  qp_t* qp = qps_[qpn - limits::qpn_base].get();
+  if (qp == nullptr || qp->comp.timer_gen != gen) return;  // stale timer
+  if (qp->state != qp_state::rts && qp->state != qp_state::sqd) return;
+  if (rnr) {
+    if (!qp->comp.rnr_waiting) return;
+    qp->comp.rnr_waiting = false;
+    retry(qp, false);
+  } else {
+    qp->comp.timer_armed = false;
+    if (qp->comp.psn == qp->req.psn) return;  // nothing outstanding
+    retry(qp, true);
+  }
+  run();
+}
+
+// Go back N from comp.psn (IBTA 9.7.6.2.2): rewind the requester to the
+// oldest unfinished WQE and resend everything from the first unacked PSN.
+void device::retry(qp_t* qp, bool count) noexcept {
+  if (count) {
+    if (qp->comp.retry_left == 0) {
+      const std::uint32_t i = qp->sq.consumer();
+      if (i != qp->sq.producer()) {
+        send_state& st = qp->sq_state[i & (qp->sq.size() - 1)];
+        st.state = wqe_state::done;
+        st.status = wc_status::retry_exc_err;
+      }
+      complete_wqes(qp);
+      if (qp->state != qp_state::err) qp_to_error(qp);
+      return;
+    }
+    --qp->comp.retry_left;
+  }
+  ++counters_.retransmits;
+  const std::uint32_t mask = qp->sq.size() - 1;
+  std::uint32_t i = qp->sq.consumer();
+  const std::uint32_t end = qp->req.wqe_index;
+  bool first = true;
+  for (; i != end; ++i) {
+    send_state& st = qp->sq_state[i & mask];
+    if (st.state == wqe_state::done) continue;
+    auto* w = qp->sq.at<send_wqe>(i);
+    if (first && !psn_before(qp->comp.psn, st.first_psn)) {
+      // Partly acknowledged: resume at comp.psn.
+      const std::uint32_t acked = (qp->comp.psn - st.first_psn) & wire::psn_mask;
+      if (is_read(w->opcode)) {
+        st.state = wqe_state::processing;  // re-request the remainder
+      } else if (is_atomic(w->opcode)) {
+        st.state = wqe_state::posted;
+      } else {
+        st.sent = std::min<std::uint32_t>(acked * qp->mtu_bytes, w->length);
+        st.state = wqe_state::processing;
+      }
+    } else {
+      st.state = wqe_state::posted;
+      st.sent = 0;
+      st.read_done = 0;
+    }
+    first = false;
+  }
+  qp->req.wqe_index = qp->sq.consumer();
+  // Skip finished local operations at the head.
+  qp->req.psn = qp->comp.psn;
+  qp->req.rd_atomic = 0;
+  qp->req.noack_pkts = 0;
+  for (std::uint32_t k = qp->sq.consumer(); k != end; ++k) {
+    auto* w = qp->sq.at<send_wqe>(k);
+    const send_state& st = qp->sq_state[k & mask];
+    if (st.state == wqe_state::processing && (is_read(w->opcode) || is_atomic(w->opcode))) ++qp->req.rd_atomic;
+  }
+  schedule_requester(qp);
+}
+
+// ---------------------------------------------------------------------------
+// Requester
+
+void device::requester(qp_t* qp) noexcept {
+  if (qp->state != qp_state::rts && qp->state != qp_state::sqd) return;
+  if (qp->comp.rnr_waiting) return;
+  const std::uint32_t mask = qp->sq.size() - 1;
+  for (int budget = 64; budget > 0; --budget) {
+    const std::uint32_t i = qp->req.wqe_index;
+    if (i == qp->sq.producer()) return;
+    send_state& st = qp->sq_state[i & mask];
+    auto* w = qp->sq.at<send_wqe>(i);
+    if (st.state == wqe_state::done || st.state == wqe_state::pending) {
+      ++qp->req.wqe_index;
+      continue;
+    }
+    const auto op = static_cast<wr_opcode>(w->opcode);
+    if (st.state == wqe_state::posted) {
+      if (qp->state == qp_state::sqd) return;  // draining: start nothing new (IBTA 10.3.1)
+      if (op == wr_opcode::local_inv || op == wr_opcode::bind_mw) {
+        // Local operations execute when everything before them is done.
+        if (qp->sq.consumer() != i) return;
+        std::error_code ec = op == wr_opcode::local_inv ? invalidate_rkey(qp->pd, w->imm, qp) : bind_mw(qp, w);
+        st.state = wqe_state::done;
+        st.status = ec ? static_cast<wc_status>(ec.value()) : wc_status::success;
+        if (ec && ec.category() != wc_category()) st.status = wc_status::loc_qp_op_err;
+        ++qp->req.wqe_index;
+        complete_wqes(qp);
+        if (qp->state == qp_state::err) return;
+        continue;
+      }
+      const bool rd = is_read(w->opcode) || is_atomic(w->opcode);
+      if ((w->flags & send_fence) != 0 && qp->req.rd_atomic > 0) return;  // fence: wait for READ/atomics
+      if (rd && qp->req.rd_atomic >= std::max<std::uint32_t>(qp->max_rd_atomic, 1)) return;
+      if (rd && qp->max_rd_atomic == 0) {
+        // No initiator depth: a READ or atomic cannot be issued (IBTA 10.3.2).
+        st.state = wqe_state::done;
+        st.status = wc_status::loc_qp_op_err;
+        ++qp->req.wqe_index;
+        complete_wqes(qp);
+        return;
+      }
+      if (qp->type == qp_type::rc &&
+          !psn_before(qp->req.psn, psn_add(qp->comp.psn, limits::max_unacked_psns)))
+        return;  // window full
+      const std::uint32_t n = is_atomic(w->opcode) ? 1 : packets_for(w->length, qp->mtu_bytes);
+      st.first_psn = qp->req.psn;
+      st.last_psn = psn_add(qp->req.psn, n - 1);
+      st.sent = 0;
+      st.read_done = 0;
+      st.state = wqe_state::processing;
+      if (rd) ++qp->req.rd_atomic;
+    }
+    if (qp->type == qp_type::rc && !psn_before(qp->req.psn, psn_add(qp->comp.psn, limits::max_unacked_psns)))
+      return;
+    if (!send_packet_of(qp, i)) return;
+  }
+  schedule_requester(qp);  // budget spent: let responses in first
+}
+
+// Sends the next packet of WQE `i`; false if the requester must stop.
+bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
+  const std::uint32_t mask = qp->sq.size() - 1;
+  send_state& st = qp->sq_state[i & mask];
+  auto* w = qp->sq.at<send_wqe>(i);
+  const auto op = static_cast<wr_opcode>(w->opcode);
+  const std::uint32_t mtu = qp->type == qp_type::ud ? 4096 : qp->mtu_bytes;
+
+  auto fail = [&](wc_status s) {
+    st.state = wqe_state::done;
+    st.status = s;
+    ++qp->req.wqe_index;
+    complete_wqes(qp);
+    return false;
+  };
+
+  if (op == wr_opcode::rdma_read) {
+    const std::uint32_t rem = w->length - st.read_done;
+    const std::uint32_t n = packets_for(rem, qp->mtu_bytes);
+    packet* p = new_packet(qp, opcode::rc_read_request, qp->req.psn);
+    if (p == nullptr) return false;
+    p->hdr.reth = {w->remote_addr + st.read_done, w->rkey, rem};
+    p->hdr.bth.ack_req = true;
+    qp->req.noack_pkts = 0;
+    finish_packet(qp, p);
+    qp->req.psn = psn_add(qp->req.psn, n);
+    st.state = wqe_state::pending;
+    ++qp->req.wqe_index;
+    if (!qp->comp.timer_armed) arm_retry_timer(qp);
+    return true;
+  }
+  if (is_atomic(w->opcode)) {
+    const bool cas = op == wr_opcode::atomic_cmp_and_swp;
+    packet* p = new_packet(qp, cas ? opcode::rc_compare_swap : opcode::rc_fetch_add, qp->req.psn);
+    if (p == nullptr) return false;
+    p->hdr.atomic = {w->remote_addr, w->rkey, cas ? w->swap : w->compare_add, cas ? w->compare_add : 0};
+    p->hdr.bth.ack_req = true;
+    qp->req.noack_pkts = 0;
+    finish_packet(qp, p);
+    qp->req.psn = psn_add(qp->req.psn, 1);
+    st.state = wqe_state::pending;
+    ++qp->req.wqe_index;
+    if (!qp->comp.timer_armed) arm_retry_timer(qp);
+    return true;
+  }
+
+  // SEND and WRITE families.
+  const std::uint32_t remaining = w->length - st.sent;
+  if (qp->type == qp_type::ud && w->length > mtu) {
+    // rxe completes an oversized UD send without sending it (C10-93.1.1).
+    st.state = wqe_state::done;
+    st.status = wc_status::success;
+    ++qp->req.wqe_index;
+    complete_wqes(qp);
+    return true;
+  }
+  const bool first = st.sent == 0;
+  const bool last = remaining <= mtu;
+  const std::uint32_t len = last ? remaining : mtu;
+  std::uint8_t opc;
+  if (qp->type == qp_type::ud) opc = static_cast<std::uint8_t>(op == wr_opcode::send_with_imm ? 0x65 : 0x64);
+  else opc = data_opcode(qp->type, op, first, last);
+  packet* p = new_packet(qp, static_cast<opcode>(opc), qp->req.psn);
+  if (p == nullptr) return false;
+  if (qp->type == qp_type::ud) {
+    const ah_t* ah = w->ah < ahs_.size() ? ahs_[w->ah].get() : nullptr;
+    if (ah == nullptr) {
+      free_packet(p);
+      return fail(wc_status::loc_qp_op_err);
+    }
+    p->hdr.bth.dest_qp = w->remote_qpn;
+    // A Q_Key with the high bit set means "use the QP's own" (IBTA 10.2.5).
+    p->hdr.deth = {(w->remote_qkey & 0x80000000u) != 0 ? qp->qkey : w->remote_qkey, qp->qpn};
+    p->src = ah->sgid;
+    p->dst = ah->attr.grh.dgid;
+    p->hop_limit = ah->attr.grh.hop_limit;
+    p->tclass = ah->attr.grh.traffic_class;
+    p->sport = wire::udp_source_port(ah->attr.grh.flow_label, qp->qpn, w->remote_qpn);
+  }
+  const auto& inf = wire::info(opc);
+  if ((inf.headers & wire::hdr_reth) != 0) p->hdr.reth = {w->remote_addr, w->rkey, w->length};
+  if ((inf.headers & wire::hdr_immdt) != 0) p->hdr.imm = w->imm;
+  if ((inf.headers & wire::hdr_ieth) != 0) p->hdr.ieth_rkey = w->imm;
+  if (last && (w->flags & send_solicited) != 0) p->hdr.bth.se = true;
+  if (qp->type == qp_type::rc) {
+    if (last || ++qp->req.noack_pkts >= limits::max_pkts_per_ack) {
+      p->hdr.bth.ack_req = true;
+      qp->req.noack_pkts = 0;
+    }
+  }
+  if ((w->flags & send_inline) != 0) {
+    p->segs[0] = {w->inline_data() + st.sent, len};
+    p->nsegs = len != 0 ? 1 : 0;
+    p->payload_len = len;
+  } else if (!copy_from_sges(qp->pd, w->sges(), w->num_sge, st.sent, len, p)) {
+    free_packet(p);
+    return fail(wc_status::loc_prot_err);
+  }
+  finish_packet(qp, p);
+  st.sent += len;
+  qp->req.psn = psn_add(qp->req.psn, 1);
+  if (last) {
+    ++qp->req.wqe_index;
+    if (qp->type == qp_type::rc) {
+      st.state = wqe_state::pending;
+    } else {
+      // UC and UD complete when sent: nothing will acknowledge them.
+      st.state = wqe_state::done;
+      st.status = wc_status::success;
+      complete_wqes(qp);
+    }
+  }
+  if (qp->type == qp_type::rc && !qp->comp.timer_armed) arm_retry_timer(qp);
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// Responder
+
+bool device::next_recv(qp_t* qp) noexcept {
+  auto& r = qp->resp;
+  if (r.have_wqe) return true;
+  if (qp->srq != nullptr) {
+    srq_t* srq = qp->srq;
+    if (srq->q.empty()) return false;
+    const std::uint32_t c = srq->q.consumer();
+    r.srq_wqe.resize(srq->q.entry_size());
+    std::memcpy(r.srq_wqe.data(), srq->q.at(c), srq->q.entry_size());
+    srq->q.release(c + 1);
+    r.wqe = reinterpret_cast<recv_wqe*>(r.srq_wqe.data());
+    check_srq_limit(srq);
+  } else {
+    if (qp->rq.empty()) return false;
+    r.wqe = qp->rq.at<recv_wqe>(qp->rq.consumer());
+  }
+  r.have_wqe = true;
+  r.offset = 0;
+  return true;
+}
+
+void device::consume_recv(qp_t* qp) noexcept {
+  if (qp->srq == nullptr) qp->rq.release(qp->rq.consumer() + 1);
+  qp->resp.have_wqe = false;
+  qp->resp.wqe = nullptr;
+}
+
+namespace {
+
+// Receive WQE capacity in bytes.
+std::uint64_t recv_capacity(recv_wqe* w) {
+  std::uint64_t n = 0;
+  for (std::uint32_t i = 0; i < w->num_sge; ++i) n += w->sges()[i].length;
+  return n;
+}
+
+}  // namespace
+
+void device::respond_ud(qp_t* qp, packet* p) noexcept {
+  const std::uint32_t qkey = p->hdr.deth.qkey;
+  if (qkey != qp->qkey) {
+    ++counters_.dropped;  // Q_Key violation: silently dropped (IBTA 10.2.5)
+    return;
+  }
+  if (!next_recv(qp)) {
+    ++counters_.dropped;  // UD has no RNR: the datagram is lost
+    return;
+  }
+  recv_wqe* w = qp->resp.wqe;
+  if (recv_capacity(w) < 40ull + p->payload_len) {
+    ++counters_.dropped;  // does not fit behind the 40-byte GRH area (rxe)
+    return;
+  }
+  // The GRH area: the IPv6 header, or 20 zero bytes and the IPv4 header
+  // (with a valid checksum, which ibv_init_ah_from_wc() checks).
+  std::array<std::byte, 64> iphdr{};
+  std::array<std::byte, 40> grh{};
+  wire::ip_udp_params ip;
+  std::memcpy(ip.src_gid.data(), p->src.raw.data(), 16);
+  std::memcpy(ip.dst_gid.data(), p->dst.raw.data(), 16);
+  ip.traffic_class = p->tclass;
+  ip.hop_limit = p->hop_limit;
+  ip.src_port = p->sport;
+  const std::size_t hl = wire::build_ip_udp(ip, p->header_len + p->payload_len + 4, iphdr);
+  if (hl == 28) std::memcpy(grh.data() + 20, iphdr.data(), 20);
+  else if (hl == 48) std::memcpy(grh.data(), iphdr.data(), 40);
+  packet g{};
+  g.segs[0] = {grh.data(), 40};
+  g.nsegs = 1;
+  g.payload_len = 40;
+  if (!copy_to_sges(qp->pd, w->sges(), w->num_sge, 0, &g, 0, 40) ||
+      !copy_to_sges(qp->pd, w->sges(), w->num_sge, 40, p, 0, p->payload_len)) {
+    work_completion wc;
+    wc.wr_id = w->wr_id;
+    wc.status = wc_status::loc_prot_err;
+    wc.opcode = wc_opcode::recv;
+    wc.qp_num = qp->qpn;
+    consume_recv(qp);
+    post_cqe(qp->rcq, wc, false);
+    qp_to_error(qp);
+    return;
+  }
+  work_completion wc;
+  wc.wr_id = w->wr_id;
+  wc.status = wc_status::success;
+  wc.opcode = wc_opcode::recv;
+  wc.byte_len = 40 + p->payload_len;
+  wc.qp_num = qp->qpn;
+  wc.src_qp = p->hdr.deth.src_qp;
+  wc.wc_flags = wc_grh;
+  if ((p->op->ops & wire::op_imm) != 0) {
+    wc.wc_flags |= wc_with_imm;
+    wc.imm_data = p->hdr.imm;
+  }
+  consume_recv(qp);
+  if (!post_cqe(qp->rcq, wc, p->hdr.bth.se)) qp_to_error(qp);
+}
+
+namespace {
+enum class resp_error { invalid_request, access, operational, length };
+}
+
+void device::respond(qp_t* qp, packet* p) noexcept {
+  if (qp->state == qp_state::rtr && !qp->resp.comm_est) {
+    // IBTA 11.6.3.1: the first packet in RTR establishes communication.
+    qp->resp.comm_est = true;
+    raise_event(event_type::comm_est, qp->qpn);
+  }
+  if (qp->type == qp_type::ud) {
+    respond_ud(qp, p);
+    return;
+  }
+  auto& r = qp->resp;
+  const std::uint16_t ops = p->op->ops;
+  const std::uint32_t psn = p->hdr.bth.psn;
+  const bool rc = qp->type == qp_type::rc;
+  const bool first = (ops & (wire::op_first | wire::op_only)) != 0;
+  const bool last = (ops & (wire::op_last | wire::op_only)) != 0;
+
+  // Errors: NAK (RC) and move the QP to error; the receive in use, if any,
+  // completes with `wc` status (IBTA 9.7.5.2.8, 11.6.2).
+  auto error = [&](resp_error e, wc_status recv_status) {
+    if (rc) {
+      const wire::nak_code code = e == resp_error::access        ? wire::nak_code::remote_access_error
+                                  : e == resp_error::operational ? wire::nak_code::remote_operational_error
+                                                                 : wire::nak_code::invalid_request;
+      send_ack(qp, wire::aeth_nak(code), psn);
+    }
+    if (r.have_wqe && recv_status != wc_status::success) {
+      work_completion wc;
+      wc.wr_id = r.wqe->wr_id;
+      wc.status = recv_status;
+      wc.opcode = wc_opcode::recv;
+      wc.qp_num = qp->qpn;
+      wc.src_qp = qp->dest_qpn;
+      consume_recv(qp);
+      post_cqe(qp->rcq, wc, false);
+    }
+    raise_event(e == resp_error::access ? event_type::qp_access_err : event_type::qp_req_err, qp->qpn);
+    qp_to_error(qp);
+  };
+
+  // 1. PSN (IBTA 9.7.5.1.1).
+  if (rc) {
+    const std::int32_t d = wire::psn_compare(psn, r.psn);
+    if (d > 0) {
+      if (!r.nak_sent) {  // one NAK per gap
+        send_ack(qp, wire::aeth_nak(wire::nak_code::psn_sequence_error), r.psn);
+        r.nak_sent = true;
+        ++counters_.seq_naks_sent;
+      }
+      return;
+    }
+    if (d < 0) {
+      respond_duplicate(qp, p);
+      return;
+    }
+    r.nak_sent = false;
+  } else {
+    // UC: a gap drops the rest of the message; a FIRST or ONLY resyncs.
+    if (psn != r.psn) {
+      if (first) {
+        r.drop_msg = false;
+        r.last_opcode = 0xFF;
+        r.offset = 0;
+      } else {
+        r.drop_msg = true;
+      }
+    }
+    r.psn = psn_add(psn, 1);
+    if (r.drop_msg && !first) return;
+    r.drop_msg = false;
+  }
+
+  // 2. Opcode sequence (IBTA 9.8.3.1 C9-26..).
+  const bool prev_open = r.last_opcode != 0xFF && (wire::info(r.last_opcode).ops & (wire::op_last | wire::op_only)) == 0;
+  if (first == prev_open) {
+    if (!rc) {
+      // UC: abandon the broken message; a FIRST/ONLY starts a new one.
+      r.last_opcode = 0xFF;
+      if (!first) {
+        r.drop_msg = true;
+        return;
+      }
+    } else {
+      error(resp_error::invalid_request, wc_status::rem_inv_req_err);
+      return;
+    }
+  }
+  if (!first) {
+    const auto& prev = wire::info(r.last_opcode);
+    const bool same = ((prev.ops & wire::op_send) != 0 && (ops & wire::op_send) != 0) ||
+                      ((prev.ops & wire::op_write) != 0 && (ops & wire::op_write) != 0);
+    if (!same) {
+      if (rc) error(resp_error::invalid_request, wc_status::rem_inv_req_err);
+      else r.drop_msg = true;
+      return;
+    }
+  }
+
+  // 3. QP access rights (IBTA 9.7.5.1.2 / rxe check_op_valid).
+  if (((ops & wire::op_write) != 0 && (qp->access_flags & access_remote_write) == 0) ||
+      ((ops & wire::op_read) != 0 && (qp->access_flags & access_remote_read) == 0) ||
+      ((ops & wire::op_atomic) != 0 && (qp->access_flags & access_remote_atomic) == 0)) {
+    if (rc) error(resp_error::invalid_request, wc_status::success);
+    else r.drop_msg = true;
+    return;
+  }
+
+  // 4. Payload length against the path MTU (C9-41..C9-43).
+  const std::uint32_t pl = p->payload_len;
+  const std::uint32_t mtu = qp->mtu_bytes;
+  const bool only = (ops & wire::op_only) != 0;
+  if ((ops & wire::op_payload) != 0 &&
+      (((ops & (wire::op_first | wire::op_middle)) != 0 && !only && pl != mtu) ||
+       ((ops & wire::op_last) != 0 && !only && (pl == 0 || pl > mtu)) || (only && pl > mtu))) {
+    if (rc) error(resp_error::invalid_request, wc_status::success);
+    else r.drop_msg = true;
+    return;
+  }
+
+  // 5. Resources, then execute.
+  if ((ops & wire::op_read) != 0 || (ops & wire::op_atomic) != 0) {
+    if (qp->max_dest_rd_atomic == 0) {
+      error(resp_error::invalid_request, wc_status::success);
+      return;
+    }
+    rd_resource& res = r.resources[r.res_head++ & (r.resources.size() - 1)];
+    if ((ops & wire::op_read) != 0) {
+      const wire::reth& t = p->hdr.reth;
+      if (t.length > (1u << 31)) {
+        error(resp_error::invalid_request, wc_status::success);
+        return;
+      }
+      std::byte* host = nullptr;
+      std::uint64_t addr = 0;
+      // A zero-length READ names no memory: its R_Key is not checked (C9-88).
+      if (t.length != 0 && !resolve_rkey(qp, t.rkey, t.va, t.length, access_remote_read, host, addr)) {
+        error(resp_error::access, wc_status::success);
+        return;
+      }
+      const std::uint32_t n = packets_for(t.length, mtu);
+      res = {rd_resource::kind::read, psn, psn_add(psn, n - 1), t.va, t.rkey, t.length, 0};
+      ++r.msn;  // counted at execution (C9-148)
+      send_read_responses(qp, psn, host, addr, t.length);
+      r.psn = psn_add(psn, n);
+      r.last_opcode = p->hdr.bth.opcode;
+      return;
+    }
+    const wire::atomic_eth& a = p->hdr.atomic;
+    if ((a.va & 7) != 0) {
+      error(resp_error::invalid_request, wc_status::success);
+      return;
+    }
+    std::byte* host = nullptr;
+    std::uint64_t addr = 0;
+    if (!resolve_rkey(qp, a.rkey, a.va, 8, access_remote_atomic, host, addr)) {
+      error(resp_error::access, wc_status::success);
+      return;
+    }
+    std::uint64_t orig;
+    if (host != nullptr) {
+      auto* target = reinterpret_cast<std::uint64_t*>(host);
+      if (p->hdr.bth.opcode == static_cast<std::uint8_t>(opcode::rc_compare_swap)) {
+        orig = a.compare;
+        __atomic_compare_exchange_n(target, &orig, a.swap_add, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+      } else {
+        orig = __atomic_fetch_add(target, a.swap_add, __ATOMIC_SEQ_CST);
+      }
+    } else {
+      if (!mem_->read(addr, &orig, 8)) {
+        error(resp_error::operational, wc_status::success);
+        return;
+      }
+      std::uint64_t v = p->hdr.bth.opcode == static_cast<std::uint8_t>(opcode::rc_compare_swap)
+                            ? (orig == a.compare ? a.swap_add : orig)
+                            : orig + a.swap_add;
+      mem_->write(addr, &v, 8);
+    }
+    res = {rd_resource::kind::atomic, psn, psn, a.va, a.rkey, 8, orig};
+    ++r.msn;
+    send_atomic_ack(qp, psn, orig);
+    r.psn = psn_add(psn, 1);
+    r.last_opcode = p->hdr.bth.opcode;
+    r.last_ack_psn = psn;
+    return;
+  }
+
+  const bool imm = (ops & wire::op_imm) != 0;
+  if ((ops & wire::op_send) != 0) {
+    if (first && !next_recv(qp)) {
+      if (rc) {
+        send_ack(qp, wire::aeth_rnr_nak(qp->min_rnr_timer), psn);  // IBTA 9.7.5.2.8
+        ++counters_.rnr_naks_sent;
+      } else {
+        r.drop_msg = true;
+      }
+      return;
+    }
+    recv_wqe* w = r.wqe;
+    if (r.offset + static_cast<std::uint64_t>(pl) > recv_capacity(w)) {
+      error(resp_error::invalid_request, wc_status::loc_len_err);
+      return;
+    }
+    if (!copy_to_sges(qp->pd, w->sges(), w->num_sge, r.offset, p, 0, pl)) {
+      error(resp_error::operational, wc_status::loc_prot_err);
+      return;
+    }
+    r.offset += pl;
+  } else {  // RDMA WRITE
+    if (first) {
+      const wire::reth& t = p->hdr.reth;
+      if (t.length > (1u << 31)) {
+        error(resp_error::invalid_request, wc_status::success);
+        return;
+      }
+      r.va = t.va;
+      r.rkey = t.rkey;
+      r.length = t.length;
+      r.offset = 0;
+      r.target = nullptr;
+      r.target_addr = 0;
+      if (t.length != 0 &&
+          !resolve_rkey(qp, t.rkey, t.va, t.length, access_remote_write, r.target, r.target_addr)) {
+        error(resp_error::access, wc_status::success);
+        return;
+      }
+    }
+    if (r.offset + static_cast<std::uint64_t>(pl) > r.length) {
+      error(resp_error::invalid_request, wc_status::success);
+      return;
+    }
+    // WRITE with immediate needs a receive; check before placing data so an
+    // RNR retry finds the memory unchanged.
+    if (imm && last && !next_recv(qp)) {
+      if (rc) {
+        send_ack(qp, wire::aeth_rnr_nak(qp->min_rnr_timer), psn);
+        ++counters_.rnr_naks_sent;
+      } else {
+        r.drop_msg = true;
+      }
+      return;
+    }
+    if (pl != 0 && !write_host(r.target != nullptr ? r.target + r.offset : nullptr, r.target_addr + r.offset, p, 0, pl)) {
+      error(resp_error::operational, wc_status::success);
+      return;
+    }
+    r.offset += pl;
+  }
+
+  // 6. Message completion.
+  if (last) {
+    ++r.msn;
+    if ((ops & wire::op_send) != 0 || imm) {
+      recv_wqe* w = r.wqe;
+      work_completion wc;
+      wc.wr_id = w->wr_id;
+      wc.status = wc_status::success;
+      wc.opcode = (ops & wire::op_send) != 0 ? wc_opcode::recv : wc_opcode::recv_rdma_with_imm;
+      wc.byte_len = (ops & wire::op_send) != 0 ? r.offset : r.length;
+      wc.qp_num = qp->qpn;
+      wc.src_qp = qp->dest_qpn;
+      if (imm) {
+        wc.wc_flags |= wc_with_imm;
+        wc.imm_data = p->hdr.imm;
+      }
+      if ((ops & wire::op_inv) != 0 && invalidate_rkey(qp->pd, p->hdr.ieth_rkey, qp)) {
+        // The message arrived; only the invalidation failed.  The requester
+        // is acknowledged, the receive fails and this QP stops (rxe class J).
+        if (rc && p->hdr.bth.ack_req) send_ack(qp, wire::aeth_ack_unlimited, psn);
+        wc.status = wc_status::rem_inv_req_err;
+        consume_recv(qp);
+        post_cqe(qp->rcq, wc, false);
+        raise_event(event_type::qp_req_err, qp->qpn);
+        qp_to_error(qp);
+        return;
+      }
+      if ((ops & wire::op_inv) != 0) {
+        wc.wc_flags |= wc_with_inv;
+        wc.imm_data = p->hdr.ieth_rkey;
+      }
+      consume_recv(qp);
+      if (!post_cqe(qp->rcq, wc, p->hdr.bth.se)) {
+        qp_to_error(qp);  // CQ overflow
+        return;
+      }
+    }
+  }
+  r.last_opcode = p->hdr.bth.opcode;
+  r.psn = psn_add(psn, 1);
+  if (rc && p->hdr.bth.ack_req) {
+    send_ack(qp, wire::aeth_ack_unlimited, psn);
+    r.last_ack_psn = psn;
+  }
+}
+
+void device::send_read_responses(qp_t* qp, std::uint32_t from_psn, std::byte* host, std::uint64_t addr,
+                                 std::uint32_t length) noexcept {
+  const std::uint32_t mtu = qp->mtu_bytes;
+  const std::uint32_t n = packets_for(length, mtu);
+  for (std::uint32_t k = 0; k < n; ++k) {
+    opcode op = n == 1 ? opcode::rc_read_response_only
+                : k == 0 ? opcode::rc_read_response_first
+                : k == n - 1 ? opcode::rc_read_response_last
+                             : opcode::rc_read_response_middle;
+    packet* p = new_packet(qp, op, psn_add(from_psn, k));
+    if (p == nullptr) return;
+    p->hdr.aeth.syndrome = wire::aeth_ack_unlimited;
+    p->hdr.aeth.msn = qp->resp.msn & 0xFFFFFF;
+    const std::uint32_t off = k * mtu;
+    const std::uint32_t len = std::min(mtu, length - off);
+    p->payload_len = len;
+    if (len != 0) {
+      if (host != nullptr) {
+        p->segs[0] = {host + off, len};
+      } else {
+        mem_->read(addr + off, p->buf, len);
+        p->segs[0] = {p->buf, len};
+      }
+      p->nsegs = 1;
+    }
+    finish_packet(qp, p);
+  }
+}
+
+void device::respond_duplicate(qp_t* qp, packet* p) noexcept {
+  auto& r = qp->resp;
+  const std::uint16_t ops = p->op->ops;
+  const std::uint32_t psn = p->hdr.bth.psn;
+  ++counters_.duplicates_received;
+  if ((ops & wire::op_read) != 0) {
+    // Replay from the resource whose PSN range holds this one; the new RETH
+    // must lie inside the original request (IBTA 9.7.5.1.1, rxe P5).
+    for (const rd_resource& res : r.resources) {
+      if (res.type != rd_resource::kind::read) continue;
+      if (psn_before(psn, res.first_psn) || psn_before(res.last_psn, psn)) continue;
+      const wire::reth& t = p->hdr.reth;
+      if (t.rkey != res.rkey || t.va < res.va || t.length > res.length || t.va - res.va > res.length - t.length)
+        return;
+      std::byte* host = nullptr;
+      std::uint64_t addr = 0;
+      if (t.length != 0 && !resolve_rkey(qp, t.rkey, t.va, t.length, access_remote_read, host, addr)) return;
+      send_read_responses(qp, psn, host, addr, t.length);
+      return;
+    }
+    return;  // unknown: silently dropped
+  }
+  if ((ops & wire::op_atomic) != 0) {
+    // Replay the stored result; never execute twice.
+    for (const rd_resource& res : r.resources) {
+      if (res.type == rd_resource::kind::atomic && res.first_psn == psn) {
+        send_atomic_ack(qp, psn, res.orig);
+        return;
+      }
+    }
+    return;
+  }
+  // SEND/WRITE: acknowledge again (with the last ACKed PSN, never a READ's).
+  if (p->hdr.bth.ack_req) send_ack(qp, wire::aeth_ack_unlimited, r.last_ack_psn);
+}
+
+// ---------------------------------------------------------------------------
+// Completer
+
+void device::complete_rx(qp_t* qp, packet* p) noexcept {
+  if (qp->type != qp_type::rc) return;
+  const std::uint32_t psn = p->hdr.bth.psn;
+  const std::uint16_t ops = p->op->ops;
+  const std::uint32_t mask = qp->sq.size() - 1;
+  const bool has_aeth = (p->op->headers & wire::hdr_aeth) != 0;
+  const std::uint8_t syn = has_aeth ? p->hdr.aeth.syndrome : wire::aeth_ack_unlimited;
+  const auto type = wire::aeth_type_of(syn);
+  bool progress = false;
+
+  // Completes SEND/WRITE WQEs wholly below `limit` (implied ACK); stops at
+  // a READ/atomic whose responses are missing (P6).
+  auto ack_below = [&](std::uint32_t limit) -> bool {
+    for (std::uint32_t i = qp->sq.consumer(); i != qp->req.wqe_index; ++i) {
+      send_state& st = qp->sq_state[i & mask];
+      if (st.state == wqe_state::done) continue;
+      if (!psn_before(st.last_psn, limit)) return true;
+      auto* w = qp->sq.at<send_wqe>(i);
+      if (is_read(w->opcode) || is_atomic(w->opcode)) return false;
+      if (st.state != wqe_state::pending) return true;
+      st.state = wqe_state::done;
+      st.status = wc_status::success;
+      progress = true;
+    }
+    return true;
+  };
+
+  if (has_aeth && type == wire::aeth_type::rnr_nak) {
+    ++counters_.rnr_naks_received;
+    if (psn_before(psn, qp->comp.psn)) return;  // stale
+    ack_below(psn);
+    qp->comp.psn = psn;
+    if (qp->rnr_retry != 7) {  // 7 retries forever (IBTA 9.7.5.2.8)
+      if (qp->comp.rnr_left == 0) {
+        const std::uint32_t i = qp->sq.consumer();
+        complete_wqes(qp);
+        for (std::uint32_t k = qp->sq.consumer(); k != qp->req.wqe_index; ++k) {
+          send_state& st = qp->sq_state[k & mask];
+          if (st.state == wqe_state::done) continue;
+          st.state = wqe_state::done;
+          st.status = wc_status::rnr_retry_exc_err;
+          break;
+        }
+        (void)i;
+        complete_wqes(qp);
+        return;
+      }
+      --qp->comp.rnr_left;
+    }
+    qp->comp.rnr_waiting = true;
+    qp->comp.timer_gen++;
+    qp->comp.timer_armed = false;
+    try {
+      const auto deadline = clock_->now() + std::chrono::nanoseconds(wire::rnr_timer_ns(syn & 0x1F));
+      if (timers_.schedule(deadline,
+                           [](void* arg, const detail::timer_payload& pl) noexcept {
+                             static_cast<device*>(arg)->on_qp_timer(static_cast<std::uint32_t>(pl.a), pl.b >> 1,
+                                                                    (pl.b & 1) != 0);
+                           },
+                           this, {qp->qpn, (qp->comp.timer_gen << 1) | 1, {}}))
+        rearm_timer_fd();
+    } catch (...) {
+    }
+    complete_wqes(qp);
+    return;
+  }
+
+  if (has_aeth && type == wire::aeth_type::nak) {
+    if (psn_before(psn, qp->comp.psn)) return;
+    const auto code = static_cast<wire::nak_code>(syn & 0x1F);
+    if (code == wire::nak_code::psn_sequence_error) {
+      // Everything before the NAKed PSN arrived (IBTA 9.7.5.2.3).
+      ack_below(psn);
+      qp->comp.psn = psn;
+      complete_wqes(qp);
+      if (qp->state == qp_state::rts || qp->state == qp_state::sqd) retry(qp, true);
+      return;
+    }
+    ack_below(psn);
+    // The WQE the NAK names fails and the QP goes to error.
+    for (std::uint32_t i = qp->sq.consumer(); i != qp->req.wqe_index; ++i) {
+      send_state& st = qp->sq_state[i & mask];
+      if (st.state == wqe_state::done) continue;
+      st.state = wqe_state::done;
+      st.status = code == wire::nak_code::invalid_request        ? wc_status::rem_inv_req_err
+                  : code == wire::nak_code::remote_access_error  ? wc_status::rem_access_err
+                  : code == wire::nak_code::remote_operational_error ? wc_status::rem_op_err
+                                                                      : wc_status::bad_resp_err;
+      break;
+    }
+    complete_wqes(qp);
+    return;
+  }
+
+  // ACK, READ response, atomic ACK.
+  if (psn_before(psn, qp->comp.psn)) {
+    ++counters_.duplicates_received;  // a stale or duplicate response
+    return;
+  }
+  for (std::uint32_t i = qp->sq.consumer(); i != qp->req.wqe_index; ++i) {
+    send_state& st = qp->sq_state[i & mask];
+    if (st.state == wqe_state::done) continue;
+    auto* w = qp->sq.at<send_wqe>(i);
+    if (is_read(w->opcode)) {
+      if ((ops & wire::op_read) == 0 || psn_before(st.last_psn, psn)) {
+        // An ACK beyond a READ whose data is missing: implied NAK (P6).
+        if (!psn_before(psn, st.first_psn)) retry(qp, false);
+        break;
+      }
+      if (psn != qp->comp.psn) {
+        if (psn_before(qp->comp.psn, psn)) retry(qp, false);  // a response was lost
+        break;
+      }
+      // Place the data where the READ asked for it.
+      if (p->payload_len != 0 &&
+          !copy_to_sges(qp->pd, w->sges(), w->num_sge, st.read_done, p, 0, p->payload_len)) {
+        st.state = wqe_state::done;
+        st.status = wc_status::loc_prot_err;
+        complete_wqes(qp);
+        return;
+      }
+      st.read_done += p->payload_len;
+      qp->comp.psn = psn_add(psn, 1);
+      progress = true;
+      if ((ops & (wire::op_last | wire::op_only)) != 0) {
+        st.state = wqe_state::done;
+        st.status = st.read_done == w->length ? wc_status::success : wc_status::bad_resp_err;
+        --qp->req.rd_atomic;
+      }
+      break;
+    }
+    if (is_atomic(w->opcode)) {
+      if (p->hdr.bth.opcode == static_cast<std::uint8_t>(opcode::rc_atomic_ack) && psn == st.first_psn) {
+        const std::uint64_t orig = p->hdr.atomic_ack;
+        packet tmp{};
+        tmp.segs[0] = {reinterpret_cast<const std::byte*>(&orig), 8};
+        tmp.nsegs = 1;
+        tmp.payload_len = 8;
+        st.state = wqe_state::done;
+        st.status = copy_to_sges(qp->pd, w->sges(), w->num_sge, 0, &tmp, 0, 8) ? wc_status::success
+                                                                              : wc_status::loc_prot_err;
+        --qp->req.rd_atomic;
+        qp->comp.psn = psn_add(psn, 1);
+        progress = true;
+      } else if (!psn_before(psn, st.first_psn)) {
+        retry(qp, false);  // its ACK was lost behind a later one
+      }
+      break;
+    }
+    // SEND or WRITE.
+    if (st.state == wqe_state::posted) break;
+    if (!psn_before(psn, st.last_psn)) {
+      if (st.state != wqe_state::pending) break;  // not all of it was sent: bogus
+      st.state = wqe_state::done;
+      st.status = wc_status::success;
+      qp->comp.psn = psn_add(st.last_psn, 1);
+      progress = true;
+      if (psn == st.last_psn) break;
+      continue;  // a coalesced ACK covers later WQEs too
+    }
+    if (!psn_before(psn, st.first_psn)) {
+      qp->comp.psn = psn_add(psn, 1);  // part of a multi-packet message
+      progress = true;
+    }
+    break;
+  }
+  if (progress) {
+    qp->comp.retry_left = qp->retry_cnt;
+    qp->comp.rnr_left = qp->rnr_retry;
+    if (qp->comp.psn != qp->req.psn) arm_retry_timer(qp);
+    else {
+      qp->comp.timer_armed = false;
+      qp->comp.timer_gen++;
+    }
+  }
+  complete_wqes(qp);
+}
+
+}  // namespace averbs::soft

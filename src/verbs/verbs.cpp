@@ -1,0 +1,614 @@
+// SPDX-License-Identifier: MIT
+// The bodies of the verbs operations and the data-path calls: check the
+// handle and the device, call the engine, complete the request.
+#include "verbs/objects.hpp"
+#include "verbs/registry.hpp"
+
+#include <averbs/error.hpp>
+#include <averbs/verbs.hpp>
+
+#include <arpa/inet.h>
+
+#include <cstring>
+
+namespace averbs {
+namespace detail {
+
+namespace {
+
+std::error_code err(errc e) { return make_error_code(e); }
+
+// The first reason an operation on a handle cannot start, if any.
+template <class O>
+std::error_code unusable(const O* o, const void* e, const device_obj& d) {
+  if (o == nullptr) return err(errc::invalid_argument);
+  if (d.removed()) return err(errc::device_removed);
+  if (e == nullptr) return err(errc::stale_handle);
+  return {};
+}
+
+}  // namespace
+
+// --- contexts of handles ------------------------------------------------------
+
+namespace {
+[[noreturn]] void empty_handle() {
+  throw std::system_error(make_error_code(errc::invalid_argument), "empty averbs handle");
+}
+}  // namespace
+
+context& context_of(const device_obj* o) {
+  if (o == nullptr) empty_handle();
+  return *o->ctx;
+}
+context& context_of(const pd_obj* o) {
+  if (o == nullptr) empty_handle();
+  return *o->dev->ctx;
+}
+context& context_of(const cq_obj* o) {
+  if (o == nullptr) empty_handle();
+  return *o->dev->ctx;
+}
+context& context_of(const qp_obj* o) {
+  if (o == nullptr) empty_handle();
+  return *o->pd->dev->ctx;
+}
+context& context_of(const srq_obj* o) {
+  if (o == nullptr) empty_handle();
+  return *o->pd->dev->ctx;
+}
+context& context_of(const mr_obj* o) {
+  if (o == nullptr) empty_handle();
+  return *o->pd->dev->ctx;
+}
+context& context_of(const mw_obj* o) {
+  if (o == nullptr) empty_handle();
+  return *o->pd->dev->ctx;
+}
+context& context_of(const ah_obj* o) {
+  if (o == nullptr) empty_handle();
+  return *o->pd->dev->ctx;
+}
+
+request_group* group_of(const device_obj* d) noexcept { return d != nullptr ? d->events.get() : nullptr; }
+request_group* group_of(const cq_obj* q) noexcept { return q != nullptr ? q->notifies.get() : nullptr; }
+
+// --- destructors: a dropped handle releases its engine object ------------------
+
+device_obj::~device_obj() {
+  events.reset();  // cancels parked get_event requests
+  eng->cancel_event_waiters(ctx->detail_impl());
+  std::lock_guard lock(entry->mu);
+  auto it = entry->sources.find(&ctx->detail_impl());
+  if (it != entry->sources.end() && --it->second == 0) {
+    ctx->remove_source(*eng);
+    entry->sources.erase(it);
+  }
+}
+
+pd_obj::~pd_obj() {
+  if (e != nullptr) dev->eng->release_pd(e);
+}
+mr_obj::~mr_obj() {
+  if (e != nullptr) pd->dev->eng->release_mr(e);
+}
+mw_obj::~mw_obj() {
+  if (e != nullptr) pd->dev->eng->dealloc_mw(e);
+}
+ah_obj::~ah_obj() {
+  if (e != nullptr) pd->dev->eng->destroy_ah(e);
+}
+cq_obj::~cq_obj() {
+  notifies.reset();
+  if (e != nullptr) dev->eng->release_cq(e);
+}
+srq_obj::~srq_obj() {
+  if (e != nullptr) pd->dev->eng->release_srq(e);
+}
+qp_obj::~qp_obj() {
+  if (e != nullptr) pd->dev->eng->destroy_qp(e);
+}
+
+// --- device -------------------------------------------------------------------
+
+void start_open_device(context& ctx, const std::string& name, completer<device> c) noexcept {
+  try {
+    std::shared_ptr<device_entry> entry = find_device(name);
+    if (entry == nullptr) {
+      c.fail(err(errc::not_found));
+      return;
+    }
+    if (entry->removed.load()) {
+      c.fail(err(errc::device_removed));
+      return;
+    }
+    auto obj = std::make_shared<device_obj>();
+    obj->ctx = &ctx;
+    obj->entry = entry;
+    obj->eng = entry->engine.get();
+    obj->events = std::make_unique<request_group>(ctx);
+    {
+      std::lock_guard lock(entry->mu);
+      int& n = entry->sources[&ctx.detail_impl()];
+      if (n++ == 0) {
+        std::error_code ec;
+        ctx.add_source(*obj->eng, ec);
+        if (ec) {
+          entry->sources.erase(&ctx.detail_impl());
+          obj->entry = nullptr;
+          c.fail(ec);
+          return;
+        }
+      }
+    }
+    c.complete({}, handle_access::make<device>(std::move(obj)));
+  } catch (...) {
+    c.fail(err(errc::no_resources));
+  }
+}
+
+void start_query_device(const std::shared_ptr<device_obj>& d, completer<device_attr> c) noexcept {
+  if (auto ec = unusable(d.get(), d.get(), *d)) return void(c.fail(ec));
+  try {
+    c.complete({}, d->eng->query_device());
+  } catch (...) {
+    c.fail(err(errc::no_resources));
+  }
+}
+
+void start_query_port(const std::shared_ptr<device_obj>& d, std::uint8_t port, completer<port_attr> c) noexcept {
+  if (auto ec = unusable(d.get(), d.get(), *d)) return void(c.fail(ec));
+  port_attr a;
+  if (auto ec = d->eng->query_port(port, a)) return void(c.fail(ec));
+  c.complete({}, a);
+}
+
+void start_query_gid(const std::shared_ptr<device_obj>& d, std::uint8_t port, std::uint32_t index,
+                     completer<gid> c) noexcept {
+  if (auto ec = unusable(d.get(), d.get(), *d)) return void(c.fail(ec));
+  gid g;
+  if (auto ec = d->eng->query_gid(port, index, g)) return void(c.fail(ec));
+  c.complete({}, g);
+}
+
+void start_query_pkey(const std::shared_ptr<device_obj>& d, std::uint8_t port, std::uint16_t index,
+                      completer<std::uint16_t> c) noexcept {
+  if (auto ec = unusable(d.get(), d.get(), *d)) return void(c.fail(ec));
+  std::uint16_t v = 0;
+  if (auto ec = d->eng->query_pkey(port, index, v)) return void(c.fail(ec));
+  c.complete({}, v);
+}
+
+void start_alloc_pd(const std::shared_ptr<device_obj>& d, completer<pd> c) noexcept {
+  if (auto ec = unusable(d.get(), d.get(), *d)) return void(c.fail(ec));
+  try {
+    auto obj = std::make_shared<pd_obj>();
+    obj->dev = d;
+    if (auto ec = d->eng->alloc_pd(obj->e)) return void(c.fail(ec));
+    c.complete({}, handle_access::make<pd>(std::move(obj)));
+  } catch (...) {
+    c.fail(err(errc::no_resources));
+  }
+}
+
+void start_create_cq(const std::shared_ptr<device_obj>& d, std::uint32_t cqe, completer<cq> c) noexcept {
+  if (auto ec = unusable(d.get(), d.get(), *d)) return void(c.fail(ec));
+  try {
+    auto obj = std::make_shared<cq_obj>();
+    obj->dev = d;
+    obj->notifies = std::make_unique<request_group>(*d->ctx);
+    if (auto ec = d->eng->create_cq(cqe, obj->e)) return void(c.fail(ec));
+    c.complete({}, handle_access::make<cq>(std::move(obj)));
+  } catch (...) {
+    c.fail(err(errc::no_resources));
+  }
+}
+
+void start_get_event(const std::shared_ptr<device_obj>& d, completer<async_event> c) noexcept {
+  if (auto ec = unusable(d.get(), d.get(), *d)) return void(c.fail(ec));
+  try {
+    d->eng->get_event(c.context(), c.id());
+  } catch (...) {
+    c.fail(err(errc::no_resources));
+  }
+}
+
+// --- pd -----------------------------------------------------------------------
+
+void start_reg_mr(const std::shared_ptr<pd_obj>& p, void* addr, std::size_t length, std::uint32_t access,
+                  completer<mr> c) noexcept {
+  if (auto ec = unusable(p.get(), p ? p->e : nullptr, *p->dev)) return void(c.fail(ec));
+  try {
+    auto obj = std::make_shared<mr_obj>();
+    obj->pd = p;
+    obj->addr = addr;
+    obj->length = length;
+    if (auto ec = p->dev->eng->reg_mr(p->e, reinterpret_cast<std::uintptr_t>(addr), length, access, obj->e))
+      return void(c.fail(ec));
+    c.complete({}, handle_access::make<mr>(std::move(obj)));
+  } catch (...) {
+    c.fail(err(errc::no_resources));
+  }
+}
+
+void start_alloc_mw(const std::shared_ptr<pd_obj>& p, mw_type type, completer<mw> c) noexcept {
+  if (auto ec = unusable(p.get(), p ? p->e : nullptr, *p->dev)) return void(c.fail(ec));
+  try {
+    auto obj = std::make_shared<mw_obj>();
+    obj->pd = p;
+    if (auto ec = p->dev->eng->alloc_mw(p->e, type, obj->e)) return void(c.fail(ec));
+    c.complete({}, handle_access::make<mw>(std::move(obj)));
+  } catch (...) {
+    c.fail(err(errc::no_resources));
+  }
+}
+
+void start_create_ah(const std::shared_ptr<pd_obj>& p, const ah_attr& attr, completer<ah> c) noexcept {
+  if (auto ec = unusable(p.get(), p ? p->e : nullptr, *p->dev)) return void(c.fail(ec));
+  try {
+    auto obj = std::make_shared<ah_obj>();
+    obj->pd = p;
+    obj->attr = attr;
+    if (auto ec = p->dev->eng->create_ah(p->e, attr, obj->e)) return void(c.fail(ec));
+    c.complete({}, handle_access::make<ah>(std::move(obj)));
+  } catch (...) {
+    c.fail(err(errc::no_resources));
+  }
+}
+
+void start_create_srq(const std::shared_ptr<pd_obj>& p, const srq_attr& attr, completer<srq> c) noexcept {
+  if (auto ec = unusable(p.get(), p ? p->e : nullptr, *p->dev)) return void(c.fail(ec));
+  try {
+    auto obj = std::make_shared<srq_obj>();
+    obj->pd = p;
+    if (auto ec = p->dev->eng->create_srq(p->e, attr, obj->e)) return void(c.fail(ec));
+    c.complete({}, handle_access::make<srq>(std::move(obj)));
+  } catch (...) {
+    c.fail(err(errc::no_resources));
+  }
+}
+
+void start_create_qp(const std::shared_ptr<pd_obj>& p, const qp_init_attr& attr, completer<qp> c) noexcept {
+  if (auto ec = unusable(p.get(), p ? p->e : nullptr, *p->dev)) return void(c.fail(ec));
+  try {
+    auto obj = std::make_shared<qp_obj>();
+    obj->pd = p;
+    obj->scq = handle_access::obj(attr.send_cq);
+    obj->rcq = handle_access::obj(attr.recv_cq);
+    obj->srq = handle_access::obj(attr.srq);
+    if (obj->scq == nullptr || obj->scq->e == nullptr) return void(c.fail(err(errc::invalid_argument)));
+    if (obj->rcq == nullptr && obj->srq == nullptr) return void(c.fail(err(errc::invalid_argument)));
+    if (obj->rcq != nullptr && obj->rcq->e == nullptr) return void(c.fail(err(errc::invalid_argument)));
+    if (obj->srq != nullptr && obj->srq->e == nullptr) return void(c.fail(err(errc::invalid_argument)));
+    if (obj->scq->dev->eng != p->dev->eng || (obj->rcq && obj->rcq->dev->eng != p->dev->eng))
+      return void(c.fail(err(errc::invalid_argument)));  // a CQ of another device
+    if (obj->rcq == nullptr) obj->rcq = obj->scq;
+    soft::device::qp_init init;
+    init.send_cq = obj->scq->e;
+    init.recv_cq = obj->rcq->e;
+    init.srq = obj->srq ? obj->srq->e : nullptr;
+    init.cap = attr.cap;
+    init.type = attr.type;
+    init.sq_sig_all = attr.sq_sig_all;
+    if (auto ec = p->dev->eng->create_qp(p->e, init, obj->e)) return void(c.fail(ec));
+    obj->qpn = obj->e->qpn;
+    obj->type = attr.type;
+    c.complete({}, handle_access::make<qp>(std::move(obj)));
+  } catch (...) {
+    c.fail(err(errc::no_resources));
+  }
+}
+
+void start_dealloc_pd(const std::shared_ptr<pd_obj>& p, completer<void> c) noexcept {
+  if (auto ec = unusable(p.get(), p ? p->e : nullptr, *p->dev)) return void(c.fail(ec));
+  if (auto ec = p->dev->eng->dealloc_pd(p->e)) return void(c.fail(ec));
+  p->e = nullptr;
+  c.complete({});
+}
+
+// --- mr, mw, ah -----------------------------------------------------------------
+
+void start_dereg_mr(const std::shared_ptr<mr_obj>& m, completer<void> c) noexcept {
+  if (auto ec = unusable(m.get(), m ? m->e : nullptr, *m->pd->dev)) return void(c.fail(ec));
+  if (auto ec = m->pd->dev->eng->dereg_mr(m->e)) return void(c.fail(ec));
+  m->e = nullptr;
+  c.complete({});
+}
+
+void start_rereg_mr(const std::shared_ptr<mr_obj>& m, int flags, const std::shared_ptr<pd_obj>& pd, void* addr,
+                    std::size_t length, std::uint32_t access, completer<void> c) noexcept {
+  if (auto ec = unusable(m.get(), m ? m->e : nullptr, *m->pd->dev)) return void(c.fail(ec));
+  if ((flags & rereg_change_pd) != 0 && (pd == nullptr || pd->e == nullptr || pd->dev->eng != m->pd->dev->eng))
+    return void(c.fail(err(errc::invalid_argument)));
+  soft::pd_t* target = (flags & rereg_change_pd) != 0 ? pd->e : m->pd->e;
+  if (auto ec = m->pd->dev->eng->rereg_mr(m->e, flags, target, reinterpret_cast<std::uintptr_t>(addr), length,
+                                          access))
+    return void(c.fail(ec));
+  if ((flags & rereg_change_translation) != 0) {
+    m->addr = addr;
+    m->length = length;
+  }
+  if ((flags & rereg_change_pd) != 0) m->pd = pd;
+  c.complete({});
+}
+
+void start_dealloc_mw(const std::shared_ptr<mw_obj>& m, completer<void> c) noexcept {
+  if (auto ec = unusable(m.get(), m ? m->e : nullptr, *m->pd->dev)) return void(c.fail(ec));
+  if (auto ec = m->pd->dev->eng->dealloc_mw(m->e)) return void(c.fail(ec));
+  m->e = nullptr;
+  c.complete({});
+}
+
+void start_destroy_ah(const std::shared_ptr<ah_obj>& a, completer<void> c) noexcept {
+  if (auto ec = unusable(a.get(), a ? a->e : nullptr, *a->pd->dev)) return void(c.fail(ec));
+  if (auto ec = a->pd->dev->eng->destroy_ah(a->e)) return void(c.fail(ec));
+  a->e = nullptr;
+  c.complete({});
+}
+
+// --- cq -------------------------------------------------------------------------
+
+void start_cq_notify(const std::shared_ptr<cq_obj>& q, bool solicited_only, completer<void> c) noexcept {
+  if (auto ec = unusable(q.get(), q ? q->e : nullptr, *q->dev)) return void(c.fail(ec));
+  try {
+    q->dev->eng->arm_cq(q->e, solicited_only, c.context(), c.id());
+  } catch (...) {
+    c.fail(err(errc::no_resources));
+  }
+}
+
+void start_resize_cq(const std::shared_ptr<cq_obj>& q, std::uint32_t cqe, completer<void> c) noexcept {
+  if (auto ec = unusable(q.get(), q ? q->e : nullptr, *q->dev)) return void(c.fail(ec));
+  if (auto ec = q->dev->eng->resize_cq(q->e, cqe)) return void(c.fail(ec));
+  c.complete({});
+}
+
+void start_destroy_cq(const std::shared_ptr<cq_obj>& q, completer<void> c) noexcept {
+  if (auto ec = unusable(q.get(), q ? q->e : nullptr, *q->dev)) return void(c.fail(ec));
+  if (auto ec = q->dev->eng->destroy_cq(q->e)) return void(c.fail(ec));
+  q->e = nullptr;
+  c.complete({});
+}
+
+// --- srq ------------------------------------------------------------------------
+
+void start_modify_srq(const std::shared_ptr<srq_obj>& s, srq_attr attr, std::uint32_t mask,
+                      completer<void> c) noexcept {
+  if (auto ec = unusable(s.get(), s ? s->e : nullptr, *s->pd->dev)) return void(c.fail(ec));
+  if (auto ec = s->pd->dev->eng->modify_srq(s->e, attr, mask)) return void(c.fail(ec));
+  c.complete({});
+}
+
+void start_query_srq(const std::shared_ptr<srq_obj>& s, completer<srq_attr> c) noexcept {
+  if (auto ec = unusable(s.get(), s ? s->e : nullptr, *s->pd->dev)) return void(c.fail(ec));
+  srq_attr a;
+  if (auto ec = s->pd->dev->eng->query_srq(s->e, a)) return void(c.fail(ec));
+  c.complete({}, a);
+}
+
+void start_destroy_srq(const std::shared_ptr<srq_obj>& s, completer<void> c) noexcept {
+  if (auto ec = unusable(s.get(), s ? s->e : nullptr, *s->pd->dev)) return void(c.fail(ec));
+  if (auto ec = s->pd->dev->eng->destroy_srq(s->e)) return void(c.fail(ec));
+  s->e = nullptr;
+  c.complete({});
+}
+
+// --- qp -------------------------------------------------------------------------
+
+void start_modify_qp(const std::shared_ptr<qp_obj>& q, const qp_attr& attr, std::uint32_t mask,
+                     completer<void> c) noexcept {
+  if (auto ec = unusable(q.get(), q ? q->e : nullptr, *q->pd->dev)) return void(c.fail(ec));
+  if (auto ec = q->pd->dev->eng->modify_qp(q->e, attr, mask)) return void(c.fail(ec));
+  c.complete({});
+}
+
+void start_query_qp(const std::shared_ptr<qp_obj>& q, completer<qp_attr> c) noexcept {
+  if (auto ec = unusable(q.get(), q ? q->e : nullptr, *q->pd->dev)) return void(c.fail(ec));
+  qp_attr a;
+  qp_cap cap;
+  if (auto ec = q->pd->dev->eng->query_qp(q->e, a, cap)) return void(c.fail(ec));
+  c.complete({}, a);
+}
+
+void start_destroy_qp(const std::shared_ptr<qp_obj>& q, completer<void> c) noexcept {
+  if (auto ec = unusable(q.get(), q ? q->e : nullptr, *q->pd->dev)) return void(c.fail(ec));
+  if (auto ec = q->pd->dev->eng->destroy_qp(q->e)) return void(c.fail(ec));
+  q->e = nullptr;
+  c.complete({});
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------
+// Handle accessors and the data path.
+
+namespace {
+std::error_code data_path_check(const void* obj, const void* e, const detail::device_obj* d) {
+  if (obj == nullptr) return make_error_code(errc::invalid_argument);
+  if (d->removed()) return make_error_code(errc::device_removed);
+  if (e == nullptr) return make_error_code(errc::stale_handle);
+  return {};
+}
+}  // namespace
+
+const std::string& device::name() const {
+  if (obj_ == nullptr) throw std::system_error(make_error_code(errc::invalid_argument), "empty device handle");
+  return obj_->entry->name;
+}
+
+std::vector<gid> device::gids() const {
+  if (obj_ == nullptr) return {};
+  return obj_->eng->gids();
+}
+
+device_counters device::counters() const {
+  if (obj_ == nullptr) return {};
+  return obj_->eng->counters();
+}
+
+std::size_t device::cancel_events() const noexcept {
+  return obj_ != nullptr ? obj_->events->cancel() : 0;
+}
+
+device open_device(context& ctx, std::string_view name) {
+  return detail::sync_call<device>([&](auto t) { return async_open_device(ctx, name, t); }, "averbs::open_device");
+}
+
+device open_device(context& ctx, std::string_view name, std::error_code& ec) noexcept {
+  return detail::sync_call<device>([&](auto t) { return async_open_device(ctx, name, t); }, ec);
+}
+
+std::uint32_t mr::lkey() const noexcept { return obj_ && obj_->e ? obj_->e->lkey : 0; }
+std::uint32_t mr::rkey() const noexcept { return obj_ && obj_->e ? obj_->e->rkey : 0; }
+void* mr::addr() const noexcept { return obj_ ? obj_->addr : nullptr; }
+std::size_t mr::length() const noexcept { return obj_ ? obj_->length : 0; }
+std::uint32_t mr::access() const noexcept { return obj_ && obj_->e ? obj_->e->access : 0; }
+
+std::uint32_t mw::rkey() const noexcept {
+  if (!obj_ || !obj_->e) return 0;
+  return obj_->pd->dev->eng->mw_rkey(obj_->e);
+}
+mw_type mw::type() const noexcept { return obj_ && obj_->e ? obj_->e->type : mw_type::type1; }
+
+const ah_attr& ah::attr() const {
+  if (!obj_) throw std::system_error(make_error_code(errc::invalid_argument), "empty ah");
+  return obj_->attr;
+}
+
+std::size_t cq::poll(std::span<work_completion> out) const noexcept {
+  if (!obj_ || !obj_->e || obj_->dev->removed()) return 0;
+  return obj_->dev->eng->poll_cq(obj_->e, out);
+}
+
+std::uint32_t cq::cqe() const noexcept { return obj_ && obj_->e ? obj_->e->cqe : 0; }
+
+std::size_t cq::cancel_notifies() const noexcept { return obj_ ? obj_->notifies->cancel() : 0; }
+
+std::error_code srq::post_recv(std::span<const recv_wr> wrs, std::size_t* bad) const noexcept {
+  if (auto ec = data_path_check(obj_.get(), obj_ ? obj_->e : nullptr, obj_ ? obj_->pd->dev.get() : nullptr)) return ec;
+  return obj_->pd->dev->eng->post_srq_recv(obj_->e, wrs.data(), wrs.size(), bad);
+}
+
+std::uint32_t qp::num() const noexcept { return obj_ ? obj_->qpn : 0; }
+qp_type qp::type() const noexcept { return obj_ ? obj_->type : qp_type::rc; }
+
+qp_state qp::state() const noexcept {
+  if (!obj_ || !obj_->e) return qp_state::err;
+  return obj_->pd->dev->eng->state_of(obj_->e);
+}
+
+std::error_code qp::post_send(std::span<const send_wr> wrs, std::size_t* bad) const noexcept {
+  if (auto ec = data_path_check(obj_.get(), obj_ ? obj_->e : nullptr, obj_ ? obj_->pd->dev.get() : nullptr)) return ec;
+  return obj_->pd->dev->eng->post_send(obj_->e, wrs.data(), wrs.size(), bad);
+}
+
+std::error_code qp::post_recv(std::span<const recv_wr> wrs, std::size_t* bad) const noexcept {
+  if (auto ec = data_path_check(obj_.get(), obj_ ? obj_->e : nullptr, obj_ ? obj_->pd->dev.get() : nullptr)) return ec;
+  return obj_->pd->dev->eng->post_recv(obj_->e, wrs.data(), wrs.size(), bad);
+}
+
+std::error_code qp::bind_mw(const mw& w, std::uint64_t wr_id, std::uint32_t flags, const mw_bind_info& info,
+                            std::uint32_t* new_rkey) const noexcept {
+  if (auto ec = data_path_check(obj_.get(), obj_ ? obj_->e : nullptr, obj_ ? obj_->pd->dev.get() : nullptr)) return ec;
+  soft::mw_t* m = soft::engine_object(const_cast<mw*>(&w));
+  if (m == nullptr) return make_error_code(errc::invalid_argument);
+  // libibverbs: the window and the region must share a PD (EPERM).
+  std::uint32_t key = 0;
+  if (auto ec = obj_->pd->dev->eng->bind_mw1(obj_->e, m, wr_id, flags, info, key)) return ec;
+  if (new_rkey != nullptr) *new_rkey = key;
+  return {};
+}
+
+namespace soft {
+ah_t* engine_object(const averbs::ah* h) noexcept {
+  if (h == nullptr) return nullptr;
+  const auto& o = detail::handle_access::obj(*h);
+  return o ? o->e : nullptr;
+}
+mw_t* engine_object(averbs::mw* h) noexcept {
+  if (h == nullptr) return nullptr;
+  const auto& o = detail::handle_access::obj(*h);
+  return o ? o->e : nullptr;
+}
+}  // namespace soft
+
+// ---------------------------------------------------------------------------
+// Value types.
+
+bool gid::is_zero() const noexcept {
+  for (auto b : raw)
+    if (b != 0) return false;
+  return true;
+}
+
+bool gid::is_ipv4_mapped() const noexcept {
+  for (int i = 0; i < 10; ++i)
+    if (raw[i] != 0) return false;
+  return raw[10] == 0xFF && raw[11] == 0xFF;
+}
+
+std::string gid::to_string() const {
+  char buf[INET6_ADDRSTRLEN];
+  if (::inet_ntop(AF_INET6, raw.data(), buf, sizeof buf) == nullptr) return {};
+  return buf;
+}
+
+bool gid::parse(const std::string& text, gid& out) {
+  in_addr a4;
+  if (::inet_pton(AF_INET, text.c_str(), &a4) == 1) {
+    out = from_ipv4(ntohl(a4.s_addr));
+    return true;
+  }
+  return ::inet_pton(AF_INET6, text.c_str(), out.raw.data()) == 1;
+}
+
+gid gid::from_ipv4(std::uint32_t a) noexcept {
+  gid g;
+  g.raw[10] = g.raw[11] = 0xFF;
+  g.raw[12] = static_cast<std::uint8_t>(a >> 24);
+  g.raw[13] = static_cast<std::uint8_t>(a >> 16);
+  g.raw[14] = static_cast<std::uint8_t>(a >> 8);
+  g.raw[15] = static_cast<std::uint8_t>(a);
+  return g;
+}
+
+const char* to_string(qp_state s) noexcept {
+  switch (s) {
+    case qp_state::reset: return "RESET";
+    case qp_state::init: return "INIT";
+    case qp_state::rtr: return "RTR";
+    case qp_state::rts: return "RTS";
+    case qp_state::sqd: return "SQD";
+    case qp_state::sqe: return "SQE";
+    case qp_state::err: return "ERR";
+  }
+  return "UNKNOWN";
+}
+
+const char* to_string(event_type t) noexcept {
+  // Wording of rdma-core's ibv_event_type_str().
+  switch (t) {
+    case event_type::cq_err: return "CQ error";
+    case event_type::qp_fatal: return "local work queue catastrophic error";
+    case event_type::qp_req_err: return "invalid request local work queue error";
+    case event_type::qp_access_err: return "local access violation work queue error";
+    case event_type::comm_est: return "communication established";
+    case event_type::sq_drained: return "send queue drained";
+    case event_type::path_mig: return "path migrated";
+    case event_type::path_mig_err: return "path migration request error";
+    case event_type::device_fatal: return "local catastrophic error";
+    case event_type::port_active: return "port active";
+    case event_type::port_err: return "port error";
+    case event_type::lid_change: return "LID change";
+    case event_type::pkey_change: return "P_Key change";
+    case event_type::sm_change: return "SM change";
+    case event_type::srq_err: return "SRQ catastrophic error";
+    case event_type::srq_limit_reached: return "SRQ limit reached";
+    case event_type::qp_last_wqe_reached: return "last WQE reached";
+    case event_type::client_reregister: return "client reregistration";
+    case event_type::gid_change: return "GID table change";
+  }
+  return "unknown";
+}
+
+}  // namespace averbs

@@ -1,0 +1,532 @@
+// SPDX-License-Identifier: MIT
+// RoCEv2 transport codec: opcode table, header (de)serialisation, ICRC,
+// IP/UDP headers and the small arithmetic helpers declared in roce.hpp.
+#include "wire/roce.hpp"
+
+#include <libdeflate.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace averbs::wire {
+
+namespace {
+
+// --- big-endian field access -------------------------------------------------
+
+constexpr std::byte byte_of(std::uint64_t v, unsigned shift) noexcept {
+  return static_cast<std::byte>((v >> shift) & 0xFF);
+}
+
+void put16(std::byte* p, std::uint16_t v) noexcept {
+  p[0] = byte_of(v, 8);
+  p[1] = byte_of(v, 0);
+}
+void put24(std::byte* p, std::uint32_t v) noexcept {
+  p[0] = byte_of(v, 16);
+  p[1] = byte_of(v, 8);
+  p[2] = byte_of(v, 0);
+}
+void put32(std::byte* p, std::uint32_t v) noexcept {
+  for (unsigned i = 0; i < 4; ++i) p[i] = byte_of(v, 24 - 8 * i);
+}
+void put64(std::byte* p, std::uint64_t v) noexcept {
+  for (unsigned i = 0; i < 8; ++i) p[i] = byte_of(v, 56 - 8 * i);
+}
+
+constexpr std::uint32_t u8(const std::byte* p) noexcept { return std::to_integer<std::uint32_t>(p[0]); }
+std::uint16_t get16(const std::byte* p) noexcept {
+  return static_cast<std::uint16_t>(u8(p) << 8 | u8(p + 1));
+}
+std::uint32_t get24(const std::byte* p) noexcept { return u8(p) << 16 | u8(p + 1) << 8 | u8(p + 2); }
+std::uint32_t get32(const std::byte* p) noexcept { return u8(p) << 24 | get24(p + 1); }
+std::uint64_t get64(const std::byte* p) noexcept {
+  return static_cast<std::uint64_t>(get32(p)) << 32 | get32(p + 4);
+}
+
+// --- opcode table (IBTA vol. 1 9.2 and 9.3) ------------------------------------
+
+constexpr std::uint8_t ext_header_size(header_bits h) noexcept {
+  switch (h) {
+    case hdr_rdeth:
+      return 4;
+    case hdr_deth:
+      return 8;
+    case hdr_reth:
+      return 16;
+    case hdr_atmeth:
+      return 28;
+    case hdr_aeth:
+      return 4;
+    case hdr_atmack:
+      return 8;
+    case hdr_immdt:
+      return 4;
+    case hdr_ieth:
+      return 4;
+  }
+  return 0;
+}
+
+constexpr std::uint16_t all_header_bits[] = {hdr_rdeth, hdr_deth,   hdr_reth,  hdr_atmeth,
+                                             hdr_aeth,  hdr_atmack, hdr_immdt, hdr_ieth};
+
+// Shorthands for the rows below.
+constexpr std::uint16_t req = op_request, rsp = op_response, pay = op_payload;
+constexpr std::uint16_t first = op_first, middle = op_middle, last = op_last;
+constexpr std::uint16_t only = op_first | op_last | op_only;
+constexpr std::uint16_t send = op_send, write = op_write, read = op_read, atomic = op_atomic;
+constexpr std::uint16_t ack = op_ack, imm = op_imm, inv = op_inv;
+
+// CNP (RoCEv2 annex A17): the BTH is followed by 16 reserved bytes.
+constexpr std::uint8_t cnp_reserved_size = 16;
+
+struct row {
+  opcode op;
+  transport tp;
+  std::uint16_t headers;
+  std::uint16_t ops;
+  const char* name;
+};
+
+// Names as tshark 4.0 resolves infiniband.bth.opcode, with the transport
+// abbreviated ("Reliable Connection (RC) - SEND Only" -> "RC SEND Only").
+constexpr row rows[] = {
+    {opcode::rc_send_first, transport::rc, 0, req | first | send | pay, "RC SEND First"},
+    {opcode::rc_send_middle, transport::rc, 0, req | middle | send | pay, "RC SEND Middle"},
+    {opcode::rc_send_last, transport::rc, 0, req | last | send | pay, "RC SEND Last"},
+    {opcode::rc_send_last_imm, transport::rc, hdr_immdt, req | last | send | imm | pay,
+     "RC SEND Last with Immediate"},
+    {opcode::rc_send_only, transport::rc, 0, req | only | send | pay, "RC SEND Only"},
+    {opcode::rc_send_only_imm, transport::rc, hdr_immdt, req | only | send | imm | pay,
+     "RC SEND Only with Immediate"},
+    {opcode::rc_write_first, transport::rc, hdr_reth, req | first | write | pay, "RC RDMA WRITE First"},
+    {opcode::rc_write_middle, transport::rc, 0, req | middle | write | pay, "RC RDMA WRITE Middle"},
+    {opcode::rc_write_last, transport::rc, 0, req | last | write | pay, "RC RDMA WRITE Last"},
+    {opcode::rc_write_last_imm, transport::rc, hdr_immdt, req | last | write | imm | pay,
+     "RC RDMA WRITE Last with Immediate"},
+    {opcode::rc_write_only, transport::rc, hdr_reth, req | only | write | pay, "RC RDMA WRITE Only"},
+    {opcode::rc_write_only_imm, transport::rc, hdr_reth | hdr_immdt, req | only | write | imm | pay,
+     "RC RDMA WRITE Only with Immediate"},
+    {opcode::rc_read_request, transport::rc, hdr_reth, req | only | read, "RC RDMA READ Request"},
+    {opcode::rc_read_response_first, transport::rc, hdr_aeth, rsp | first | read | pay,
+     "RC RDMA READ response First"},
+    {opcode::rc_read_response_middle, transport::rc, 0, rsp | middle | read | pay,
+     "RC RDMA READ response Middle"},
+    {opcode::rc_read_response_last, transport::rc, hdr_aeth, rsp | last | read | pay,
+     "RC RDMA READ response Last"},
+    {opcode::rc_read_response_only, transport::rc, hdr_aeth, rsp | only | read | pay,
+     "RC RDMA READ response Only"},
+    {opcode::rc_ack, transport::rc, hdr_aeth, rsp | only | ack, "RC Acknowledge"},
+    {opcode::rc_atomic_ack, transport::rc, hdr_aeth | hdr_atmack, rsp | only | ack | atomic,
+     "RC ATOMIC Acknowledge"},
+    {opcode::rc_compare_swap, transport::rc, hdr_atmeth, req | only | atomic, "RC CmpSwap"},
+    {opcode::rc_fetch_add, transport::rc, hdr_atmeth, req | only | atomic, "RC FetchAdd"},
+    {opcode::rc_send_last_inv, transport::rc, hdr_ieth, req | last | send | inv | pay,
+     "RC SEND Last with Invalidate"},
+    {opcode::rc_send_only_inv, transport::rc, hdr_ieth, req | only | send | inv | pay,
+     "RC SEND Only with Invalidate"},
+
+    {opcode::uc_send_first, transport::uc, 0, req | first | send | pay, "UC SEND First"},
+    {opcode::uc_send_middle, transport::uc, 0, req | middle | send | pay, "UC SEND Middle"},
+    {opcode::uc_send_last, transport::uc, 0, req | last | send | pay, "UC SEND Last"},
+    {opcode::uc_send_last_imm, transport::uc, hdr_immdt, req | last | send | imm | pay,
+     "UC SEND Last with Immediate"},
+    {opcode::uc_send_only, transport::uc, 0, req | only | send | pay, "UC SEND Only"},
+    {opcode::uc_send_only_imm, transport::uc, hdr_immdt, req | only | send | imm | pay,
+     "UC SEND Only with Immediate"},
+    {opcode::uc_write_first, transport::uc, hdr_reth, req | first | write | pay, "UC RDMA WRITE First"},
+    {opcode::uc_write_middle, transport::uc, 0, req | middle | write | pay, "UC RDMA WRITE Middle"},
+    {opcode::uc_write_last, transport::uc, 0, req | last | write | pay, "UC RDMA WRITE Last"},
+    {opcode::uc_write_last_imm, transport::uc, hdr_immdt, req | last | write | imm | pay,
+     "UC RDMA WRITE Last with Immediate"},
+    {opcode::uc_write_only, transport::uc, hdr_reth, req | only | write | pay, "UC RDMA WRITE Only"},
+    {opcode::uc_write_only_imm, transport::uc, hdr_reth | hdr_immdt, req | only | write | imm | pay,
+     "UC RDMA WRITE Only with Immediate"},
+
+    {opcode::ud_send_only, transport::ud, hdr_deth, req | only | send | pay, "UD SEND Only"},
+    {opcode::ud_send_only_imm, transport::ud, hdr_deth | hdr_immdt, req | only | send | imm | pay,
+     "UD SEND Only with Immediate"},
+
+    {opcode::cnp, transport::cnp, 0, 0, "CNP"},
+};
+
+constexpr std::array<opcode_info, 256> make_table() noexcept {
+  std::array<opcode_info, 256> t{};
+  for (const row& r : rows) {
+    opcode_info& i = t[static_cast<std::uint8_t>(r.op)];
+    i.valid = true;
+    i.tp = r.tp;
+    i.headers = r.headers;
+    i.ops = r.ops;
+    std::size_t len = bth_size;
+    for (std::uint16_t h : all_header_bits) {
+      if (r.headers & h) len += ext_header_size(static_cast<header_bits>(h));
+    }
+    if (r.tp == transport::cnp) len += cnp_reserved_size;
+    i.length = static_cast<std::uint8_t>(len);
+    i.name = r.name;
+  }
+  return t;
+}
+
+constexpr std::array<opcode_info, 256> opcode_table = make_table();
+
+static_assert(opcode_table[0x13].length == 40 && opcode_table[0x0B].length == 32 &&
+              opcode_table[0x65].length == 24 && opcode_table[0x81].length == 28);
+static_assert([] {
+  for (const opcode_info& i : opcode_table) {
+    if (i.length > max_header_size) return false;
+  }
+  return true;
+}());
+
+// --- ICRC ---------------------------------------------------------------------
+
+std::uint32_t crc32_update(std::uint32_t crc, const std::byte* p, std::size_t n) noexcept {
+  return n == 0 ? crc : libdeflate_crc32(crc, p, n);
+}
+
+constexpr std::byte all_ones{0xFF};
+
+// Byte 4 of the BTH: FECN, BECN, Resv6 (IBTA A17.3.3 masks it).
+constexpr std::size_t bth_variant_byte = 4;
+
+constexpr std::size_t ipv4_min_header = 20;
+constexpr std::size_t ipv6_header = 40;
+constexpr std::size_t udp_header = 8;
+
+}  // namespace
+
+const opcode_info& info(std::uint8_t op) noexcept { return opcode_table[op]; }
+
+// --- encode / decode ------------------------------------------------------------
+
+std::size_t encode(const transport_headers& h, std::span<std::byte> out) noexcept {
+  const opcode_info& oi = info(h.bth.opcode);
+  if (!oi.valid || out.size() < oi.length) return 0;
+  std::byte* const base = out.data();
+  std::byte* p = base;
+
+  // BTH, IBTA 9.2.  Reserved bits are sent as zero.
+  const bth& b = h.bth;
+  p[0] = static_cast<std::byte>(b.opcode);
+  p[1] =
+      static_cast<std::byte>((b.se ? 0x80 : 0) | (b.mig_req ? 0x40 : 0) | (b.pad & 3) << 4 | (b.tver & 0xF));
+  put16(p + 2, b.pkey);
+  p[4] = static_cast<std::byte>((b.fecn ? 0x80 : 0) | (b.becn ? 0x40 : 0));
+  put24(p + 5, b.dest_qp & qpn_mask);
+  p[8] = static_cast<std::byte>(b.ack_req ? 0x80 : 0);
+  put24(p + 9, b.psn & psn_mask);
+  p += bth_size;
+
+  // Extension headers in wire order, IBTA 9.3.
+  if (oi.headers & hdr_deth) {
+    put32(p, h.deth.qkey);
+    p[4] = std::byte{0};
+    put24(p + 5, h.deth.src_qp & qpn_mask);
+    p += 8;
+  }
+  if (oi.headers & hdr_reth) {
+    put64(p, h.reth.va);
+    put32(p + 8, h.reth.rkey);
+    put32(p + 12, h.reth.length);
+    p += 16;
+  }
+  if (oi.headers & hdr_atmeth) {
+    put64(p, h.atomic.va);
+    put32(p + 8, h.atomic.rkey);
+    put64(p + 12, h.atomic.swap_add);
+    put64(p + 20, h.atomic.compare);
+    p += 28;
+  }
+  if (oi.headers & hdr_aeth) {
+    p[0] = static_cast<std::byte>(h.aeth.syndrome);
+    put24(p + 1, h.aeth.msn & 0xFFFFFF);
+    p += 4;
+  }
+  if (oi.headers & hdr_atmack) {
+    put64(p, h.atomic_ack);
+    p += 8;
+  }
+  if (oi.headers & hdr_immdt) {  // opaque, already in network order
+    std::memcpy(p, &h.imm, 4);
+    p += 4;
+  }
+  if (oi.headers & hdr_ieth) {
+    put32(p, h.ieth_rkey);
+    p += 4;
+  }
+  // Whatever the opcode reserves beyond its headers (CNP's 16 bytes) is zero.
+  const auto written = static_cast<std::size_t>(p - base);
+  std::memset(p, 0, oi.length - written);
+  return oi.length;
+}
+
+namespace {
+
+// Reads the BTH and the extension headers `oi` lists.  The caller checked
+// that `p` holds oi.length bytes.
+void parse_headers(const std::byte* p, const opcode_info& oi, std::uint8_t pad, transport_headers& h) noexcept {
+  const std::uint32_t b1 = u8(p + 1);
+  bth& b = h.bth;
+  b.opcode = std::to_integer<std::uint8_t>(p[0]);
+  b.se = (b1 & 0x80) != 0;
+  b.mig_req = (b1 & 0x40) != 0;
+  b.pad = pad;
+  b.tver = 0;
+  b.pkey = get16(p + 2);
+  b.fecn = (u8(p + 4) & 0x80) != 0;
+  b.becn = (u8(p + 4) & 0x40) != 0;
+  b.dest_qp = get24(p + 5);
+  b.ack_req = (u8(p + 8) & 0x80) != 0;
+  b.psn = get24(p + 9);
+  p += bth_size;
+
+  if (oi.headers & hdr_deth) {
+    h.deth.qkey = get32(p);
+    h.deth.src_qp = get24(p + 5);
+    p += 8;
+  }
+  if (oi.headers & hdr_reth) {
+    h.reth.va = get64(p);
+    h.reth.rkey = get32(p + 8);
+    h.reth.length = get32(p + 12);
+    p += 16;
+  }
+  if (oi.headers & hdr_atmeth) {
+    h.atomic.va = get64(p);
+    h.atomic.rkey = get32(p + 8);
+    h.atomic.swap_add = get64(p + 12);
+    h.atomic.compare = get64(p + 20);
+    p += 28;
+  }
+  if (oi.headers & hdr_aeth) {
+    h.aeth.syndrome = static_cast<std::uint8_t>(u8(p));
+    h.aeth.msn = get24(p + 1);
+    p += 4;
+  }
+  if (oi.headers & hdr_atmack) {
+    h.atomic_ack = get64(p);
+    p += 8;
+  }
+  if (oi.headers & hdr_immdt) {
+    std::memcpy(&h.imm, p, 4);
+    p += 4;
+  }
+  if (oi.headers & hdr_ieth) {
+    h.ieth_rkey = get32(p);
+    p += 4;
+  }
+
+}
+
+}  // namespace
+
+decode_error decode(std::span<const std::byte> pkt, bool has_icrc, packet_view& out) noexcept {
+  out = packet_view{};
+  const std::size_t trailer = has_icrc ? icrc_size : 0;
+  if (pkt.size() < bth_size + trailer) return decode_error::too_short;
+
+  const std::byte* p = pkt.data();
+  const opcode_info& oi = info(std::to_integer<std::uint8_t>(p[0]));
+  if (!oi.valid) return decode_error::bad_opcode;
+  const std::uint32_t b1 = u8(p + 1);
+  if ((b1 & 0xF) != 0) return decode_error::bad_tver;
+  if (pkt.size() < oi.length + trailer) return decode_error::too_short;
+
+  const std::size_t area = pkt.size() - oi.length - trailer;  // payload + pad
+  const std::uint8_t pad = static_cast<std::uint8_t>((b1 >> 4) & 3);
+  if (pad > area) return decode_error::bad_pad;
+  const std::size_t payload_len = area - pad;
+  // Opcodes without payload (READ request, ACK, atomics, CNP) carry no pad
+  // either: any byte after their headers is a length error.
+  if (!(oi.ops & op_payload) && area != 0) return decode_error::bad_length;
+
+  parse_headers(p, oi, pad, out.hdr);
+  out.op = &oi;
+  out.payload = pkt.subspan(oi.length, payload_len);
+  if (has_icrc) out.icrc = load_icrc(pkt.last<icrc_size>());
+  return decode_error::ok;
+}
+
+decode_error decode_headers(std::span<const std::byte> headers, std::size_t payload_len,
+                            packet_view& out) noexcept {
+  out = packet_view{};
+  if (headers.size() < bth_size) return decode_error::too_short;
+  const opcode_info& oi = info(std::to_integer<std::uint8_t>(headers[0]));
+  if (!oi.valid) return decode_error::bad_opcode;
+  const std::uint32_t b1 = u8(headers.data() + 1);
+  if ((b1 & 0xF) != 0) return decode_error::bad_tver;
+  if (headers.size() != oi.length) return decode_error::too_short;
+  const auto pad = static_cast<std::uint8_t>((b1 >> 4) & 3);
+  if (pad != pad_for(payload_len)) return decode_error::bad_pad;
+  if (!(oi.ops & op_payload) && payload_len != 0) return decode_error::bad_length;
+  parse_headers(headers.data(), oi, pad, out.hdr);
+  out.op = &oi;
+  return decode_error::ok;
+}
+
+const char* to_string(decode_error e) noexcept {
+  switch (e) {
+    case decode_error::ok:
+      return "ok";
+    case decode_error::too_short:
+      return "too_short";
+    case decode_error::bad_opcode:
+      return "bad_opcode";
+    case decode_error::bad_tver:
+      return "bad_tver";
+    case decode_error::bad_pad:
+      return "bad_pad";
+    case decode_error::bad_length:
+      return "bad_length";
+  }
+  return "unknown";
+}
+
+// --- ICRC (IBTA vol. 1 annex A17.3.3) ---------------------------------------------
+
+icrc_builder::icrc_builder(std::span<const std::byte> ip_udp) noexcept {
+  // The LRH that RoCEv2 lacks counts as 8 bytes of ones.
+  constexpr std::array<std::byte, 8> masked_lrh{all_ones, all_ones, all_ones, all_ones,
+                                                all_ones, all_ones, all_ones, all_ones};
+  crc_ = crc32_update(0, masked_lrh.data(), masked_lrh.size());
+
+  // Room for an IPv4 header with options (IHL 15) and the UDP header.
+  std::array<std::byte, 60 + udp_header> buf{};
+  const std::size_t n = std::min(ip_udp.size(), buf.size());
+  std::copy_n(ip_udp.begin(), n, buf.begin());
+  auto mask = [&](std::size_t i) {
+    if (i < n) buf[i] = all_ones;
+  };
+  std::size_t udp_offset = ipv4_min_header;
+  if (n > 0 && (u8(buf.data()) >> 4) == 6) {
+    buf[0] |= std::byte{0x0F};  // traffic class (high nibble), flow label
+    mask(1), mask(2), mask(3);
+    mask(7);  // hop limit
+    udp_offset = ipv6_header;
+  } else {
+    mask(1);             // TOS
+    mask(8);             // TTL
+    mask(10), mask(11);  // header checksum
+    if (n > 0) udp_offset = (u8(buf.data()) & 0xF) * 4u;
+  }
+  mask(udp_offset + 6), mask(udp_offset + 7);  // UDP checksum
+  crc_ = crc32_update(crc_, buf.data(), n);
+  crc_ = crc32_update(crc_, ip_udp.data() + n, ip_udp.size() - n);
+}
+
+void icrc_builder::add(std::span<const std::byte> bytes) noexcept {
+  if (!started_ && !bytes.empty()) {
+    started_ = true;
+    std::array<std::byte, bth_size> bth_copy{};
+    const std::size_t n = std::min(bytes.size(), bth_size);
+    std::copy_n(bytes.begin(), n, bth_copy.begin());
+    if (n > bth_variant_byte) bth_copy[bth_variant_byte] = all_ones;
+    crc_ = crc32_update(crc_, bth_copy.data(), n);
+    bytes = bytes.subspan(n);
+  }
+  crc_ = crc32_update(crc_, bytes.data(), bytes.size());
+}
+
+std::uint32_t icrc_builder::value() const noexcept { return crc_; }
+
+void store_icrc(std::uint32_t icrc, std::span<std::byte, 4> out) noexcept {
+  for (unsigned i = 0; i < 4; ++i) out[i] = byte_of(icrc, 8 * i);
+}
+
+std::uint32_t load_icrc(std::span<const std::byte, 4> in) noexcept {
+  return u8(&in[0]) | u8(&in[1]) << 8 | u8(&in[2]) << 16 | u8(&in[3]) << 24;
+}
+
+std::uint32_t icrc(std::span<const std::byte> ip_udp, std::span<const std::byte> transport) noexcept {
+  icrc_builder b(ip_udp);
+  b.add(transport);
+  return b.value();
+}
+
+// --- IP and UDP -----------------------------------------------------------------------
+
+bool is_ipv4_mapped(std::span<const std::byte, 16> gid) noexcept {
+  for (std::size_t i = 0; i < 10; ++i) {
+    if (gid[i] != std::byte{0}) return false;
+  }
+  return gid[10] == all_ones && gid[11] == all_ones;
+}
+
+std::size_t build_ip_udp(const ip_udp_params& p, std::size_t transport_len,
+                         std::span<std::byte> out) noexcept {
+  const bool v4 = is_ipv4_mapped(p.src_gid);
+  if (v4 != is_ipv4_mapped(p.dst_gid)) return 0;
+  const std::size_t ip_len = v4 ? ipv4_min_header : ipv6_header;
+  if (out.size() < ip_len + udp_header) return 0;
+  // IPv4 total length and IPv6 payload length are 16-bit fields.
+  const std::size_t length_field_max = v4 ? 0xFFFF - ipv4_min_header - udp_header : 0xFFFF - udp_header;
+  if (transport_len > length_field_max) return 0;
+  const auto udp_len = static_cast<std::uint16_t>(udp_header + transport_len);
+  std::byte* ip = out.data();
+
+  if (v4) {  // RFC 791
+    ip[0] = std::byte{0x45};
+    ip[1] = static_cast<std::byte>(p.traffic_class);
+    put16(ip + 2, static_cast<std::uint16_t>(ipv4_min_header + udp_len));
+    put16(ip + 4, p.ip_id);
+    put16(ip + 6, 0x4000);  // DF, fragment offset 0
+    ip[8] = static_cast<std::byte>(p.hop_limit);
+    ip[9] = std::byte{17};  // UDP
+    put16(ip + 10, 0);
+    std::copy_n(p.src_gid.begin() + 12, 4, ip + 12);
+    std::copy_n(p.dst_gid.begin() + 12, 4, ip + 16);
+    std::uint32_t sum = 0;
+    for (std::size_t i = 0; i < ipv4_min_header; i += 2) sum += get16(ip + i);
+    while (sum >> 16) sum = (sum & 0xFFFF) + (sum >> 16);
+    put16(ip + 10, static_cast<std::uint16_t>(~sum));
+  } else {  // RFC 8200
+    const std::uint32_t word0 = 6u << 28 | std::uint32_t{p.traffic_class} << 20 | (p.flow_label & 0xFFFFF);
+    put32(ip, word0);
+    put16(ip + 4, udp_len);
+    ip[6] = std::byte{17};  // next header: UDP
+    ip[7] = static_cast<std::byte>(p.hop_limit);
+    std::copy(p.src_gid.begin(), p.src_gid.end(), ip + 8);
+    std::copy(p.dst_gid.begin(), p.dst_gid.end(), ip + 24);
+  }
+
+  std::byte* udp = ip + ip_len;
+  put16(udp, p.src_port);
+  put16(udp + 2, p.dst_port);
+  put16(udp + 4, udp_len);
+  put16(udp + 6, 0);  // rxe sends no UDP checksum, over IPv4 and IPv6 alike
+  return ip_len + udp_header;
+}
+
+std::uint16_t udp_source_port(std::uint32_t flow_label, std::uint32_t lqpn, std::uint32_t rqpn) noexcept {
+  std::uint32_t fl = flow_label;
+  if (fl == 0) {
+    std::uint64_t v = std::uint64_t{lqpn} * rqpn;
+    v ^= v >> 20;
+    v ^= v >> 40;
+    fl = static_cast<std::uint32_t>(v & 0xFFFFF);
+  }
+  // Fold the 20-bit flow label to 14 bits; RoCEv2 source ports are 0xC000-0xFFFF.
+  const std::uint32_t folded = (fl & 0x3FFF) ^ ((fl & 0xFC000) >> 14);
+  return static_cast<std::uint16_t>(folded | 0xC000);
+}
+
+// --- timers -------------------------------------------------------------------------
+
+std::uint64_t rnr_timer_ns(std::uint8_t code) noexcept {
+  // IBTA 9.7.5.1.1 RNR NAK timer codes, in units of 10 us; code 0 is the
+  // longest (655.36 ms).  Codes above 31 use their low 5 bits.
+  static constexpr std::uint32_t ten_us[32] = {
+      65536, 1,   2,   3,   4,    6,    8,    12,   16,   24,   32,   48,    64,    96,    128,   192,
+      256,   384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288, 16384, 24576, 32768, 49152};
+  return std::uint64_t{ten_us[code & 0x1F]} * 10'000;
+}
+
+std::uint64_t ack_timeout_ns(std::uint8_t timeout) noexcept {
+  if (timeout == 0) return 0;
+  return std::uint64_t{4096} << std::min<unsigned>(timeout, 31);
+}
+
+}  // namespace averbs::wire

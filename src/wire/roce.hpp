@@ -1,0 +1,312 @@
+// SPDX-License-Identifier: MIT
+// RoCEv2 transport codec: the InfiniBand base and extended transport headers
+// (IBTA vol. 1 ch. 9), the opcode table, the ICRC and rxe's UDP source port.
+//
+// Implementation overview
+// -----------------------
+// The engine keeps headers decoded in `transport_headers` and serialises
+// them with `encode()` into a small buffer in front of the payload; the
+// payload itself travels separately (zero copy).  `decode()` validates a
+// received packet (BTH, extension headers for its opcode, pad, lengths) and
+// returns views into the caller's bytes; it never reads past the span and
+// never trusts a length field.  All multi-byte fields are big-endian on the
+// wire; ImmDt stays in network order (verbs hands it to the user unchanged).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <system_error>
+
+namespace averbs::wire {
+
+inline constexpr std::uint16_t roce_udp_port = 4791;
+inline constexpr std::size_t bth_size = 12;
+inline constexpr std::size_t icrc_size = 4;
+inline constexpr std::uint32_t gsi_qkey = 0x80010000;  // QP1's Q_Key
+inline constexpr std::uint16_t default_pkey = 0xFFFF;
+inline constexpr std::uint32_t psn_mask = 0xFFFFFF;
+inline constexpr std::uint32_t qpn_mask = 0xFFFFFF;
+
+/// Transport opcodes (BTH byte 0): transport in bits 7:5, operation in 4:0.
+enum class opcode : std::uint8_t {
+  rc_send_first = 0x00,
+  rc_send_middle = 0x01,
+  rc_send_last = 0x02,
+  rc_send_last_imm = 0x03,
+  rc_send_only = 0x04,
+  rc_send_only_imm = 0x05,
+  rc_write_first = 0x06,
+  rc_write_middle = 0x07,
+  rc_write_last = 0x08,
+  rc_write_last_imm = 0x09,
+  rc_write_only = 0x0A,
+  rc_write_only_imm = 0x0B,
+  rc_read_request = 0x0C,
+  rc_read_response_first = 0x0D,
+  rc_read_response_middle = 0x0E,
+  rc_read_response_last = 0x0F,
+  rc_read_response_only = 0x10,
+  rc_ack = 0x11,
+  rc_atomic_ack = 0x12,
+  rc_compare_swap = 0x13,
+  rc_fetch_add = 0x14,
+  rc_send_last_inv = 0x16,
+  rc_send_only_inv = 0x17,
+
+  uc_send_first = 0x20,
+  uc_send_middle = 0x21,
+  uc_send_last = 0x22,
+  uc_send_last_imm = 0x23,
+  uc_send_only = 0x24,
+  uc_send_only_imm = 0x25,
+  uc_write_first = 0x26,
+  uc_write_middle = 0x27,
+  uc_write_last = 0x28,
+  uc_write_last_imm = 0x29,
+  uc_write_only = 0x2A,
+  uc_write_only_imm = 0x2B,
+
+  ud_send_only = 0x64,
+  ud_send_only_imm = 0x65,
+
+  cnp = 0x81,  // congestion notification: received and dropped
+};
+
+enum class transport : std::uint8_t { rc = 0, uc = 1, rd = 2, ud = 3, cnp = 4, invalid = 0xFF };
+
+/// Which extension headers follow the BTH, in wire order.
+enum header_bits : std::uint16_t {
+  hdr_rdeth = 1u << 0,
+  hdr_deth = 1u << 1,
+  hdr_reth = 1u << 2,
+  hdr_atmeth = 1u << 3,
+  hdr_aeth = 1u << 4,
+  hdr_atmack = 1u << 5,
+  hdr_immdt = 1u << 6,
+  hdr_ieth = 1u << 7,
+};
+
+/// Properties of an opcode, from the IBTA tables (and rxe's rxe_opcode.c).
+enum op_bits : std::uint16_t {
+  op_request = 1u << 0,    ///< sent by a requester (SEND, WRITE, READ req, atomics)
+  op_response = 1u << 1,   ///< sent by a responder (ACK, READ response, atomic ACK)
+  op_first = 1u << 2,
+  op_middle = 1u << 3,
+  op_last = 1u << 4,       ///< LAST or ONLY
+  op_only = 1u << 5,       ///< ONLY implies first and last too
+  op_send = 1u << 6,
+  op_write = 1u << 7,
+  op_read = 1u << 8,       ///< READ request or READ response
+  op_atomic = 1u << 9,     ///< compare-swap or fetch-add request, or atomic ACK
+  op_ack = 1u << 10,       ///< ACK or atomic ACK
+  op_imm = 1u << 11,
+  op_inv = 1u << 12,
+  op_payload = 1u << 13,   ///< may carry payload
+};
+
+struct opcode_info {
+  bool valid = false;
+  transport tp = transport::invalid;
+  std::uint16_t headers = 0;  ///< header_bits
+  std::uint16_t ops = 0;      ///< op_bits
+  std::uint8_t length = 0;    ///< BTH + extension headers, bytes
+  const char* name = "";      ///< as Wireshark names it, e.g. "RC SEND Only"
+};
+
+/// The table entry for an opcode byte; `valid` is false for unassigned ones.
+const opcode_info& info(std::uint8_t op) noexcept;
+inline const opcode_info& info(opcode op) noexcept { return info(static_cast<std::uint8_t>(op)); }
+
+struct bth {
+  std::uint8_t opcode = 0;
+  bool se = false;        ///< solicited event
+  bool mig_req = false;   ///< sent as 0, ignored on receive
+  std::uint8_t pad = 0;   ///< 0..3
+  std::uint8_t tver = 0;  ///< must be 0
+  std::uint16_t pkey = default_pkey;
+  bool fecn = false, becn = false;
+  std::uint32_t dest_qp = 0;  ///< 24 bits
+  bool ack_req = false;
+  std::uint32_t psn = 0;      ///< 24 bits
+};
+
+struct reth {
+  std::uint64_t va = 0;
+  std::uint32_t rkey = 0;
+  std::uint32_t length = 0;  ///< the whole message's length
+};
+
+struct aeth {
+  std::uint8_t syndrome = 0;  ///< bit 7 zero; 6:5 type; 4:0 value
+  std::uint32_t msn = 0;      ///< 24 bits
+};
+
+struct atomic_eth {
+  std::uint64_t va = 0;
+  std::uint32_t rkey = 0;
+  std::uint64_t swap_add = 0;
+  std::uint64_t compare = 0;
+};
+
+struct deth {
+  std::uint32_t qkey = 0;
+  std::uint32_t src_qp = 0;  ///< 24 bits
+};
+
+/// Every header of one packet.  `bth.opcode` decides which of the others are
+/// present on the wire; absent ones are ignored by `encode()` and left
+/// value-initialised by `decode()`.
+struct transport_headers {
+  wire::bth bth;
+  wire::deth deth;
+  wire::reth reth;
+  wire::atomic_eth atomic;
+  wire::aeth aeth;
+  std::uint64_t atomic_ack = 0;  ///< AtomicAckETH: the original remote value
+  std::uint32_t imm = 0;         ///< ImmDt, network byte order (opaque)
+  std::uint32_t ieth_rkey = 0;   ///< IETH: the R_Key to invalidate
+};
+
+/// Largest BTH + extension-header length of any opcode (CMP_SWAP: 40).
+inline constexpr std::size_t max_header_size = 48;
+
+/// Serialises the headers for `h.bth.opcode` into `out`, which must hold
+/// `info(op).length` bytes.  Returns the number of bytes written, or 0 if
+/// the opcode is not valid or `out` is too small.  Field values are masked
+/// to their widths.
+std::size_t encode(const transport_headers& h, std::span<std::byte> out) noexcept;
+
+/// Pad count for a payload length: `(-len) & 3`.
+constexpr std::uint8_t pad_for(std::size_t payload_len) noexcept {
+  return static_cast<std::uint8_t>((0u - payload_len) & 3u);
+}
+
+/// Why a received packet was refused.  Every refusal is a silent drop on
+/// the wire (rxe counts them); the engine counts them per reason.
+enum class decode_error {
+  ok = 0,
+  too_short,           ///< shorter than the BTH + its headers (+ ICRC)
+  bad_opcode,          ///< unassigned opcode
+  bad_tver,            ///< transport header version not 0
+  bad_pad,             ///< pad count longer than the payload area
+  bad_length,          ///< payload beyond what the opcode allows
+};
+const char* to_string(decode_error e) noexcept;
+
+/// A received packet, viewed in place.
+struct packet_view {
+  transport_headers hdr;
+  const opcode_info* op = nullptr;
+  std::span<const std::byte> payload;  ///< without pad and ICRC
+  std::uint32_t icrc = 0;              ///< as found on the wire (if present)
+};
+
+/// Parses `pkt` (BTH first).  If `has_icrc`, the last 4 bytes are the ICRC
+/// and are excluded from the payload (the caller verifies them with
+/// `icrc_*`).  Does not check the ICRC.
+decode_error decode(std::span<const std::byte> pkt, bool has_icrc, packet_view& out) noexcept;
+
+/// Parses the BTH and extension headers of a packet whose payload is held
+/// elsewhere (the engine's zero-copy path).  `headers` holds exactly the
+/// opcode's header length; `payload_len` is the payload without pad.  The
+/// same checks as `decode()` apply; `out.payload` is left empty.
+decode_error decode_headers(std::span<const std::byte> headers, std::size_t payload_len,
+                            packet_view& out) noexcept;
+
+// ---------------------------------------------------------------------------
+// ICRC (IBTA vol. 1 annex A17.3.3): CRC-32 over 8 bytes of 0xFF (the masked
+// LRH), the IP header, the UDP header and the transport packet, with the
+// variant fields set to all ones (IPv4 TOS, TTL, checksum; IPv6 traffic
+// class, flow label, hop limit; UDP checksum; BTH byte 4).  Sent
+// least-significant byte first.
+
+/// Accumulates the ICRC of one packet whose transport bytes may arrive in
+/// several pieces (headers, then payload straight from memory, then pad).
+class icrc_builder {
+ public:
+  /// `ip_udp` is the IPv4 (20 bytes, no options) or IPv6 (40 bytes) header
+  /// followed by the UDP header, exactly as on the wire.
+  explicit icrc_builder(std::span<const std::byte> ip_udp) noexcept;
+  /// Adds transport bytes.  The first call must start with the BTH (its
+  /// byte 4 is masked); later calls add what follows.
+  void add(std::span<const std::byte> bytes) noexcept;
+  /// The ICRC value; store it with `store_icrc()`.
+  std::uint32_t value() const noexcept;
+
+ private:
+  std::uint32_t crc_;
+  bool started_ = false;
+};
+
+/// Writes the ICRC in wire order (least-significant byte first).
+void store_icrc(std::uint32_t icrc, std::span<std::byte, 4> out) noexcept;
+std::uint32_t load_icrc(std::span<const std::byte, 4> in) noexcept;
+
+/// The ICRC of a complete packet given as IP+UDP headers and transport bytes
+/// (BTH ... pad, without the ICRC).
+std::uint32_t icrc(std::span<const std::byte> ip_udp, std::span<const std::byte> transport) noexcept;
+
+// ---------------------------------------------------------------------------
+// IP and UDP headers as RoCEv2 (and rxe) writes them.
+
+struct ip_udp_params {
+  std::array<std::byte, 16> src_gid{};  ///< IPv4-mapped (::ffff:a.b.c.d) or IPv6
+  std::array<std::byte, 16> dst_gid{};
+  std::uint16_t src_port = 0;           ///< UDP source port (entropy)
+  std::uint16_t dst_port = roce_udp_port;
+  std::uint8_t traffic_class = 0;       ///< IPv4 TOS / IPv6 traffic class
+  std::uint8_t hop_limit = 64;          ///< IPv4 TTL / IPv6 hop limit
+  std::uint32_t flow_label = 0;         ///< IPv6 only (rxe sends 0)
+  std::uint16_t ip_id = 0;              ///< IPv4 identification (0 with DF)
+};
+
+/// True if the GID is an IPv4-mapped IPv6 address (::ffff:a.b.c.d).
+bool is_ipv4_mapped(std::span<const std::byte, 16> gid) noexcept;
+
+/// Writes the IPv4 (20 bytes, DF set, valid checksum) or IPv6 (40 bytes)
+/// header and the UDP header (checksum 0) for a transport packet of
+/// `transport_len` bytes including the ICRC.  IPv4 is used when both GIDs
+/// are IPv4-mapped.  Returns the bytes written (28 or 48), 0 if `out` is
+/// too small or the GIDs mix families.
+std::size_t build_ip_udp(const ip_udp_params& p, std::size_t transport_len,
+                         std::span<std::byte> out) noexcept;
+
+/// rxe's UDP source port for a QP pair (rdma_get_udp_sport): the flow label
+/// if non-zero, else one derived from the QP numbers, folded to 14 bits and
+/// offset by 0xC000.
+std::uint16_t udp_source_port(std::uint32_t flow_label, std::uint32_t lqpn, std::uint32_t rqpn) noexcept;
+
+// ---------------------------------------------------------------------------
+// AETH syndromes (IBTA 9.7.5.1.1).
+
+enum class aeth_type : std::uint8_t { ack = 0, rnr_nak = 1, reserved = 2, nak = 3 };
+enum class nak_code : std::uint8_t {
+  psn_sequence_error = 0,
+  invalid_request = 1,
+  remote_access_error = 2,
+  remote_operational_error = 3,
+  invalid_rd_request = 4,
+};
+
+inline constexpr std::uint8_t aeth_ack_unlimited = 0x1F;  ///< ACK, credits invalid
+constexpr std::uint8_t aeth_rnr_nak(std::uint8_t timer) noexcept { return 0x20 | (timer & 0x1F); }
+constexpr std::uint8_t aeth_nak(nak_code c) noexcept { return 0x60 | static_cast<std::uint8_t>(c); }
+constexpr aeth_type aeth_type_of(std::uint8_t syndrome) noexcept {
+  return static_cast<aeth_type>((syndrome >> 5) & 3);
+}
+
+/// The RNR NAK timer code's delay in nanoseconds (code 0 is 655.36 ms).
+std::uint64_t rnr_timer_ns(std::uint8_t code) noexcept;
+
+/// The local ACK timeout for a `timeout` attribute: 4.096 us * 2^t; 0 means
+/// no retransmission timer.
+std::uint64_t ack_timeout_ns(std::uint8_t timeout) noexcept;
+
+/// PSN arithmetic modulo 2^24: negative if a precedes b.
+constexpr std::int32_t psn_compare(std::uint32_t a, std::uint32_t b) noexcept {
+  return static_cast<std::int32_t>((a - b) << 8);
+}
+
+}  // namespace averbs::wire

@@ -254,9 +254,11 @@ struct qp_t {
     std::uint32_t psn = 0;        // oldest PSN not yet acknowledged
     std::uint8_t retry_left = 0;
     std::uint8_t rnr_left = 0;
-    bool timer_armed = false;
+    bool timer_armed = false;      // the retransmit deadline below is live
+    bool timer_scheduled = false;  // a heap entry of this generation exists
     bool rnr_waiting = false;
-    std::uint64_t timer_gen = 0;  // stale timers carry an older generation
+    std::uint64_t timer_gen = 0;   // stale heap entries carry an older one
+    clock::time_point deadline{};
   } comp;
 
   struct responder {
@@ -278,6 +280,7 @@ struct qp_t {
     std::byte* target = nullptr;  // host pointer of va (null: via accessor)
     std::uint64_t target_addr = 0;
     std::uint32_t last_ack_psn = 0;
+    bool ack_pending = false;      // a coalesced ACK waits for the queue to drain
     std::vector<rd_resource> resources;
     std::uint32_t res_head = 0;
   } resp;
@@ -454,6 +457,10 @@ class device final : public progress_source, public clock_listener {
   void complete_wqes(qp_t* qp) noexcept;
   void retry(qp_t* qp, bool from_timeout) noexcept;
   void arm_retry_timer(qp_t* qp) noexcept;
+  void disarm_timers(qp_t* qp) noexcept;
+  void schedule_qp_timer(qp_t* qp, clock::time_point when, bool rnr) noexcept;
+  void flush_ack(qp_t* qp) noexcept;
+  void flush_acks() noexcept;
   void on_qp_timer(std::uint32_t qpn, std::uint64_t gen, bool rnr) noexcept;
   void qp_to_error(qp_t* qp) noexcept;
   void flush_qp(qp_t* qp) noexcept;
@@ -504,6 +511,8 @@ class device final : public progress_source, public clock_listener {
   packet* rx_head_ = nullptr;
   packet* rx_tail_ = nullptr;
   std::deque<qp_t*> req_ready_;
+  std::vector<qp_t*> ack_ready_;  // QPs with a coalesced ACK to send
+  std::uint32_t polls_ = 0;
   packet* free_packets_ = nullptr;
   std::vector<std::unique_ptr<packet>> packet_store_;
   std::vector<std::unique_ptr<std::byte[]>> buffer_store_;

@@ -252,8 +252,7 @@ std::error_code device::modify_qp(qp_t* qp, const qp_attr& a, std::uint32_t mask
   switch (next) {
     case qp_state::reset: {
       // Discard all queued work without completions (IBTA 10.3.1).
-      qp->comp.timer_gen++;
-      qp->comp.timer_armed = false;
+      disarm_timers(qp);
       qp->sq.release(qp->sq.producer());
       if (qp->srq == nullptr) qp->rq.release(qp->rq.producer());
       qp->req = {};
@@ -346,8 +345,7 @@ void device::qp_to_error(qp_t* qp) noexcept {
     return;
   }
   qp->state = qp_state::err;
-  qp->comp.timer_gen++;
-  qp->comp.timer_armed = false;
+  disarm_timers(qp);
   qp->comp.rnr_waiting = false;
   flush_qp(qp);
   // IBTA 11.6.3.3: a QP attached to an SRQ reports its last WQE.
@@ -446,11 +444,9 @@ std::error_code device::destroy_qp(qp_t* qp) {
     qp->state = qp_state::err;
     flush_qp(qp);
   }
-  qp->comp.timer_gen++;
-  for (auto it = req_ready_.begin(); it != req_ready_.end();) {
-    if (*it == qp) it = req_ready_.erase(it);
-    else ++it;
-  }
+  disarm_timers(qp);
+  std::erase(req_ready_, qp);
+  std::erase(ack_ready_, qp);
   auto drop_cq = [this](cq_t* cq) {
     if (--cq->users == 0 && cq->released) {
       const std::uint32_t i = cq->handle;
@@ -535,9 +531,13 @@ std::error_code device::post_one_send(qp_t* qp, const send_wr& wr) noexcept {
 
   const std::uint32_t p = qp->sq.producer();
   auto* w = qp->sq.at<send_wqe>(p);
-  std::memset(w, 0, sizeof *w);
   w->wr_id = wr.wr_id;
   w->opcode = static_cast<std::uint8_t>(op);
+  w->mw_type = 0;
+  w->num_sge = 0;
+  w->inline_len = 0;
+  w->ah = 0;
+  w->mw = 0;
   w->flags = wr.flags;
   w->imm = wr.imm_data;
   w->length = static_cast<std::uint32_t>(length);

@@ -50,6 +50,15 @@ std::uint8_t data_opcode(qp_type t, wr_opcode op, bool first, bool last) {
   return static_cast<std::uint8_t>(base + o);
 }
 
+// One past the last WQE with packets on the wire: the requester's current
+// WQE counts once it has started (a message longer than the window is
+// acknowledged while it is still being sent).
+std::uint32_t outstanding_end(const qp_t* qp) {
+  const std::uint32_t i = qp->req.wqe_index;
+  if (i != qp->sq.producer() && qp->sq_state[i & (qp->sq.size() - 1)].state == wqe_state::processing) return i + 1;
+  return i;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -58,9 +67,10 @@ std::uint8_t data_opcode(qp_type t, wr_opcode op, bool first, bool last) {
 packet* device::new_packet(qp_t* qp, wire::opcode op, std::uint32_t psn) noexcept {
   packet* p = alloc_packet();
   if (p == nullptr) return nullptr;
-  p->hdr = wire::transport_headers{};
+  // Only the BTH is reset: encode() reads just the extension headers the
+  // opcode carries, and each sender sets those.
+  p->hdr.bth = wire::bth{};
   p->hdr.bth.opcode = static_cast<std::uint8_t>(op);
-  p->hdr.bth.pkey = wire::default_pkey;
   p->hdr.bth.dest_qp = qp->dest_qpn;
   p->hdr.bth.psn = psn & wire::psn_mask;
   p->src = qp->sgid;
@@ -78,7 +88,26 @@ void device::finish_packet(qp_t*, packet* p) noexcept {
   transmit(p);
 }
 
+// A positive ACK waits until the receive queue drains, so one ACK covers a
+// burst (IBTA 9.7.5.1.2: an ACK acknowledges every earlier PSN).  Anything
+// else the responder sends goes after it.
+void device::flush_ack(qp_t* qp) noexcept {
+  if (!qp->resp.ack_pending) return;
+  qp->resp.ack_pending = false;
+  packet* p = new_packet(qp, opcode::rc_ack, qp->resp.last_ack_psn);
+  if (p == nullptr) return;
+  p->hdr.aeth.syndrome = wire::aeth_ack_unlimited;
+  p->hdr.aeth.msn = qp->resp.msn & 0xFFFFFF;
+  finish_packet(qp, p);
+}
+
+void device::flush_acks() noexcept {
+  for (qp_t* qp : ack_ready_) flush_ack(qp);
+  ack_ready_.clear();
+}
+
 void device::send_ack(qp_t* qp, std::uint8_t syndrome, std::uint32_t psn) noexcept {
+  flush_ack(qp);
   packet* p = new_packet(qp, opcode::rc_ack, psn);
   if (p == nullptr) return;
   p->hdr.aeth.syndrome = syndrome;
@@ -87,6 +116,7 @@ void device::send_ack(qp_t* qp, std::uint8_t syndrome, std::uint32_t psn) noexce
 }
 
 void device::send_atomic_ack(qp_t* qp, std::uint32_t psn, std::uint64_t orig) noexcept {
+  flush_ack(qp);
   packet* p = new_packet(qp, opcode::rc_atomic_ack, psn);
   if (p == nullptr) return;
   p->hdr.aeth.syndrome = wire::aeth_ack_unlimited;
@@ -103,6 +133,18 @@ bool device::copy_from_sges(pd_t* pd, wqe_sge* sges, std::uint32_t nsge, std::ui
   p->nsegs = 0;
   p->payload_len = len;
   if (len == 0) return true;
+  if (nsge == 1) {  // the common case, without the general walk
+    const wqe_sge& g = sges[0];
+    mr_t* mr = lookup_lkey(pd, g.lkey);
+    if (mr == nullptr || g.addr < mr->iova || g.length > mr->length || g.addr - mr->iova > mr->length - g.length ||
+        offset > g.length || len > g.length - offset)
+      return false;
+    if (mr->host != nullptr) {
+      p->segs[0] = {mr->host + (g.addr - mr->iova) + offset, len};
+      p->nsegs = 1;
+      return true;
+    }
+  }
   std::uint32_t i = 0;
   while (i < nsge && offset >= sges[i].length) offset -= sges[i++].length;
   bool by_ref = true;
@@ -183,6 +225,10 @@ struct payload_reader {
 
 bool device::write_host(std::byte* host, std::uint64_t addr, const packet* p, std::uint32_t skip,
                         std::uint32_t len) noexcept {
+  if (host != nullptr && p->nsegs == 1 && skip + len <= p->segs[0].len) {
+    std::memcpy(host, p->segs[0].p + skip, len);
+    return true;
+  }
   payload_reader r{p};
   r.skip(skip);
   bool ok = true;
@@ -235,21 +281,34 @@ struct timer_cookie {
 };
 }  // namespace
 
-void device::arm_retry_timer(qp_t* qp) noexcept {
-  if (qp->type != qp_type::rc || qp->timeout == 0) return;  // timeout 0: no retransmission timer
-  const auto deadline = clock_->now() + std::chrono::nanoseconds(wire::ack_timeout_ns(qp->timeout));
-  qp->comp.timer_armed = true;
-  qp->comp.timer_gen++;
+void device::schedule_qp_timer(qp_t* qp, clock::time_point when, bool rnr) noexcept {
   try {
-    if (timers_.schedule(deadline,
+    if (timers_.schedule(when,
                          [](void* arg, const detail::timer_payload& pl) noexcept {
-                           auto* d = static_cast<device*>(arg);
-                           d->on_qp_timer(static_cast<std::uint32_t>(pl.a), pl.b >> 1, (pl.b & 1) != 0);
+                           static_cast<device*>(arg)->on_qp_timer(static_cast<std::uint32_t>(pl.a), pl.b >> 1,
+                                                                  (pl.b & 1) != 0);
                          },
-                         this, {qp->qpn, timer_cookie::pack(false, qp->comp.timer_gen), {}}))
+                         this, {qp->qpn, timer_cookie::pack(rnr, qp->comp.timer_gen), {}}))
       rearm_timer_fd();
   } catch (...) {
   }
+}
+
+void device::arm_retry_timer(qp_t* qp) noexcept {
+  if (qp->type != qp_type::rc || qp->timeout == 0) return;  // timeout 0: no retransmission timer
+  qp->comp.deadline = clock_->now() + std::chrono::nanoseconds(wire::ack_timeout_ns(qp->timeout));
+  qp->comp.timer_armed = true;
+  if (!qp->comp.timer_scheduled) {
+    qp->comp.timer_scheduled = true;
+    schedule_qp_timer(qp, qp->comp.deadline, false);
+  }
+}
+
+// Invalidates every timer of the QP (reset, error, RNR wait).
+void device::disarm_timers(qp_t* qp) noexcept {
+  qp->comp.timer_gen++;
+  qp->comp.timer_armed = false;
+  qp->comp.timer_scheduled = false;
 }
 
 void device::on_qp_timer(std::uint32_t qpn, std::uint64_t gen, bool rnr) noexcept {
@@ -262,6 +321,13 @@ void device::on_qp_timer(std::uint32_t qpn, std::uint64_t gen, bool rnr) noexcep
     qp->comp.rnr_waiting = false;
     retry(qp, false);
   } else {
+    qp->comp.timer_scheduled = false;
+    if (!qp->comp.timer_armed) return;
+    if (clock_->now() < qp->comp.deadline) {  // progress moved the deadline
+      qp->comp.timer_scheduled = true;
+      schedule_qp_timer(qp, qp->comp.deadline, false);
+      return;
+    }
     qp->comp.timer_armed = false;
     if (qp->comp.psn == qp->req.psn) return;  // nothing outstanding
     retry(qp, true);
@@ -289,7 +355,7 @@ void device::retry(qp_t* qp, bool count) noexcept {
   ++counters_.retransmits;
   const std::uint32_t mask = qp->sq.size() - 1;
   std::uint32_t i = qp->sq.consumer();
-  const std::uint32_t end = qp->req.wqe_index;
+  const std::uint32_t end = outstanding_end(qp);
   bool first = true;
   for (; i != end; ++i) {
     send_state& st = qp->sq_state[i & mask];
@@ -896,13 +962,17 @@ void device::respond(qp_t* qp, packet* p) noexcept {
   r.last_opcode = p->hdr.bth.opcode;
   r.psn = psn_add(psn, 1);
   if (rc && p->hdr.bth.ack_req) {
-    send_ack(qp, wire::aeth_ack_unlimited, psn);
     r.last_ack_psn = psn;
+    if (!r.ack_pending) {
+      r.ack_pending = true;
+      ack_ready_.push_back(qp);
+    }
   }
 }
 
 void device::send_read_responses(qp_t* qp, std::uint32_t from_psn, std::byte* host, std::uint64_t addr,
                                  std::uint32_t length) noexcept {
+  flush_ack(qp);
   const std::uint32_t mtu = qp->mtu_bytes;
   const std::uint32_t n = packets_for(length, mtu);
   for (std::uint32_t k = 0; k < n; ++k) {
@@ -981,8 +1051,9 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
 
   // Completes SEND/WRITE WQEs wholly below `limit` (implied ACK); stops at
   // a READ/atomic whose responses are missing (P6).
+  const std::uint32_t end = outstanding_end(qp);
   auto ack_below = [&](std::uint32_t limit) -> bool {
-    for (std::uint32_t i = qp->sq.consumer(); i != qp->req.wqe_index; ++i) {
+    for (std::uint32_t i = qp->sq.consumer(); i != end; ++i) {
       send_state& st = qp->sq_state[i & mask];
       if (st.state == wqe_state::done) continue;
       if (!psn_before(st.last_psn, limit)) return true;
@@ -1005,7 +1076,7 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
       if (qp->comp.rnr_left == 0) {
         const std::uint32_t i = qp->sq.consumer();
         complete_wqes(qp);
-        for (std::uint32_t k = qp->sq.consumer(); k != qp->req.wqe_index; ++k) {
+        for (std::uint32_t k = qp->sq.consumer(); k != end; ++k) {
           send_state& st = qp->sq_state[k & mask];
           if (st.state == wqe_state::done) continue;
           st.state = wqe_state::done;
@@ -1018,20 +1089,9 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
       }
       --qp->comp.rnr_left;
     }
+    disarm_timers(qp);
     qp->comp.rnr_waiting = true;
-    qp->comp.timer_gen++;
-    qp->comp.timer_armed = false;
-    try {
-      const auto deadline = clock_->now() + std::chrono::nanoseconds(wire::rnr_timer_ns(syn & 0x1F));
-      if (timers_.schedule(deadline,
-                           [](void* arg, const detail::timer_payload& pl) noexcept {
-                             static_cast<device*>(arg)->on_qp_timer(static_cast<std::uint32_t>(pl.a), pl.b >> 1,
-                                                                    (pl.b & 1) != 0);
-                           },
-                           this, {qp->qpn, (qp->comp.timer_gen << 1) | 1, {}}))
-        rearm_timer_fd();
-    } catch (...) {
-    }
+    schedule_qp_timer(qp, clock_->now() + std::chrono::nanoseconds(wire::rnr_timer_ns(syn & 0x1F)), true);
     complete_wqes(qp);
     return;
   }
@@ -1049,7 +1109,7 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
     }
     ack_below(psn);
     // The WQE the NAK names fails and the QP goes to error.
-    for (std::uint32_t i = qp->sq.consumer(); i != qp->req.wqe_index; ++i) {
+    for (std::uint32_t i = qp->sq.consumer(); i != end; ++i) {
       send_state& st = qp->sq_state[i & mask];
       if (st.state == wqe_state::done) continue;
       st.state = wqe_state::done;
@@ -1068,7 +1128,7 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
     ++counters_.duplicates_received;  // a stale or duplicate response
     return;
   }
-  for (std::uint32_t i = qp->sq.consumer(); i != qp->req.wqe_index; ++i) {
+  for (std::uint32_t i = qp->sq.consumer(); i != end; ++i) {
     send_state& st = qp->sq_state[i & mask];
     if (st.state == wqe_state::done) continue;
     auto* w = qp->sq.at<send_wqe>(i);
@@ -1139,10 +1199,7 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
     qp->comp.retry_left = qp->retry_cnt;
     qp->comp.rnr_left = qp->rnr_retry;
     if (qp->comp.psn != qp->req.psn) arm_retry_timer(qp);
-    else {
-      qp->comp.timer_armed = false;
-      qp->comp.timer_gen++;
-    }
+    else qp->comp.timer_armed = false;
   }
   complete_wqes(qp);
 }

@@ -259,7 +259,7 @@ std::size_t encode(const transport_headers& h, std::span<std::byte> out) noexcep
   }
   // Whatever the opcode reserves beyond its headers (CNP's 16 bytes) is zero.
   const auto written = static_cast<std::size_t>(p - base);
-  std::memset(p, 0, oi.length - written);
+  if (written < oi.length) std::memset(p, 0, oi.length - written);
   return oi.length;
 }
 
@@ -353,6 +353,12 @@ decode_error decode(std::span<const std::byte> pkt, bool has_icrc, packet_view& 
 decode_error decode_headers(std::span<const std::byte> headers, std::size_t payload_len,
                             packet_view& out) noexcept {
   out = packet_view{};
+  return decode_headers(headers, payload_len, out.hdr, out.op);
+}
+
+decode_error decode_headers(std::span<const std::byte> headers, std::size_t payload_len, transport_headers& hdr,
+                            const opcode_info*& op) noexcept {
+  op = nullptr;
   if (headers.size() < bth_size) return decode_error::too_short;
   const opcode_info& oi = info(std::to_integer<std::uint8_t>(headers[0]));
   if (!oi.valid) return decode_error::bad_opcode;
@@ -362,8 +368,8 @@ decode_error decode_headers(std::span<const std::byte> headers, std::size_t payl
   const auto pad = static_cast<std::uint8_t>((b1 >> 4) & 3);
   if (pad != pad_for(payload_len)) return decode_error::bad_pad;
   if (!(oi.ops & op_payload) && payload_len != 0) return decode_error::bad_length;
-  parse_headers(headers.data(), oi, pad, out.hdr);
-  out.op = &oi;
+  parse_headers(headers.data(), oi, pad, hdr);
+  op = &oi;
   return decode_error::ok;
 }
 

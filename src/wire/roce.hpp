@@ -214,6 +214,10 @@ decode_error decode(std::span<const std::byte> pkt, bool has_icrc, packet_view& 
 /// same checks as `decode()` apply; `out.payload` is left empty.
 decode_error decode_headers(std::span<const std::byte> headers, std::size_t payload_len,
                             packet_view& out) noexcept;
+/// Same, into caller storage: only the headers the opcode carries are
+/// written (the rest of `hdr` keeps its values).
+decode_error decode_headers(std::span<const std::byte> headers, std::size_t payload_len, transport_headers& hdr,
+                            const opcode_info*& op) noexcept;
 
 // ---------------------------------------------------------------------------
 // ICRC (IBTA vol. 1 annex A17.3.3): CRC-32 over 8 bytes of 0xFF (the masked

@@ -17,6 +17,8 @@ struct command {
   command_fn run;
 };
 
+int cmd_devices(std::span<char* const> args);
 int cmd_nop(std::span<char* const> args);
+int cmd_perf(std::span<char* const> args);
 
 }  // namespace averbs::cli

@@ -11,7 +11,9 @@ using averbs::cli::command;
 
 // Kept sorted by name.
 constexpr std::array commands = {
+    command{"devices", "list devices and their attributes, as ibv_devinfo does", &averbs::cli::cmd_devices},
     command{"nop", "run the no-op operation through every completion token", &averbs::cli::cmd_nop},
+    command{"perf", "latency and bandwidth tests, as perftest's ib_*_lat / ib_*_bw", &averbs::cli::cmd_perf},
 };
 
 int usage(FILE* out) {

@@ -11,6 +11,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 #include <averbs/error.hpp>
@@ -22,7 +23,15 @@ namespace averbs {
 struct gid {
   std::array<std::uint8_t, 16> raw{};
 
-  friend bool operator==(const gid&, const gid&) = default;
+  friend bool operator==(const gid& a, const gid& b) noexcept {
+    // Two 8-byte compares: this sits on the per-packet path.
+    std::uint64_t a0, a1, b0, b1;
+    std::memcpy(&a0, a.raw.data(), 8);
+    std::memcpy(&a1, a.raw.data() + 8, 8);
+    std::memcpy(&b0, b.raw.data(), 8);
+    std::memcpy(&b1, b.raw.data() + 8, 8);
+    return ((a0 ^ b0) | (a1 ^ b1)) == 0;
+  }
   bool is_zero() const noexcept;
   bool is_ipv4_mapped() const noexcept;
   /// "::ffff:127.0.0.1" / "fe80::1" style text.

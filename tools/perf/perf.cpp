@@ -1,0 +1,412 @@
+// SPDX-License-Identifier: MIT
+#include "perf/perf.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
+
+namespace averbs::perf {
+
+namespace {
+constexpr std::size_t max_size = 8u << 20;  // perftest's 8 MiB
+}
+
+bool parse_test(const std::string& n, test_kind& out) {
+  static const std::pair<const char*, test_kind> t[] = {
+      {"send_lat", test_kind::send_lat},   {"send_bw", test_kind::send_bw},   {"write_lat", test_kind::write_lat},
+      {"write_bw", test_kind::write_bw},   {"read_lat", test_kind::read_lat}, {"read_bw", test_kind::read_bw},
+      {"atomic_lat", test_kind::atomic_lat}, {"atomic_bw", test_kind::atomic_bw}};
+  for (auto& [name, k] : t) {
+    if (n == name) {
+      out = k;
+      return true;
+    }
+  }
+  return false;
+}
+
+const char* test_name(test_kind k) {
+  switch (k) {
+    case test_kind::send_lat: return "Send Latency";
+    case test_kind::send_bw: return "Send BW";
+    case test_kind::write_lat: return "RDMA_Write Latency";
+    case test_kind::write_bw: return "RDMA_Write BW";
+    case test_kind::read_lat: return "RDMA_Read Latency";
+    case test_kind::read_bw: return "RDMA_Read BW";
+    case test_kind::atomic_lat: return "Atomic FETCH_AND_ADD Latency";
+    case test_kind::atomic_bw: return "Atomic FETCH_AND_ADD BW";
+  }
+  return "";
+}
+
+bool is_latency(test_kind k) {
+  return k == test_kind::send_lat || k == test_kind::write_lat || k == test_kind::read_lat ||
+         k == test_kind::atomic_lat;
+}
+
+static bool is_atomic(test_kind k) { return k == test_kind::atomic_lat || k == test_kind::atomic_bw; }
+
+std::vector<std::size_t> sizes_for(const options& o) {
+  if (is_atomic(o.test)) return {8};
+  if (o.all_sizes) {
+    std::vector<std::size_t> v;
+    for (std::size_t s = 2; s <= max_size; s <<= 1) v.push_back(s);
+    return v;
+  }
+  if (o.size != 0) return {o.size};
+  return {is_latency(o.test) ? 2u : 65536u};
+}
+
+std::size_t iters_for(const options& o) {
+  if (o.iters != 0) return o.iters;
+  return o.test == test_kind::write_bw ? 5000 : 1000;
+}
+
+// ---------------------------------------------------------------------------
+
+cycle_clock::cycle_clock() {
+  using sc = std::chrono::steady_clock;
+  const auto t0 = sc::now();
+  const std::uint64_t c0 = now();
+  while (sc::now() - t0 < std::chrono::milliseconds(20)) {
+  }
+  const std::uint64_t c1 = now();
+  const double us = std::chrono::duration<double, std::micro>(sc::now() - t0).count();
+  per_us_ = static_cast<double>(c1 - c0) / us;
+}
+
+std::uint64_t cycle_clock::now() const noexcept {
+#if defined(__x86_64__)
+  unsigned aux;
+  return __rdtscp(&aux);
+#else
+  return static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+#endif
+}
+
+latency_result summarize_latency(std::vector<std::uint64_t> d, const cycle_clock& c, std::size_t bytes,
+                                 std::size_t iters, double rtt_factor) {
+  latency_result r;
+  r.bytes = bytes;
+  r.iters = iters;
+  std::sort(d.begin(), d.end());
+  // perftest drops the two largest samples (LAT_MEASURE_TAIL).
+  const std::size_t n = d.size() > 3 ? d.size() - 2 : d.size();
+  if (n == 0) return r;
+  auto us = [&](std::uint64_t cyc) { return c.us(cyc) / rtt_factor; };
+  r.t_min = us(d[0]);
+  r.t_max = us(d[n - 1]);
+  r.t_typical = n % 2 == 0 ? us((d[n / 2] + d[n / 2 - 1]) / 2) : us(d[n / 2]);
+  double sum = 0;
+  for (std::size_t i = 0; i < n; ++i) sum += us(d[i]);
+  r.t_avg = sum / static_cast<double>(n);
+  double var = 0;
+  for (std::size_t i = 0; i < n; ++i) var += (us(d[i]) - r.t_avg) * (us(d[i]) - r.t_avg);
+  r.t_stdev = std::sqrt(var / static_cast<double>(n));
+  r.p99 = us(d[std::min(n - 1, static_cast<std::size_t>(std::ceil(static_cast<double>(n) * 0.99)))]);
+  r.p999 = us(d[std::min(n - 1, static_cast<std::size_t>(std::ceil(static_cast<double>(n) * 0.999)))]);
+  return r;
+}
+
+// ---------------------------------------------------------------------------
+
+struct loopback_run::side {
+  cq scq, rcq;
+  qp q;
+  std::vector<std::byte> buf;
+  mr m;
+  std::uint32_t posted_recvs = 0;
+};
+
+loopback_run::loopback_run(context& ctx, const options& o) : o_(o), ctx_(ctx) {
+  dev_ = open_device(ctx_, o.device);
+  pd_ = dev_.alloc_pd();
+}
+
+loopback_run::~loopback_run() = default;
+
+void loopback_run::setup(std::size_t size) {
+  sides_.clear();
+  const bool lat = is_latency(o_.test);
+  const std::uint32_t tx = o_.tx_depth != 0 ? o_.tx_depth : (lat ? 1 : 128);
+  for (int i = 0; i < 2; ++i) {
+    auto s = std::make_unique<side>();
+    s->scq = dev_.create_cq(std::max<std::uint32_t>(tx * 2, 256));
+    s->rcq = dev_.create_cq(o_.rx_depth * 2);
+    qp_init_attr ia;
+    ia.send_cq = s->scq;
+    ia.recv_cq = s->rcq;
+    ia.cap = {std::max<std::uint32_t>(tx, 128), o_.rx_depth, 1, 1, o_.inline_size};
+    ia.type = qp_type::rc;
+    s->q = pd_.create_qp(ia);
+    s->buf.assign(std::max<std::size_t>(size, 8) + 64, std::byte{0});
+    s->m = pd_.reg_mr(s->buf.data(), s->buf.size(),
+                      access_local_write | access_remote_write | access_remote_read | access_remote_atomic);
+    sides_.push_back(std::move(s));
+  }
+  const gid g = dev_.query_gid(1, 0);
+  for (int i = 0; i < 2; ++i) {
+    side& me = *sides_[i];
+    side& peer = *sides_[1 - i];
+    qp_attr a;
+    a.state = qp_state::init;
+    a.port_num = 1;
+    a.qp_access_flags = access_local_write | access_remote_write | access_remote_read | access_remote_atomic;
+    me.q.modify(a, qp_attr_state | qp_attr_pkey_index | qp_attr_port | qp_attr_access_flags);
+    a = {};
+    a.state = qp_state::rtr;
+    a.path_mtu = o_.path_mtu;
+    a.dest_qp_num = peer.q.num();
+    a.rq_psn = 0;
+    a.max_dest_rd_atomic = static_cast<std::uint8_t>(o_.outstanding_reads);
+    a.min_rnr_timer = 12;
+    a.ah.is_global = true;
+    a.ah.grh.dgid = g;
+    me.q.modify(a, qp_attr_state | qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn | qp_attr_rq_psn |
+                       qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer);
+    a = {};
+    a.state = qp_state::rts;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = static_cast<std::uint8_t>(o_.outstanding_reads);
+    me.q.modify(a, qp_attr_state | qp_attr_sq_psn | qp_attr_timeout | qp_attr_retry_cnt | qp_attr_rnr_retry |
+                       qp_attr_max_qp_rd_atomic);
+  }
+}
+
+namespace {
+
+// Polls until one completion arrives; aborts the run on an error status.
+work_completion poll_one(const cq& q) {
+  work_completion wc;
+  while (q.poll({&wc, 1}) == 0) {
+  }
+  if (wc.status != wc_status::success)
+    throw std::runtime_error(std::string("completion error: ") + std::string(to_string(wc.status)));
+  return wc;
+}
+
+}  // namespace
+
+latency_result loopback_run::latency(std::size_t size, std::size_t iters) {
+  setup(size);
+  side& a = *sides_[0];
+  side& b = *sides_[1];
+  const auto k = o_.test;
+  std::vector<std::uint64_t> samples;
+  samples.reserve(iters);
+  sge ga{reinterpret_cast<std::uintptr_t>(a.buf.data()), static_cast<std::uint32_t>(size), a.m.lkey()};
+  sge gb{reinterpret_cast<std::uintptr_t>(b.buf.data()), static_cast<std::uint32_t>(size), b.m.lkey()};
+  const std::uint32_t inl = size <= o_.inline_size ? std::uint32_t{send_inline} : 0u;
+  constexpr std::uint32_t signal_every = 32;
+  auto send = [&](side& s, const sge& g, wr_opcode op, std::size_t i, std::uint64_t raddr, std::uint32_t rkey) {
+    send_wr wr;
+    wr.wr_id = i;
+    wr.sg_list = &g;
+    wr.num_sge = 1;
+    wr.opcode = op;
+    wr.flags = inl | ((i % signal_every) == signal_every - 1 ? std::uint32_t{send_signaled} : 0u);
+    wr.remote_addr = raddr;
+    wr.rkey = rkey;
+    if (auto ec = s.q.post_send(wr)) throw std::runtime_error("post_send: " + ec.message());
+    if ((wr.flags & send_signaled) != 0) poll_one(s.scq);
+  };
+  auto repost = [&](side& s, const sge& g) {
+    recv_wr r;
+    r.sg_list = &g;
+    r.num_sge = 1;
+    if (auto ec = s.q.post_recv(r)) throw std::runtime_error("post_recv: " + ec.message());
+  };
+  double rtt_factor = 2;
+  if (k == test_kind::send_lat) {
+    repost(a, ga);
+    repost(b, gb);
+    std::uint64_t prev = clock_.now();
+    for (std::size_t i = 0; i < iters; ++i) {
+      send(a, ga, wr_opcode::send, i, 0, 0);
+      poll_one(b.rcq);
+      repost(b, gb);
+      send(b, gb, wr_opcode::send, i, 0, 0);
+      poll_one(a.rcq);
+      repost(a, ga);
+      const std::uint64_t t = clock_.now();
+      samples.push_back(t - prev);
+      prev = t;
+    }
+  } else if (k == test_kind::write_lat) {
+    // Each side watches the last byte of its own buffer change.
+    volatile auto* last_a = reinterpret_cast<volatile std::uint8_t*>(a.buf.data() + size - 1);
+    volatile auto* last_b = reinterpret_cast<volatile std::uint8_t*>(b.buf.data() + size - 1);
+    std::uint64_t prev = clock_.now();
+    for (std::size_t i = 0; i < iters; ++i) {
+      const auto v = static_cast<std::uint8_t>(i + 1);
+      a.buf[size - 1] = std::byte{v};
+      send(a, ga, wr_opcode::rdma_write, i, reinterpret_cast<std::uintptr_t>(b.buf.data()), b.m.rkey());
+      while (*last_b != v) b.scq.poll({});
+      b.buf[size - 1] = std::byte{v};
+      send(b, gb, wr_opcode::rdma_write, i, reinterpret_cast<std::uintptr_t>(a.buf.data()), a.m.rkey());
+      while (*last_a != v) a.scq.poll({});
+      const std::uint64_t t = clock_.now();
+      samples.push_back(t - prev);
+      prev = t;
+    }
+  } else {
+    rtt_factor = 1;
+    const bool atomic = k == test_kind::atomic_lat;
+    sge g8{ga.addr, atomic ? 8u : ga.length, ga.lkey};
+    for (std::size_t i = 0; i < iters; ++i) {
+      const std::uint64_t t0 = clock_.now();
+      send_wr wr;
+      wr.wr_id = i;
+      wr.sg_list = &g8;
+      wr.num_sge = 1;
+      wr.opcode = atomic ? wr_opcode::atomic_fetch_and_add : wr_opcode::rdma_read;
+      wr.flags = send_signaled;
+      wr.remote_addr = reinterpret_cast<std::uintptr_t>(b.buf.data());
+      wr.rkey = b.m.rkey();
+      wr.compare_add = 1;
+      if (auto ec = a.q.post_send(wr)) throw std::runtime_error("post_send: " + ec.message());
+      poll_one(a.scq);
+      samples.push_back(clock_.now() - t0);
+    }
+  }
+  return summarize_latency(std::move(samples), clock_, size, iters, rtt_factor);
+}
+
+bandwidth_result loopback_run::bandwidth(std::size_t size, std::size_t iters) {
+  setup(size);
+  side& a = *sides_[0];
+  side& b = *sides_[1];
+  const auto k = o_.test;
+  const std::uint32_t tx = o_.tx_depth != 0 ? o_.tx_depth : 128;
+  const std::uint32_t depth =
+      k == test_kind::read_bw || k == test_kind::atomic_bw ? std::min(tx, o_.outstanding_reads) : tx;
+  const std::uint32_t cq_mod = std::max<std::uint32_t>(1, std::min<std::uint32_t>(o_.cq_mod, depth));
+  sge ga{reinterpret_cast<std::uintptr_t>(a.buf.data()), static_cast<std::uint32_t>(size), a.m.lkey()};
+  sge gb{reinterpret_cast<std::uintptr_t>(b.buf.data()), static_cast<std::uint32_t>(size), b.m.lkey()};
+  if (k == test_kind::atomic_bw) ga.length = 8;
+  wr_opcode op = wr_opcode::send;
+  if (k == test_kind::write_bw) op = wr_opcode::rdma_write;
+  if (k == test_kind::read_bw) op = wr_opcode::rdma_read;
+  if (k == test_kind::atomic_bw) op = wr_opcode::atomic_fetch_and_add;
+  const bool sends = k == test_kind::send_bw;
+  recv_wr rwr;
+  rwr.sg_list = &gb;
+  rwr.num_sge = 1;
+  std::size_t recvs_posted = 0;
+  if (sends) {
+    for (; recvs_posted < std::min<std::size_t>(iters, o_.rx_depth); ++recvs_posted)
+      if (auto ec = b.q.post_recv(rwr)) throw std::runtime_error("post_recv: " + ec.message());
+  }
+  const std::uint32_t inl =
+      size <= o_.inline_size && (sends || k == test_kind::write_bw) ? std::uint32_t{send_inline} : 0u;
+  std::vector<std::uint64_t> done_at;  // time of each cq_mod-th completion
+  done_at.reserve(iters / cq_mod + 2);
+  std::size_t posted = 0, completed = 0, received = 0;
+  work_completion wcs[64];
+  const std::uint64_t start = clock_.now();
+  while (completed < iters) {
+    // SENDs only when a receive waits for them: outrunning the receiver
+    // would measure RNR back-off, not the transport.
+    while (posted < iters && posted - completed < depth && (!sends || posted < recvs_posted)) {
+      send_wr wr;
+      wr.wr_id = posted;
+      wr.sg_list = &ga;
+      wr.num_sge = 1;
+      wr.opcode = op;
+      wr.flags = inl | (((posted + 1) % cq_mod == 0 || posted + 1 == iters) ? std::uint32_t{send_signaled} : 0u);
+      wr.remote_addr = reinterpret_cast<std::uintptr_t>(b.buf.data());
+      wr.rkey = b.m.rkey();
+      wr.compare_add = 1;
+      if (auto ec = a.q.post_send(wr)) throw std::runtime_error("post_send: " + ec.message());
+      ++posted;
+    }
+    const std::size_t n = a.scq.poll(wcs);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (wcs[i].status != wc_status::success)
+        throw std::runtime_error(std::string("completion error: ") + std::string(to_string(wcs[i].status)));
+      completed = wcs[i].wr_id + 1;
+      done_at.push_back(clock_.now());
+    }
+    if (sends) {
+      const std::size_t r = b.rcq.poll(wcs);
+      received += r;
+      for (std::size_t i = 0; i < r && recvs_posted < iters; ++i, ++recvs_posted)
+        if (auto ec = b.q.post_recv(rwr)) throw std::runtime_error("post_recv: " + ec.message());
+    }
+  }
+  const std::uint64_t end = clock_.now();
+  bandwidth_result r;
+  r.bytes = size;
+  r.iters = iters;
+  const double secs = clock_.us(end - start) / 1e6;
+  r.bw_avg = static_cast<double>(size) * static_cast<double>(iters) / secs / (1 << 20);
+  r.msg_rate = static_cast<double>(iters) / secs / 1e6;
+  // Peak: the best rate between consecutive signaled completions.
+  double best = 0;
+  std::uint64_t prev = start;
+  for (std::uint64_t t : done_at) {
+    if (t > prev) best = std::max(best, static_cast<double>(cq_mod) / (clock_.us(t - prev) / 1e6));
+    prev = t;
+  }
+  r.bw_peak = best * static_cast<double>(size) / (1 << 20);
+  if (r.bw_peak < r.bw_avg) r.bw_peak = r.bw_avg;
+  (void)received;
+  if (std::getenv("AVERBS_PERF_COUNTERS") != nullptr) {
+    const device_counters c = dev_.counters();
+    std::fprintf(stderr, "counters: sent %llu received %llu rnr_naks %llu retransmits %llu dropped %llu\n",
+                 (unsigned long long)c.packets_sent, (unsigned long long)c.packets_received,
+                 (unsigned long long)c.rnr_naks_sent, (unsigned long long)c.retransmits, (unsigned long long)c.dropped);
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------------------
+
+void print_rule() {
+  std::printf("---------------------------------------------------------------------------------------\n");
+}
+
+void print_banner(const options& o, const std::string& device_name) {
+  print_rule();
+  std::printf("                    %s Test\n", test_name(o.test));
+  std::printf(" Dual-port       : OFF\t\tDevice         : %s\n", device_name.c_str());
+  std::printf(" Number of qps   : 1\t\tTransport type : IB\n");
+  std::printf(" Connection type : RC\t\tUsing SRQ      : OFF\n");
+  std::printf(" Mtu             : %u[B]\n", mtu_bytes(o.path_mtu));
+  std::printf(" Link type       : Ethernet\n");
+  std::printf(" Max inline data : %u[B]\n", o.inline_size);
+  std::printf(" Data ex. method : in-process (loopback link)\n");
+  print_rule();
+}
+
+void print_latency_header() {
+  std::printf(
+      " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99%% "
+      "percentile[usec]   99.9%% percentile[usec] \n");
+}
+
+void print_latency(const latency_result& r) {
+  std::printf(" %-7zu %zu          %-7.2f        %-7.2f      %-7.2f  \t       %-7.2f     \t%-7.2f\t\t%-7.2f \t\t%-7.2f\n",
+              r.bytes, r.iters, r.t_min, r.t_max, r.t_typical, r.t_avg, r.t_stdev, r.p99, r.p999);
+}
+
+void print_bandwidth_header() {
+  std::printf(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n");
+}
+
+void print_bandwidth(const bandwidth_result& r) {
+  std::printf(" %-7zu    %-10zu       %-7.2f            %-7.2f\t\t   %-7.6f\n", r.bytes, r.iters, r.bw_peak, r.bw_avg,
+              r.msg_rate);
+}
+
+}  // namespace averbs::perf

@@ -1,0 +1,96 @@
+// SPDX-License-Identifier: MIT
+// Latency and bandwidth tests in the manner of perftest (ib_send_lat,
+// ib_write_bw, ...), shared by `averbs perf` and the bench programs.
+//
+// Statistics follow perftest: latency samples are one iteration each
+// (ping-pong round trips are halved for SEND and WRITE, not for READ and
+// atomics), sorted, the two largest dropped; t_typical is the median of the
+// rest.  Bandwidth is MB = 2^20 bytes; the peak is the best rate over any
+// window of `cq_mod` consecutive completions.
+#pragma once
+
+#include <averbs/verbs.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace averbs::perf {
+
+enum class test_kind { send_lat, send_bw, write_lat, write_bw, read_lat, read_bw, atomic_lat, atomic_bw };
+
+bool parse_test(const std::string& name, test_kind& out);
+const char* test_name(test_kind k);
+bool is_latency(test_kind k);
+
+struct options {
+  test_kind test = test_kind::send_lat;
+  std::string device = "embedded";
+  std::size_t size = 0;        // 0: perftest's default for the test
+  bool all_sizes = false;      // -a: 2 .. 8 MiB
+  std::size_t iters = 0;       // 0: 1000, or 5000 for write_bw
+  mtu path_mtu = mtu::mtu_4096;
+  std::uint32_t tx_depth = 0;  // 0: 1 for latency, 128 for bandwidth
+  std::uint32_t rx_depth = 512;
+  std::uint32_t cq_mod = 100;
+  std::uint32_t inline_size = 0;
+  std::uint32_t outstanding_reads = 16;
+};
+
+struct latency_result {
+  std::size_t bytes = 0, iters = 0;
+  double t_min = 0, t_max = 0, t_typical = 0, t_avg = 0, t_stdev = 0, p99 = 0, p999 = 0;  // microseconds
+};
+
+struct bandwidth_result {
+  std::size_t bytes = 0, iters = 0;
+  double bw_peak = 0, bw_avg = 0;  // MB/s (2^20)
+  double msg_rate = 0;             // Mpps
+};
+
+/// Cycle counter calibrated against the monotonic clock.
+class cycle_clock {
+ public:
+  cycle_clock();
+  std::uint64_t now() const noexcept;
+  double us(std::uint64_t cycles) const noexcept { return static_cast<double>(cycles) / per_us_; }
+  double per_second() const noexcept { return per_us_ * 1e6; }
+
+ private:
+  double per_us_ = 1000;
+};
+
+/// Both ends of a test in this process on one device (loopback link).
+class loopback_run {
+ public:
+  loopback_run(context& ctx, const options& o);
+  ~loopback_run();
+  latency_result latency(std::size_t size, std::size_t iters);
+  bandwidth_result bandwidth(std::size_t size, std::size_t iters);
+
+ private:
+  struct side;
+  void setup(std::size_t size);
+  const options& o_;
+  context& ctx_;
+  device dev_;
+  pd pd_;
+  cycle_clock clock_;
+  std::vector<std::unique_ptr<side>> sides_;
+};
+
+latency_result summarize_latency(std::vector<std::uint64_t> cycles, const cycle_clock& c, std::size_t bytes,
+                                 std::size_t iters, double rtt_factor);
+
+void print_banner(const options& o, const std::string& device_name);
+void print_latency_header();
+void print_latency(const latency_result& r);
+void print_bandwidth_header();
+void print_bandwidth(const bandwidth_result& r);
+void print_rule();
+
+/// Sizes the test runs: `-s`, perftest's default, or the `-a` sweep.
+std::vector<std::size_t> sizes_for(const options& o);
+std::size_t iters_for(const options& o);
+
+}  // namespace averbs::perf

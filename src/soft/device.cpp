@@ -2,12 +2,14 @@
 // Soft device: object tables, keys and memory, CQ/SRQ, events, timers,
 // packets, the loopback link and the run loop.
 #include "soft/engine.hpp"
+#include "soft/links.hpp"
 
 #include <averbs/error.hpp>
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/timerfd.h>
 #include <unistd.h>
@@ -107,6 +109,8 @@ void device::free_packet(packet* p) noexcept {
 
 /// The in-process link: a packet addressed to one of this device's GIDs is
 /// queued on its receive queue; anything else has no route and is dropped.
+/// ICRCs are computed and checked only while corrupting faults are set
+/// (nothing else can damage a packet in memory).
 class loopback_link final : public link {
  public:
   explicit loopback_link(device& d) : dev_(d) {}
@@ -117,8 +121,15 @@ class loopback_link final : public link {
       dev_.free_packet(p);
       return;
     }
+    if (p->has_icrc && !dev_.verify_icrc(p, p->sport, wire::roce_udp_port)) {
+      ++dev_.counters_.icrc_errors;
+      dev_.free_packet(p);
+      return;
+    }
     dev_.receive_locked(p);
   }
+  bool wants_icrc() const noexcept override { return check_; }
+  bool check_ = false;
 
  private:
   device& dev_;
@@ -138,15 +149,74 @@ void device::receive(packet* p) {
   run();
 }
 
-void device::set_link(link* l) {
-  std::lock_guard lock(lock_);
-  link_ = l != nullptr ? l : loopback_.get();
-}
-
 void device::transmit(packet* p) noexcept {
   ++counters_.packets_sent;
   counters_.bytes_sent += p->payload_len;
+  if (link_->wants_icrc()) compute_icrc(p);
+  else p->has_icrc = false;
   link_->send(p);
+}
+
+namespace {
+// The IP and UDP headers the packet carries on the wire, for its ICRC.
+std::size_t wire_headers(const packet* p, std::uint16_t sport, std::uint16_t dport, std::span<std::byte> out) {
+  wire::ip_udp_params ip;
+  std::memcpy(ip.src_gid.data(), p->src.raw.data(), 16);
+  std::memcpy(ip.dst_gid.data(), p->dst.raw.data(), 16);
+  ip.src_port = sport;
+  ip.dst_port = dport;
+  ip.traffic_class = p->tclass;
+  ip.hop_limit = p->hop_limit;
+  const std::size_t transport = p->header_len + p->payload_len + wire::pad_for(p->payload_len) + wire::icrc_size;
+  return wire::build_ip_udp(ip, transport, out);
+}
+constexpr std::byte zero_pad[4] = {};
+}  // namespace
+
+void device::compute_icrc(packet* p) const noexcept {
+  std::array<std::byte, 64> hdr;
+  const std::size_t n = wire_headers(p, link_->wire_src_port(*p), link_->wire_dst_port(), hdr);
+  wire::icrc_builder b(std::span(hdr.data(), n));
+  b.add(std::span(p->header.data(), p->header_len));
+  for (std::uint8_t i = 0; i < p->nsegs; ++i) b.add(std::span(p->segs[i].p, p->segs[i].len));
+  b.add(std::span(zero_pad, wire::pad_for(p->payload_len)));
+  p->icrc = b.value();
+  p->has_icrc = true;
+}
+
+bool device::verify_icrc(const packet* p, std::uint16_t src_port, std::uint16_t dst_port) const noexcept {
+  std::array<std::byte, 64> hdr;
+  const std::size_t n = wire_headers(p, src_port, dst_port, hdr);
+  wire::icrc_builder b(std::span(hdr.data(), n));
+  b.add(std::span(p->header.data(), p->header_len));
+  for (std::uint8_t i = 0; i < p->nsegs; ++i) b.add(std::span(p->segs[i].p, p->segs[i].len));
+  b.add(std::span(zero_pad, wire::pad_for(p->payload_len)));
+  return b.value() == p->icrc;
+}
+
+void device::set_faults(const fault_config& f) {
+  std::lock_guard lock(lock_);
+  if (!f.any()) {
+    link_ = base_link_.get();
+    faults_.reset();
+  } else {
+    faults_ = std::make_unique<fault_link>(*this, *base_link_, f);
+    link_ = faults_.get();
+  }
+  if (auto* lb = dynamic_cast<loopback_link*>(base_link_.get())) lb->check_ = f.corrupt > 0;
+}
+
+std::uint16_t device::udp_port() const noexcept {
+  auto* u = dynamic_cast<udp_link*>(base_link_.get());
+  return u != nullptr ? u->port() : 0;
+}
+
+void device::watch_fd(int fd) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.fd = fd;
+  if (::epoll_ctl(ep_, EPOLL_CTL_ADD, fd, &ev) != 0)
+    throw std::system_error(errno, std::system_category(), "epoll_ctl");
 }
 
 // ---------------------------------------------------------------------------
@@ -156,15 +226,35 @@ device::device(const device_config& cfg)
     : name_(cfg.name),
       clock_(cfg.clock != nullptr ? cfg.clock : &steady_clock::instance()),
       node_guid_(cfg.node_guid != 0 ? cfg.node_guid : (fnv1a(cfg.name) | 0x0200000000000000ull)),
-      gids_(cfg.gids.empty() ? host_gids() : cfg.gids) {
-  loopback_ = std::make_unique<loopback_link>(*this);
-  link_ = loopback_.get();
+      gids_(!cfg.address.is_zero() ? std::vector<gid>{cfg.address}
+            : cfg.gids.empty()    ? host_gids()
+                                  : cfg.gids) {
+  ep_ = ::epoll_create1(EPOLL_CLOEXEC);
+  if (ep_ < 0) throw std::system_error(errno, std::system_category(), "epoll_create1");
   if (clock_->is_real_time()) {
     timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   } else {
     timer_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   }
-  if (timer_fd_ < 0) throw std::system_error(errno, std::system_category(), "soft device timer");
+  if (timer_fd_ < 0) {
+    ::close(ep_);
+    throw std::system_error(errno, std::system_category(), "soft device timer");
+  }
+  try {
+    watch_fd(timer_fd_);
+    if (!cfg.address.is_zero()) {
+      base_link_ = std::make_unique<udp_link>(*this, cfg);
+      busy_poll_ = true;  // waits spin on the socket before sleeping on it
+    } else {
+      base_link_ = std::make_unique<loopback_link>(*this);
+    }
+  } catch (...) {
+    ::close(timer_fd_);
+    ::close(ep_);
+    throw;
+  }
+  link_ = base_link_.get();
+  if (cfg.faults.any()) set_faults(cfg.faults);
   clock_->subscribe(*this);
   keys_.resize(1);  // key index 0 is never used: lkey 0 is invalid
   pds_.resize(1);
@@ -175,7 +265,10 @@ device::device(const device_config& cfg)
 
 device::~device() {
   clock_->unsubscribe(*this);
+  faults_.reset();
+  base_link_.reset();
   ::close(timer_fd_);
+  ::close(ep_);
 }
 
 device_attr device::query_device() const {
@@ -777,6 +870,7 @@ std::size_t device::poll_cq(cq_t* cq, std::span<work_completion> out) {
   // clock on every poll would cost more than the poll, so look every 32nd.
   if ((++polls_ & 31) == 0 && armed_deadline_ != clock::time_point::max() && clock_->now() >= armed_deadline_)
     run_timers();
+  link_->poll();
   run();
   std::uint32_t c = cq->q.consumer();
   const std::uint32_t p = cq->q.producer();
@@ -952,6 +1046,10 @@ void device::get_event(detail::context_impl& ctx, detail::request_id id) {
     detail::complete_request(ctx, id, {}, &ev);
     return;
   }
+  if (fatal_) {
+    detail::complete_request(ctx, id, err(errc::device_removed), nullptr);
+    return;
+  }
   detail::context_add_ref(ctx);
   event_waiters_.push_back({&ctx, id});
 }
@@ -965,6 +1063,7 @@ void device::set_port_state(port_state s) {
 
 void device::fatal() {
   std::lock_guard lock(lock_);
+  fatal_ = true;
   port_state_ = port_state::down;
   for (auto& q : qps_)
     if (q != nullptr && q->state != qp_state::reset && q->state != qp_state::err) qp_to_error(q.get());
@@ -1006,7 +1105,13 @@ void device::run_timers() noexcept {
 void device::progress() noexcept {
   std::unique_lock lock(lock_, std::try_to_lock);
   if (!lock.owns_lock()) return;
-  run_timers();
+  // A timerfd is readable only once its deadline passed, so the clock says
+  // when to look; a manual clock's eventfd rings on every change and is
+  // always drained.
+  if (!clock_->is_real_time() ||
+      (armed_deadline_ != clock::time_point::max() && clock_->now() >= armed_deadline_))
+    run_timers();
+  link_->poll();
   run();
 }
 
@@ -1079,6 +1184,8 @@ void device::run() noexcept {
       requester(qp);
       continue;
     }
+    link_->flush();  // may loop packets back (loopback with held faults)
+    if (rx_head_ != nullptr || !req_ready_.empty() || !ack_ready_.empty()) continue;
     break;
   }
   running_ = false;

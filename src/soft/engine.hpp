@@ -242,11 +242,17 @@ struct qp_t {
   bool sqd_notify = false;
   bool sq_draining = false;
 
+  // Go-back-N (IBTA 9.7.6.2): a WQE's PSN range is fixed when it starts,
+  // taken from `next_psn`, which never goes back.  A retry only moves the
+  // transmit position (`wqe_index` and each WQE's offset) back to
+  // comp.psn; every packet's PSN follows from its WQE's range and offset.
   struct requester {
-    std::uint32_t wqe_index = 0;  // next WQE to send from (free-running)
-    std::uint32_t psn = 0;        // next PSN to send
-    std::uint32_t rd_atomic = 0;  // READ/atomic requests outstanding
-    std::uint32_t noack_pkts = 0; // packets sent since the last AckReq
+    std::uint32_t wqe_index = 0;    // next WQE to transmit from (free-running)
+    std::uint32_t start_index = 0;  // one past the last WQE ever started
+    std::uint32_t psn = 0;          // PSN of the last packet transmitted + 1
+    std::uint32_t next_psn = 0;     // first PSN of the next WQE to start
+    std::uint32_t rd_atomic = 0;    // READ/atomic WQEs started and not done
+    std::uint32_t noack_pkts = 0;   // packets sent since the last AckReq
     bool scheduled = false;
   } req;
 
@@ -257,6 +263,7 @@ struct qp_t {
     bool timer_armed = false;      // the retransmit deadline below is live
     bool timer_scheduled = false;  // a heap entry of this generation exists
     bool rnr_waiting = false;
+    bool gap_retry = false;        // a retry for a missing response is under way at `psn`
     std::uint64_t timer_gen = 0;   // stale heap entries carry an older one
     clock::time_point deadline{};
   } comp;
@@ -310,6 +317,8 @@ struct packet {
   std::uint16_t sport = 0;
   std::uint8_t hop_limit = 64;
   std::uint8_t tclass = 0;
+  bool has_icrc = false;
+  std::uint32_t icrc = 0;            // as computed by the sender's device
   packet* next = nullptr;
 
   /// Copies the referenced payload into `buf` so the packet can outlive
@@ -317,12 +326,41 @@ struct packet {
   void own_payload() noexcept;
 };
 
-/// Where packets leave the device.  `send` takes ownership of the packet.
+/// Where packets leave the device.  Every member is called with the device
+/// lock held.
 class link {
  public:
   virtual ~link() = default;
+  /// Takes ownership of the packet.  Payload references stay valid until
+  /// the end of the current run (`flush()`); a link that keeps a packet
+  /// longer must call `own_payload()`.
   virtual void send(packet* p) noexcept = 0;
+  /// The run is ending: push out anything batched.
+  virtual void flush() noexcept {}
+  /// Moves what has arrived into the device's receive queue; returns the
+  /// number of packets.
+  virtual std::size_t poll() noexcept { return 0; }
+  /// True if the device must compute ICRCs for this link.
+  virtual bool wants_icrc() const noexcept { return false; }
+  /// The UDP ports the packet will carry on the wire (for the ICRC).
+  virtual std::uint16_t wire_src_port(const packet& p) const noexcept { return p.sport; }
+  virtual std::uint16_t wire_dst_port() const noexcept { return wire::roce_udp_port; }
 };
+
+/// Injected faults on a link (a runtime setting of the shipped build).
+struct fault_config {
+  double drop = 0;       // probability per packet
+  double duplicate = 0;
+  double reorder = 0;    // the packet is held back behind the next one
+  double corrupt = 0;    // one bit flipped (ICRC catches it)
+  double delay = 0;
+  std::chrono::nanoseconds delay_time{std::chrono::microseconds(200)};
+  std::uint64_t seed = 1;
+  bool any() const noexcept { return drop > 0 || duplicate > 0 || reorder > 0 || corrupt > 0 || delay > 0; }
+};
+
+/// Parses "drop=0.01,dup=0.01,reorder=0.01,corrupt=0.01,delay=0.01,delay_us=200,seed=7".
+bool parse_faults(const std::string& text, fault_config& out, std::string& error);
 
 // ---------------------------------------------------------------------------
 
@@ -331,6 +369,18 @@ struct device_config {
   averbs::clock* clock = nullptr;  // null: the real clock
   std::vector<gid> gids;           // empty: this host's addresses
   std::uint64_t node_guid = 0;     // 0: derived from the name
+  /// RoCEv2 over UDP bound to this address (its GID table is just it);
+  /// zero: the in-process loopback link.
+  gid address{};
+  std::uint16_t port = wire::roce_udp_port;
+  /// Verify received ICRCs (off for peers whose IPv4 ID is unknown, such
+  /// as rxe and NICs).  The loopback link checks ICRCs only while faults
+  /// that corrupt are configured.
+  bool check_icrc = true;
+  /// Send with a raw socket so each QP's UDP source port carries rxe's
+  /// entropy (needs CAP_NET_RAW; without it the bound port is used).
+  bool raw_send = true;
+  fault_config faults{};
 };
 
 class device final : public progress_source, public clock_listener {
@@ -422,9 +472,13 @@ class device final : public progress_source, public clock_listener {
   void fatal();
 
   // --- the link ----------------------------------------------------------------
-  /// Replaces the link (null: loopback).  Packets from the link enter
-  /// through receive().
-  void set_link(link* l);
+  /// Sets the faults injected on the outgoing link.
+  void set_faults(const fault_config& f);
+  /// The UDP port of the link (0: loopback).
+  std::uint16_t udp_port() const noexcept;
+  /// Watches a descriptor of the link: the device's progress descriptor
+  /// becomes readable with it.
+  void watch_fd(int fd);
   /// A packet arrived from the link (takes ownership).  Must hold lock_.
   void receive_locked(packet* p);
   void receive(packet* p);
@@ -433,12 +487,15 @@ class device final : public progress_source, public clock_listener {
   std::mutex& lock() noexcept { return lock_; }
 
   // --- progress_source, clock_listener ---------------------------------------------
-  int native_handle() const noexcept override { return timer_fd_; }
+  int native_handle() const noexcept override { return ep_; }
+  bool busy_poll() const noexcept override { return busy_poll_; }
   void progress() noexcept override;
   void on_clock_changed() noexcept override;
 
  private:
   friend class loopback_link;
+  friend class fault_link;
+  friend class udp_link;
   struct key_entry {
     enum class kind : std::uint8_t { free, mr, mw } type = kind::free;
     std::uint8_t key = 0;
@@ -456,6 +513,8 @@ class device final : public progress_source, public clock_listener {
   void complete_rx(qp_t* qp, packet* p) noexcept;
   void complete_wqes(qp_t* qp) noexcept;
   void retry(qp_t* qp, bool from_timeout) noexcept;
+  void gap_retry(qp_t* qp) noexcept;
+  void fail_oldest(qp_t* qp, wc_status status) noexcept;
   void arm_retry_timer(qp_t* qp) noexcept;
   void disarm_timers(qp_t* qp) noexcept;
   void schedule_qp_timer(qp_t* qp, clock::time_point when, bool rnr) noexcept;
@@ -474,6 +533,8 @@ class device final : public progress_source, public clock_listener {
   packet* new_packet(qp_t* qp, wire::opcode op, std::uint32_t psn) noexcept;
   void finish_packet(qp_t* qp, packet* p) noexcept;
   void transmit(packet* p) noexcept;
+  void compute_icrc(packet* p) const noexcept;
+  bool verify_icrc(const packet* p, std::uint16_t src_port, std::uint16_t dst_port) const noexcept;
   bool next_recv(qp_t* qp) noexcept;
   void consume_recv(qp_t* qp) noexcept;
   void check_srq_limit(srq_t* srq) noexcept;
@@ -501,13 +562,17 @@ class device final : public progress_source, public clock_listener {
   std::uint64_t node_guid_;
   std::vector<gid> gids_;
   port_state port_state_ = port_state::active;
+  bool fatal_ = false;  // the device was removed
   direct_memory direct_;
   memory_access* mem_ = &direct_;
 
   mutable std::mutex lock_;
   bool running_ = false;
-  link* link_;
-  std::unique_ptr<link> loopback_;
+  link* link_;                    // faults_ when faults are set, else base_link_
+  std::unique_ptr<link> base_link_;
+  std::unique_ptr<link> faults_;
+  int ep_ = -1;                   // the progress descriptor: timer + link fds
+  bool busy_poll_ = false;
   packet* rx_head_ = nullptr;
   packet* rx_tail_ = nullptr;
   std::deque<qp_t*> req_ready_;

@@ -215,7 +215,7 @@ std::error_code device::modify_qp(qp_t* qp, const qp_attr& a, std::uint32_t mask
     return err(errc::invalid_argument);
   if ((mask & m_av) != 0) {
     // RoCE needs a GRH (rdma_check_ah_attr) naming a local source GID.
-    if (!a.ah.is_global || a.ah.port_num > 1 || a.ah.grh.sgid_index >= gids_.size() ||
+    if (!a.ah.is_global || a.ah.port_num != 1 || a.ah.grh.sgid_index >= gids_.size() ||
         a.ah.grh.dgid.is_zero())
       return err(errc::invalid_argument);
   }
@@ -277,7 +277,9 @@ std::error_code device::modify_qp(qp_t* qp, const qp_attr& a, std::uint32_t mask
     case qp_state::rts:
       if (cur == qp_state::rtr) {
         qp->req.psn = qp->sq_psn;
+        qp->req.next_psn = qp->sq_psn;
         qp->req.wqe_index = qp->sq.consumer();
+        qp->req.start_index = qp->sq.consumer();
         qp->comp.psn = qp->sq_psn;
         qp->comp.retry_left = qp->retry_cnt;
         qp->comp.rnr_left = qp->rnr_retry;
@@ -312,14 +314,14 @@ std::error_code device::query_qp(qp_t* qp, qp_attr& o, qp_cap& init_cap) {
   o.path_mtu = qp->path_mtu;
   o.qkey = qp->qkey;
   o.rq_psn = qp->state >= qp_state::rtr && qp->state != qp_state::err ? qp->resp.psn : qp->rq_psn;
-  o.sq_psn = qp->state == qp_state::rts || qp->state == qp_state::sqd ? qp->req.psn : qp->sq_psn;
+  o.sq_psn = qp->state == qp_state::rts || qp->state == qp_state::sqd ? qp->req.next_psn : qp->sq_psn;
   o.dest_qp_num = qp->dest_qpn;
   o.qp_access_flags = qp->access_flags;
   o.cap = qp->cap;
   o.ah = qp->av;
   o.pkey_index = qp->pkey_index;
   o.en_sqd_async_notify = qp->sqd_notify;
-  o.sq_draining = qp->sq_draining && qp->sq.consumer() != qp->req.wqe_index;
+  o.sq_draining = qp->sq_draining && qp->sq.consumer() != qp->req.start_index;
   o.max_rd_atomic = qp->max_rd_atomic;
   o.max_dest_rd_atomic = qp->max_dest_rd_atomic;
   o.min_rnr_timer = qp->min_rnr_timer;
@@ -373,6 +375,7 @@ void device::flush_qp(qp_t* qp) noexcept {
   }
   qp->sq.release(p);
   qp->req.wqe_index = p;
+  qp->req.start_index = p;
   qp->req.rd_atomic = 0;
   // Receive queue (not an SRQ's: its receives belong to other QPs too).
   if (qp->srq == nullptr) {
@@ -395,9 +398,7 @@ void device::flush_qp(qp_t* qp) noexcept {
 void device::check_sq_drained(qp_t* qp) noexcept {
   if (qp->state != qp_state::sqd || !qp->sq_draining) return;
   // Drained when nothing started is outstanding.
-  if (qp->sq.consumer() != qp->req.wqe_index) return;
-  const std::uint32_t i = qp->req.wqe_index;
-  if (i != qp->sq.producer() && qp->sq_state[i & (qp->sq.size() - 1)].state == wqe_state::processing) return;
+  if (qp->sq.consumer() != qp->req.start_index) return;
   qp->sq_draining = false;
   if (qp->sqd_notify) raise_event(event_type::sq_drained, qp->qpn);
 }
@@ -426,6 +427,7 @@ void device::complete_wqes(qp_t* qp) noexcept {
     ++c;
     qp->sq.release(c);
     if (static_cast<std::int32_t>(c - qp->req.wqe_index) > 0) qp->req.wqe_index = c;
+    if (static_cast<std::int32_t>(c - qp->req.start_index) > 0) qp->req.start_index = c;
     if (!ok || overflow) {
       qp_to_error(qp);
       return;

@@ -50,15 +50,6 @@ std::uint8_t data_opcode(qp_type t, wr_opcode op, bool first, bool last) {
   return static_cast<std::uint8_t>(base + o);
 }
 
-// One past the last WQE with packets on the wire: the requester's current
-// WQE counts once it has started (a message longer than the window is
-// acknowledged while it is still being sent).
-std::uint32_t outstanding_end(const qp_t* qp) {
-  const std::uint32_t i = qp->req.wqe_index;
-  if (i != qp->sq.producer() && qp->sq_state[i & (qp->sq.size() - 1)].state == wqe_state::processing) return i + 1;
-  return i;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -81,8 +72,9 @@ packet* device::new_packet(qp_t* qp, wire::opcode op, std::uint32_t psn) noexcep
   return p;
 }
 
-void device::finish_packet(qp_t*, packet* p) noexcept {
+void device::finish_packet(qp_t* qp, packet* p) noexcept {
   p->op = &wire::info(p->hdr.bth.opcode);
+  (void)qp;
   p->hdr.bth.pad = wire::pad_for(p->payload_len);
   p->header_len = static_cast<std::uint8_t>(wire::encode(p->hdr, p->header));
   transmit(p);
@@ -329,67 +321,72 @@ void device::on_qp_timer(std::uint32_t qpn, std::uint64_t gen, bool rnr) noexcep
       return;
     }
     qp->comp.timer_armed = false;
-    if (qp->comp.psn == qp->req.psn) return;  // nothing outstanding
+    if (qp->comp.psn == qp->req.next_psn) return;  // nothing outstanding
     retry(qp, true);
   }
   run();
 }
 
-// Go back N from comp.psn (IBTA 9.7.6.2.2): rewind the requester to the
-// oldest unfinished WQE and resend everything from the first unacked PSN.
+// Go back N from comp.psn (IBTA 9.7.6.2.2): move the transmit position of
+// every started, unfinished WQE back so that transmission resumes at the
+// first unacknowledged PSN.  PSN ranges do not change.
 void device::retry(qp_t* qp, bool count) noexcept {
   if (count) {
     if (qp->comp.retry_left == 0) {
-      const std::uint32_t i = qp->sq.consumer();
-      if (i != qp->sq.producer()) {
-        send_state& st = qp->sq_state[i & (qp->sq.size() - 1)];
-        st.state = wqe_state::done;
-        st.status = wc_status::retry_exc_err;
-      }
-      complete_wqes(qp);
-      if (qp->state != qp_state::err) qp_to_error(qp);
+      fail_oldest(qp, wc_status::retry_exc_err);
       return;
     }
     --qp->comp.retry_left;
   }
   ++counters_.retransmits;
   const std::uint32_t mask = qp->sq.size() - 1;
-  std::uint32_t i = qp->sq.consumer();
-  const std::uint32_t end = outstanding_end(qp);
-  bool first = true;
-  for (; i != end; ++i) {
+  const std::uint32_t mtu = qp->mtu_bytes;
+  std::uint32_t resume = qp->req.start_index;
+  for (std::uint32_t i = qp->sq.consumer(); i != qp->req.start_index; ++i) {
+    send_state& st = qp->sq_state[i & mask];
+    if (st.state == wqe_state::done || st.state == wqe_state::posted) continue;
+    auto* w = qp->sq.at<send_wqe>(i);
+    const bool rd = is_read(w->opcode) || is_atomic(w->opcode);
+    if (!rd && psn_before(st.last_psn, qp->comp.psn)) {
+      st.state = wqe_state::done;  // acknowledged in full
+      st.status = wc_status::success;
+      continue;
+    }
+    if (!rd) {
+      // Resume at comp.psn inside this WQE, or resend it whole.
+      const std::uint32_t skip = psn_before(st.first_psn, qp->comp.psn) ? (qp->comp.psn - st.first_psn) & wire::psn_mask : 0;
+      st.sent = std::min<std::uint32_t>(skip * mtu, w->length);
+    }
+    // READs re-request what has not arrived (read_done); atomics resend.
+    st.state = wqe_state::processing;
+    if (static_cast<std::int32_t>(i - resume) < 0 || resume == qp->req.start_index) resume = i;
+  }
+  qp->req.wqe_index = resume;
+  qp->req.noack_pkts = 0;
+  schedule_requester(qp);
+}
+
+// A response is missing (a later one arrived first): go back once.  Until
+// comp.psn moves, further out-of-order responses of the old stream are
+// ignored; if the rewound requests are lost too, the timer retries.
+void device::gap_retry(qp_t* qp) noexcept {
+  if (qp->comp.gap_retry) return;
+  qp->comp.gap_retry = true;
+  retry(qp, false);
+}
+
+// The oldest unfinished WQE fails with `status`; the QP goes to error.
+void device::fail_oldest(qp_t* qp, wc_status status) noexcept {
+  const std::uint32_t mask = qp->sq.size() - 1;
+  for (std::uint32_t i = qp->sq.consumer(); i != qp->sq.producer(); ++i) {
     send_state& st = qp->sq_state[i & mask];
     if (st.state == wqe_state::done) continue;
-    auto* w = qp->sq.at<send_wqe>(i);
-    if (first && !psn_before(qp->comp.psn, st.first_psn)) {
-      // Partly acknowledged: resume at comp.psn.
-      const std::uint32_t acked = (qp->comp.psn - st.first_psn) & wire::psn_mask;
-      if (is_read(w->opcode)) {
-        st.state = wqe_state::processing;  // re-request the remainder
-      } else if (is_atomic(w->opcode)) {
-        st.state = wqe_state::posted;
-      } else {
-        st.sent = std::min<std::uint32_t>(acked * qp->mtu_bytes, w->length);
-        st.state = wqe_state::processing;
-      }
-    } else {
-      st.state = wqe_state::posted;
-      st.sent = 0;
-      st.read_done = 0;
-    }
-    first = false;
+    st.state = wqe_state::done;
+    st.status = status;
+    break;
   }
-  qp->req.wqe_index = qp->sq.consumer();
-  // Skip finished local operations at the head.
-  qp->req.psn = qp->comp.psn;
-  qp->req.rd_atomic = 0;
-  qp->req.noack_pkts = 0;
-  for (std::uint32_t k = qp->sq.consumer(); k != end; ++k) {
-    auto* w = qp->sq.at<send_wqe>(k);
-    const send_state& st = qp->sq_state[k & mask];
-    if (st.state == wqe_state::processing && (is_read(w->opcode) || is_atomic(w->opcode))) ++qp->req.rd_atomic;
-  }
-  schedule_requester(qp);
+  complete_wqes(qp);
+  if (qp->state != qp_state::err) qp_to_error(qp);
 }
 
 // ---------------------------------------------------------------------------
@@ -419,34 +416,36 @@ void device::requester(qp_t* qp) noexcept {
         st.status = ec ? static_cast<wc_status>(ec.value()) : wc_status::success;
         if (ec && ec.category() != wc_category()) st.status = wc_status::loc_qp_op_err;
         ++qp->req.wqe_index;
+        ++qp->req.start_index;
         complete_wqes(qp);
         if (qp->state == qp_state::err) return;
         continue;
       }
       const bool rd = is_read(w->opcode) || is_atomic(w->opcode);
       if ((w->flags & send_fence) != 0 && qp->req.rd_atomic > 0) return;  // fence: wait for READ/atomics
-      if (rd && qp->req.rd_atomic >= std::max<std::uint32_t>(qp->max_rd_atomic, 1)) return;
       if (rd && qp->max_rd_atomic == 0) {
         // No initiator depth: a READ or atomic cannot be issued (IBTA 10.3.2).
         st.state = wqe_state::done;
         st.status = wc_status::loc_qp_op_err;
         ++qp->req.wqe_index;
+        ++qp->req.start_index;
         complete_wqes(qp);
         return;
       }
+      if (rd && qp->req.rd_atomic >= qp->max_rd_atomic) return;
       if (qp->type == qp_type::rc &&
-          !psn_before(qp->req.psn, psn_add(qp->comp.psn, limits::max_unacked_psns)))
+          !psn_before(qp->req.next_psn, psn_add(qp->comp.psn, limits::max_unacked_psns)))
         return;  // window full
       const std::uint32_t n = is_atomic(w->opcode) ? 1 : packets_for(w->length, qp->mtu_bytes);
-      st.first_psn = qp->req.psn;
-      st.last_psn = psn_add(qp->req.psn, n - 1);
+      st.first_psn = qp->req.next_psn;
+      st.last_psn = psn_add(st.first_psn, n - 1);
+      qp->req.next_psn = psn_add(st.last_psn, 1);
       st.sent = 0;
       st.read_done = 0;
       st.state = wqe_state::processing;
+      ++qp->req.start_index;
       if (rd) ++qp->req.rd_atomic;
     }
-    if (qp->type == qp_type::rc && !psn_before(qp->req.psn, psn_add(qp->comp.psn, limits::max_unacked_psns)))
-      return;
     if (!send_packet_of(qp, i)) return;
   }
   schedule_requester(qp);  // budget spent: let responses in first
@@ -468,7 +467,18 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
     return false;
   };
 
+  // The PSN of the next packet follows from the WQE's range and progress.
+  std::uint32_t psn;
+  if (op == wr_opcode::rdma_read) psn = psn_add(st.first_psn, st.read_done / qp->mtu_bytes);
+  else if (is_atomic(w->opcode)) psn = st.first_psn;
+  else psn = psn_add(st.first_psn, st.sent / mtu);
+  if (qp->type == qp_type::rc && !psn_before(psn, psn_add(qp->comp.psn, limits::max_unacked_psns)))
+    return false;  // window full: wait for acknowledgements
+  qp->req.psn = psn;
+
   if (op == wr_opcode::rdma_read) {
+    // A READ asks for what has not arrived yet; its responses start at the
+    // PSN that data would have had (IBTA 9.7.6.2.2).
     const std::uint32_t rem = w->length - st.read_done;
     const std::uint32_t n = packets_for(rem, qp->mtu_bytes);
     packet* p = new_packet(qp, opcode::rc_read_request, qp->req.psn);
@@ -1047,44 +1057,79 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
   const bool has_aeth = (p->op->headers & wire::hdr_aeth) != 0;
   const std::uint8_t syn = has_aeth ? p->hdr.aeth.syndrome : wire::aeth_ack_unlimited;
   const auto type = wire::aeth_type_of(syn);
-  bool progress = false;
 
-  // Completes SEND/WRITE WQEs wholly below `limit` (implied ACK); stops at
-  // a READ/atomic whose responses are missing (P6).
-  const std::uint32_t end = outstanding_end(qp);
-  auto ack_below = [&](std::uint32_t limit) -> bool {
-    for (std::uint32_t i = qp->sq.consumer(); i != end; ++i) {
+  // Nothing at or beyond next_psn was ever sent: a stray or forged packet.
+  if (!psn_before(psn, qp->req.next_psn)) {
+    ++counters_.dropped;
+    return;
+  }
+  const std::uint32_t before = qp->comp.psn;
+
+  // Everything before `limit` reached the responder and executed (an ACK,
+  // a NAK, or a later response says so): SEND and WRITE WQEs wholly below
+  // it are done.  Stops at a READ or atomic whose response is missing (P6),
+  // returning false.
+  auto acked_below = [&](std::uint32_t limit) -> bool {
+    for (std::uint32_t i = qp->sq.consumer(); i != qp->req.start_index; ++i) {
       send_state& st = qp->sq_state[i & mask];
       if (st.state == wqe_state::done) continue;
-      if (!psn_before(st.last_psn, limit)) return true;
+      if (!psn_before(st.first_psn, limit)) return true;
       auto* w = qp->sq.at<send_wqe>(i);
-      if (is_read(w->opcode) || is_atomic(w->opcode)) return false;
-      if (st.state != wqe_state::pending) return true;
+      if (is_read(w->opcode) || is_atomic(w->opcode)) {
+        // Skipped over entirely: its response was lost.  Reached but not
+        // passed: it is the one being answered.
+        return !psn_before(st.last_psn, limit);
+      }
+      if (!psn_before(st.last_psn, limit)) {
+        // Part of a multi-packet message.
+        if (psn_before(qp->comp.psn, limit)) qp->comp.psn = limit;
+        return true;
+      }
       st.state = wqe_state::done;
       st.status = wc_status::success;
-      progress = true;
+      qp->comp.psn = psn_add(st.last_psn, 1);
     }
     return true;
   };
 
+  // The oldest unfinished WQE, if started.
+  auto oldest = [&](std::uint32_t& index) -> send_state* {
+    for (std::uint32_t i = qp->sq.consumer(); i != qp->req.start_index; ++i) {
+      send_state& st = qp->sq_state[i & mask];
+      if (st.state == wqe_state::done) continue;
+      index = i;
+      return &st;
+    }
+    return nullptr;
+  };
+
+  auto after_progress = [&] {
+    if (qp->comp.psn != before) {
+      qp->comp.gap_retry = false;
+      qp->comp.retry_left = qp->retry_cnt;
+      qp->comp.rnr_left = qp->rnr_retry;
+    }
+    if (qp->comp.psn != qp->req.next_psn) {
+      if (qp->comp.psn != before || !qp->comp.timer_armed) arm_retry_timer(qp);
+    } else {
+      qp->comp.timer_armed = false;
+    }
+    complete_wqes(qp);
+  };
+
   if (has_aeth && type == wire::aeth_type::rnr_nak) {
+    // IBTA 9.7.5.2.8: the request at `psn` found no receive; everything
+    // before it arrived.  Wait the RNR time, then resend from it.
     ++counters_.rnr_naks_received;
     if (psn_before(psn, qp->comp.psn)) return;  // stale
-    ack_below(psn);
-    qp->comp.psn = psn;
-    if (qp->rnr_retry != 7) {  // 7 retries forever (IBTA 9.7.5.2.8)
+    if (!acked_below(psn)) {
+      gap_retry(qp);
+      after_progress();
+      return;
+    }
+    if (qp->rnr_retry != 7) {  // 7 retries forever
       if (qp->comp.rnr_left == 0) {
-        const std::uint32_t i = qp->sq.consumer();
-        complete_wqes(qp);
-        for (std::uint32_t k = qp->sq.consumer(); k != end; ++k) {
-          send_state& st = qp->sq_state[k & mask];
-          if (st.state == wqe_state::done) continue;
-          st.state = wqe_state::done;
-          st.status = wc_status::rnr_retry_exc_err;
-          break;
-        }
-        (void)i;
-        complete_wqes(qp);
+        fail_oldest(qp, wc_status::rnr_retry_exc_err);
         return;
       }
       --qp->comp.rnr_left;
@@ -1097,111 +1142,96 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
   }
 
   if (has_aeth && type == wire::aeth_type::nak) {
-    if (psn_before(psn, qp->comp.psn)) return;
+    if (psn_before(psn, qp->comp.psn)) return;  // stale
+    const bool complete_before = acked_below(psn);
     const auto code = static_cast<wire::nak_code>(syn & 0x1F);
     if (code == wire::nak_code::psn_sequence_error) {
-      // Everything before the NAKed PSN arrived (IBTA 9.7.5.2.3).
-      ack_below(psn);
-      qp->comp.psn = psn;
+      // IBTA 9.7.5.2.3: the responder expects `psn`; go back to it (or to
+      // an earlier READ/atomic whose response was lost).  A NAK that
+      // acknowledged something is progress: the retry budget refills.
+      (void)complete_before;
+      if (qp->comp.psn != before) {
+        qp->comp.retry_left = qp->retry_cnt;
+        qp->comp.rnr_left = qp->rnr_retry;
+        qp->comp.gap_retry = false;
+      }
       complete_wqes(qp);
       if (qp->state == qp_state::rts || qp->state == qp_state::sqd) retry(qp, true);
       return;
     }
-    ack_below(psn);
-    // The WQE the NAK names fails and the QP goes to error.
-    for (std::uint32_t i = qp->sq.consumer(); i != end; ++i) {
-      send_state& st = qp->sq_state[i & mask];
-      if (st.state == wqe_state::done) continue;
-      st.state = wqe_state::done;
-      st.status = code == wire::nak_code::invalid_request        ? wc_status::rem_inv_req_err
-                  : code == wire::nak_code::remote_access_error  ? wc_status::rem_access_err
-                  : code == wire::nak_code::remote_operational_error ? wc_status::rem_op_err
-                                                                      : wc_status::bad_resp_err;
-      break;
-    }
-    complete_wqes(qp);
+    // The WQE holding `psn` fails; the QP goes to error.
+    const wc_status st = code == wire::nak_code::invalid_request            ? wc_status::rem_inv_req_err
+                         : code == wire::nak_code::remote_access_error      ? wc_status::rem_access_err
+                         : code == wire::nak_code::remote_operational_error ? wc_status::rem_op_err
+                                                                            : wc_status::bad_resp_err;
+    fail_oldest(qp, st);
     return;
   }
 
   // ACK, READ response, atomic ACK.
   if (psn_before(psn, qp->comp.psn)) {
-    ++counters_.duplicates_received;  // a stale or duplicate response
+    ++counters_.duplicates_received;  // stale or duplicate
     return;
   }
-  for (std::uint32_t i = qp->sq.consumer(); i != end; ++i) {
-    send_state& st = qp->sq_state[i & mask];
-    if (st.state == wqe_state::done) continue;
-    auto* w = qp->sq.at<send_wqe>(i);
-    if (is_read(w->opcode)) {
-      if ((ops & wire::op_read) == 0 || psn_before(st.last_psn, psn)) {
-        // An ACK beyond a READ whose data is missing: implied NAK (P6).
-        if (!psn_before(psn, st.first_psn)) retry(qp, false);
-        break;
-      }
-      if (psn != qp->comp.psn) {
-        if (psn_before(qp->comp.psn, psn)) retry(qp, false);  // a response was lost
-        break;
-      }
-      // Place the data where the READ asked for it.
-      if (p->payload_len != 0 &&
-          !copy_to_sges(qp->pd, w->sges(), w->num_sge, st.read_done, p, 0, p->payload_len)) {
-        st.state = wqe_state::done;
-        st.status = wc_status::loc_prot_err;
-        complete_wqes(qp);
-        return;
-      }
-      st.read_done += p->payload_len;
-      qp->comp.psn = psn_add(psn, 1);
-      progress = true;
-      if ((ops & (wire::op_last | wire::op_only)) != 0) {
-        st.state = wqe_state::done;
-        st.status = st.read_done == w->length ? wc_status::success : wc_status::bad_resp_err;
-        --qp->req.rd_atomic;
-      }
-      break;
-    }
-    if (is_atomic(w->opcode)) {
-      if (p->hdr.bth.opcode == static_cast<std::uint8_t>(opcode::rc_atomic_ack) && psn == st.first_psn) {
-        const std::uint64_t orig = p->hdr.atomic_ack;
-        packet tmp{};
-        tmp.segs[0] = {reinterpret_cast<const std::byte*>(&orig), 8};
-        tmp.nsegs = 1;
-        tmp.payload_len = 8;
-        st.state = wqe_state::done;
-        st.status = copy_to_sges(qp->pd, w->sges(), w->num_sge, 0, &tmp, 0, 8) ? wc_status::success
-                                                                              : wc_status::loc_prot_err;
-        --qp->req.rd_atomic;
-        qp->comp.psn = psn_add(psn, 1);
-        progress = true;
-      } else if (!psn_before(psn, st.first_psn)) {
-        retry(qp, false);  // its ACK was lost behind a later one
-      }
-      break;
-    }
-    // SEND or WRITE.
-    if (st.state == wqe_state::posted) break;
-    if (!psn_before(psn, st.last_psn)) {
-      if (st.state != wqe_state::pending) break;  // not all of it was sent: bogus
-      st.state = wqe_state::done;
-      st.status = wc_status::success;
-      qp->comp.psn = psn_add(st.last_psn, 1);
-      progress = true;
-      if (psn == st.last_psn) break;
-      continue;  // a coalesced ACK covers later WQEs too
-    }
-    if (!psn_before(psn, st.first_psn)) {
-      qp->comp.psn = psn_add(psn, 1);  // part of a multi-packet message
-      progress = true;
-    }
-    break;
+  if ((ops & wire::op_read) == 0 && p->hdr.bth.opcode != static_cast<std::uint8_t>(opcode::rc_atomic_ack)) {
+    // A plain ACK covers every PSN up to and including `psn`.
+    if (!acked_below(psn_add(psn, 1))) gap_retry(qp);  // a READ/atomic response is missing
+    after_progress();
+    return;
   }
-  if (progress) {
-    qp->comp.retry_left = qp->retry_cnt;
-    qp->comp.rnr_left = qp->rnr_retry;
-    if (qp->comp.psn != qp->req.psn) arm_retry_timer(qp);
-    else qp->comp.timer_armed = false;
+  // A READ response or atomic ACK at `psn` also acknowledges every request
+  // before it (IBTA 9.7.6.1.1: responses come in order).
+  if (!acked_below(psn)) {
+    gap_retry(qp);
+    after_progress();
+    return;
   }
-  complete_wqes(qp);
+  std::uint32_t i = 0;
+  send_state* st = oldest(i);
+  if (st == nullptr) {
+    after_progress();
+    return;
+  }
+  auto* w = qp->sq.at<send_wqe>(i);
+  if (psn != qp->comp.psn || psn_before(psn, st->first_psn) || psn_before(st->last_psn, psn)) {
+    if (psn_before(qp->comp.psn, psn)) gap_retry(qp);  // an earlier response was lost
+    after_progress();
+    return;
+  }
+  if ((ops & wire::op_read) != 0) {
+    if (!is_read(w->opcode)) {
+      fail_oldest(qp, wc_status::bad_resp_err);  // a READ response for something else
+      return;
+    }
+    // Place the data where the READ asked for it, in PSN order.
+    if (p->payload_len != 0 && !copy_to_sges(qp->pd, w->sges(), w->num_sge, st->read_done, p, 0, p->payload_len)) {
+      fail_oldest(qp, wc_status::loc_prot_err);
+      return;
+    }
+    st->read_done += p->payload_len;
+    qp->comp.psn = psn_add(psn, 1);
+    if ((ops & (wire::op_last | wire::op_only)) != 0) {
+      st->state = wqe_state::done;
+      st->status = st->read_done == w->length ? wc_status::success : wc_status::bad_resp_err;
+      --qp->req.rd_atomic;
+    }
+  } else {
+    if (!is_atomic(w->opcode)) {
+      fail_oldest(qp, wc_status::bad_resp_err);
+      return;
+    }
+    const std::uint64_t orig = p->hdr.atomic_ack;
+    packet tmp{};
+    tmp.segs[0] = {reinterpret_cast<const std::byte*>(&orig), 8};
+    tmp.nsegs = 1;
+    tmp.payload_len = 8;
+    st->state = wqe_state::done;
+    st->status = copy_to_sges(qp->pd, w->sges(), w->num_sge, 0, &tmp, 0, 8) ? wc_status::success
+                                                                            : wc_status::loc_prot_err;
+    --qp->req.rd_atomic;
+    qp->comp.psn = psn_add(psn, 1);
+  }
+  after_progress();
 }
 
 }  // namespace averbs::soft

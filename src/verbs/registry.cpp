@@ -8,7 +8,9 @@
 #include <averbs/verbs/soft_device.hpp>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
+#include <string_view>
 
 namespace averbs {
 namespace detail {
@@ -25,6 +27,10 @@ registry& reg() {
   return *r;
 }
 
+[[noreturn]] void bad_option(const std::string& what) {
+  throw std::system_error(make_error_code(errc::invalid_argument), what);
+}
+
 std::shared_ptr<device_entry> make_entry(const soft_device_options& o) {
   auto e = std::make_shared<device_entry>();
   e->name = o.name;
@@ -32,8 +38,51 @@ std::shared_ptr<device_entry> make_entry(const soft_device_options& o) {
   cfg.name = o.name;
   cfg.clock = o.clock;
   cfg.gids = o.gids;
+  if (!o.address.empty() && !gid::parse(o.address, cfg.address))
+    bad_option("soft_device address '" + o.address + "' is not an IPv4 or IPv6 address");
+  if (!o.address.empty() && cfg.address.is_zero()) bad_option("soft_device address must not be unspecified");
+  cfg.port = o.port;
+  cfg.check_icrc = o.check_icrc;
+  cfg.raw_send = o.raw_send;
+  std::string error;
+  if (!o.faults.empty() && !soft::parse_faults(o.faults, cfg.faults, error)) bad_option("faults: " + error);
   e->engine = std::make_shared<soft::device>(cfg);
   return e;
+}
+
+// AVERBS_DEVICES="name@address[:port],...": devices a program finds by name
+// without creating them itself (the tools, unmodified applications).
+// AVERBS_FAULTS and AVERBS_ICRC=0 apply to all of them.
+bool from_environment(const std::string& name, soft_device_options& o) {
+  const char* env = std::getenv("AVERBS_DEVICES");
+  if (env == nullptr) return false;
+  std::string_view rest = env;
+  while (!rest.empty()) {
+    const auto comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    const auto at = item.find('@');
+    if (at == std::string_view::npos || item.substr(0, at) != name) continue;
+    std::string addr(item.substr(at + 1));
+    std::uint16_t port = 4791;
+    // "[v6]:port", "v4:port", or a bare address.
+    if (!addr.empty() && addr.front() == '[') {
+      const auto close = addr.find(']');
+      if (close == std::string::npos) bad_option("AVERBS_DEVICES: bad address '" + addr + "'");
+      if (close + 1 < addr.size() && addr[close + 1] == ':') port = static_cast<std::uint16_t>(std::stoi(addr.substr(close + 2)));
+      addr = addr.substr(1, close - 1);
+    } else if (std::count(addr.begin(), addr.end(), ':') == 1) {
+      port = static_cast<std::uint16_t>(std::stoi(addr.substr(addr.find(':') + 1)));
+      addr = addr.substr(0, addr.find(':'));
+    }
+    o.name = name;
+    o.address = addr;
+    o.port = port;
+    if (const char* f = std::getenv("AVERBS_FAULTS")) o.faults = f;
+    if (const char* c = std::getenv("AVERBS_ICRC")) o.check_icrc = std::string(c) != "0";
+    return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -46,6 +95,12 @@ std::shared_ptr<device_entry> find_device(const std::string& name) {
   if (it != r.devices.end()) return it->second;
   if (n == "embedded") {
     auto e = make_entry({.name = "embedded"});
+    r.devices.emplace(n, e);
+    return e;
+  }
+  soft_device_options o;
+  if (from_environment(n, o)) {
+    auto e = make_entry(o);
     r.devices.emplace(n, e);
     return e;
   }
@@ -73,6 +128,22 @@ void unregister_device(const std::shared_ptr<device_entry>& e) {
 }
 
 std::vector<std::string> device_names() {
+  // Devices named in the environment exist as soon as someone looks.
+  if (const char* env = std::getenv("AVERBS_DEVICES")) {
+    std::string_view rest = env;
+    while (!rest.empty()) {
+      const auto comma = rest.find(',');
+      const std::string_view item = rest.substr(0, comma);
+      rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+      const auto at = item.find('@');
+      if (at != std::string_view::npos) {
+        try {
+          find_device(std::string(item.substr(0, at)));
+        } catch (...) {
+        }
+      }
+    }
+  }
   registry& r = reg();
   std::lock_guard lock(r.mu);
   std::vector<std::string> v;
@@ -102,6 +173,13 @@ soft_device::~soft_device() { detail::unregister_device(impl_->entry); }
 const std::string& soft_device::name() const noexcept { return impl_->entry->name; }
 
 void soft_device::set_port_state(port_state s) { impl_->entry->engine->set_port_state(s); }
+
+void soft_device::set_faults(const std::string& spec) {
+  soft::fault_config f;
+  std::string error;
+  if (!spec.empty() && !soft::parse_faults(spec, f, error)) detail::bad_option("faults: " + error);
+  impl_->entry->engine->set_faults(f);
+}
 
 soft::device& soft_device::engine() const noexcept { return *impl_->entry->engine; }
 

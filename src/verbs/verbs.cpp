@@ -205,7 +205,9 @@ void start_create_cq(const std::shared_ptr<device_obj>& d, std::uint32_t cqe, co
 }
 
 void start_get_event(const std::shared_ptr<device_obj>& d, completer<async_event> c) noexcept {
-  if (auto ec = unusable(d.get(), d.get(), *d)) return void(c.fail(ec));
+  // After removal the queued events (device_fatal first) are still handed
+  // out, as rdma-core does; then the engine answers device_removed.
+  if (d == nullptr) return void(c.fail(err(errc::invalid_argument)));
   try {
     d->eng->get_event(c.context(), c.id());
   } catch (...) {

@@ -219,7 +219,16 @@ T sync_call(Start&& start, std::error_code& ec) noexcept {
     if constexpr (!std::is_void_v<T>) return T{};
     else return;
   }
-  return start(use_request).get(ec);
+  try {
+    // Starting can fail before any request exists (an empty handle, a full
+    // slab): that error is this call's result.
+    return start(use_request).get(ec);
+  } catch (const std::system_error& e) {
+    ec = e.code();
+  } catch (...) {
+    ec = make_error_code(errc::no_resources);
+  }
+  if constexpr (!std::is_void_v<T>) return T{};
 }
 
 template <class T, class Start>

@@ -22,9 +22,25 @@ struct soft_device_options {
   /// Time source of the device's retransmit and RNR timers (tests pass a
   /// `manual_clock`).  Must outlive the device.  Null: the real clock.
   averbs::clock* clock = nullptr;
-  /// The GID table.  Empty: this host's addresses (IPv4 as ::ffff:a.b.c.d,
-  /// then IPv6).
+  /// The GID table of a loopback device.  Empty: this host's addresses
+  /// (IPv4 as ::ffff:a.b.c.d, then IPv6).
   std::vector<gid> gids;
+  /// An IPv4 or IPv6 address: the device speaks RoCEv2 over UDP bound to it
+  /// (its GID table is this one address).  Empty: the in-process loopback
+  /// link only.
+  std::string address;
+  /// UDP port of RoCEv2 (4791).  Every device that talks to this one must
+  /// use the same port.
+  std::uint16_t port = 4791;
+  /// Check the ICRC of received packets.  Turn off for peers whose IPv4
+  /// identification we cannot see (rxe, NICs): see docs/wire.md.
+  bool check_icrc = true;
+  /// Send through a raw socket when the process may (CAP_NET_RAW), so each
+  /// QP's UDP source port carries rxe's entropy; else the bound port.
+  bool raw_send = true;
+  /// Injected faults, as "drop=0.01,dup=0.01,reorder=0.01,corrupt=0.01,
+  /// delay=0.01,delay_us=200,seed=7" (probabilities per packet).
+  std::string faults;
 };
 
 /// A software RDMA device hosted in this process, reachable by name while
@@ -46,6 +62,10 @@ class soft_device {
   /// Sets the port state and raises `port_active` / `port_err` (a cable
   /// pulled or plugged).
   void set_port_state(port_state s);
+
+  /// Replaces the injected faults (same syntax as the option; "" for none).
+  /// Throws `std::system_error(errc::invalid_argument)` on a syntax error.
+  void set_faults(const std::string& spec);
 
   /// Internal: the engine.
   soft::device& engine() const noexcept;

@@ -1,0 +1,90 @@
+// SPDX-License-Identifier: MIT
+// The links a soft device sends through besides loopback: RoCEv2 over a UDP
+// socket, and the fault injector that wraps any link.
+#pragma once
+
+#include "soft/engine.hpp"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <array>
+#include <vector>
+
+namespace averbs::soft {
+
+/// Injects drops, duplicates, reordering, delay and corruption, from a
+/// seeded generator, in front of another link.  Packets it keeps beyond the
+/// current run (held for reordering or delay) own their payload.
+class fault_link final : public link {
+ public:
+  fault_link(device& d, link& inner, const fault_config& cfg);
+  ~fault_link() override;
+  void send(packet* p) noexcept override;
+  void flush() noexcept override;
+  std::size_t poll() noexcept override { return inner_.poll(); }
+  bool wants_icrc() const noexcept override { return inner_.wants_icrc(); }
+  std::uint16_t wire_src_port(const packet& p) const noexcept override { return inner_.wire_src_port(p); }
+  std::uint16_t wire_dst_port() const noexcept override { return inner_.wire_dst_port(); }
+
+ private:
+  double uniform() noexcept;
+  packet* clone(const packet* p) noexcept;
+  void release_delayed() noexcept;
+
+  device& dev_;
+  link& inner_;
+  fault_config cfg_;
+  std::uint64_t state_;
+  packet* held_ = nullptr;  // reordered: goes out behind the next packet
+  struct delayed {
+    clock::time_point due;
+    packet* p;
+  };
+  std::vector<delayed> delayed_;
+  bool timer_pending_ = false;
+};
+
+/// RoCEv2 over UDP: one socket bound to the device's address and port
+/// receives; sending uses a raw socket (so each QP's UDP source port is
+/// rxe's entropy and the IPv4 ID is 0, as the ICRC assumes) when the
+/// process may open one, else the bound socket.  Batched with sendmmsg and
+/// recvmmsg.
+class udp_link final : public link {
+ public:
+  udp_link(device& d, const device_config& cfg);
+  ~udp_link() override;
+  void send(packet* p) noexcept override;
+  void flush() noexcept override;
+  std::size_t poll() noexcept override;
+  bool wants_icrc() const noexcept override { return true; }
+  std::uint16_t wire_src_port(const packet& p) const noexcept override { return raw_fd_ >= 0 ? p.sport : port_; }
+  std::uint16_t wire_dst_port() const noexcept override { return port_; }
+  std::uint16_t port() const noexcept { return port_; }
+  bool raw() const noexcept { return raw_fd_ >= 0; }
+
+ private:
+  static constexpr std::size_t batch = 32;
+  struct tx_slot {
+    packet* p;
+    std::array<std::byte, 48> ip_udp;  // raw sends only
+    std::array<std::byte, 8> trailer;  // pad + ICRC
+    std::array<iovec, packet::max_segs + 3> iov;
+    std::size_t iov_count;
+    sockaddr_storage to;
+  };
+
+  device& dev_;
+  bool v6_ = false;
+  int fd_ = -1;
+  int raw_fd_ = -1;
+  std::uint16_t port_;
+  gid local_;
+  bool check_icrc_;
+  std::array<tx_slot, batch> tx_{};
+  std::size_t tx_count_ = 0;
+  std::array<packet*, batch> rx_{};
+  std::array<sockaddr_storage, batch> rx_from_{};
+};
+
+}  // namespace averbs::soft

@@ -1,0 +1,245 @@
+// SPDX-License-Identifier: MIT
+#include "soft/links.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/ip.h>
+#include <netinet/udp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#ifndef UDP_NO_CHECK6_TX
+#define UDP_NO_CHECK6_TX 101
+#endif
+#ifndef UDP_NO_CHECK6_RX
+#define UDP_NO_CHECK6_RX 102
+#endif
+#ifndef IPV6_HDRINCL
+#define IPV6_HDRINCL 36
+#endif
+
+namespace averbs::soft {
+
+namespace {
+
+void to_sockaddr(const gid& g, std::uint16_t port, sockaddr_storage& ss, socklen_t& len) {
+  std::memset(&ss, 0, sizeof ss);
+  if (g.is_ipv4_mapped()) {
+    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+    a->sin_family = AF_INET;
+    a->sin_port = htons(port);
+    std::memcpy(&a->sin_addr, g.raw.data() + 12, 4);
+    len = sizeof(sockaddr_in);
+  } else {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+    a->sin6_family = AF_INET6;
+    a->sin6_port = htons(port);
+    std::memcpy(&a->sin6_addr, g.raw.data(), 16);
+    len = sizeof(sockaddr_in6);
+  }
+}
+
+bool from_sockaddr(const sockaddr_storage& ss, gid& g, std::uint16_t& port) {
+  if (ss.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&ss);
+    g = gid::from_ipv4(ntohl(a->sin_addr.s_addr));
+    port = ntohs(a->sin_port);
+    return true;
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&ss);
+    std::memcpy(g.raw.data(), &a->sin6_addr, 16);
+    port = ntohs(a->sin6_port);
+    return true;
+  }
+  return false;
+}
+
+int set_int(int fd, int level, int opt, int v) { return ::setsockopt(fd, level, opt, &v, sizeof v); }
+
+[[noreturn]] void fail(const char* what) { throw std::system_error(errno, std::system_category(), what); }
+
+}  // namespace
+
+udp_link::udp_link(device& d, const device_config& cfg)
+    : dev_(d), port_(cfg.port), local_(cfg.address), check_icrc_(cfg.check_icrc) {
+  v6_ = !local_.is_ipv4_mapped();
+  const int af = v6_ ? AF_INET6 : AF_INET;
+  fd_ = ::socket(af, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd_ < 0) fail("socket");
+  try {
+    if (v6_) {
+      // rxe sends UDP checksum 0 over IPv6 too; accept and send it (P2).
+      set_int(fd_, IPPROTO_UDP, UDP_NO_CHECK6_RX, 1);
+      set_int(fd_, IPPROTO_UDP, UDP_NO_CHECK6_TX, 1);
+      set_int(fd_, IPPROTO_IPV6, IPV6_V6ONLY, 1);
+    } else {
+      // DF on an unconnected socket: the kernel writes IPv4 ID 0, which the
+      // ICRC covers (P1).
+      if (set_int(fd_, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO) != 0) fail("IP_MTU_DISCOVER");
+    }
+    set_int(fd_, SOL_SOCKET, SO_RCVBUF, 4 << 20);
+    set_int(fd_, SOL_SOCKET, SO_SNDBUF, 4 << 20);
+    sockaddr_storage ss;
+    socklen_t len;
+    to_sockaddr(local_, port_, ss, len);
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&ss), len) != 0) fail("bind");
+    if (cfg.raw_send) {
+      raw_fd_ = ::socket(af, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_RAW);
+      if (raw_fd_ >= 0 && v6_ && set_int(raw_fd_, IPPROTO_IPV6, IPV6_HDRINCL, 1) != 0) {
+        ::close(raw_fd_);
+        raw_fd_ = -1;
+      }
+      if (raw_fd_ >= 0) {
+        set_int(raw_fd_, SOL_SOCKET, SO_SNDBUF, 4 << 20);
+        // Route only through the device's own address.
+        to_sockaddr(local_, 0, ss, len);
+        if (::bind(raw_fd_, reinterpret_cast<sockaddr*>(&ss), len) != 0) {
+          ::close(raw_fd_);
+          raw_fd_ = -1;
+        }
+      }
+    }
+    dev_.watch_fd(fd_);
+  } catch (...) {
+    if (raw_fd_ >= 0) ::close(raw_fd_);
+    ::close(fd_);
+    throw;
+  }
+}
+
+udp_link::~udp_link() {
+  for (std::size_t i = 0; i < tx_count_; ++i) dev_.free_packet(tx_[i].p);
+  for (packet* p : rx_)
+    if (p != nullptr) dev_.free_packet(p);
+  if (raw_fd_ >= 0) ::close(raw_fd_);
+  ::close(fd_);
+}
+
+void udp_link::send(packet* p) noexcept {
+  tx_slot& s = tx_[tx_count_];
+  s.p = p;
+  std::size_t n = 0;
+  if (raw_fd_ >= 0) {
+    wire::ip_udp_params ip;
+    std::memcpy(ip.src_gid.data(), p->src.raw.data(), 16);
+    std::memcpy(ip.dst_gid.data(), p->dst.raw.data(), 16);
+    ip.src_port = p->sport;
+    ip.dst_port = port_;
+    ip.traffic_class = p->tclass;
+    ip.hop_limit = p->hop_limit;
+    const std::size_t transport = p->header_len + p->payload_len + wire::pad_for(p->payload_len) + wire::icrc_size;
+    const std::size_t hl = wire::build_ip_udp(ip, transport, s.ip_udp);
+    if (hl == 0) {
+      ++dev_.counters_.dropped;  // mixed address families: no route
+      dev_.free_packet(p);
+      return;
+    }
+    s.iov[n++] = {s.ip_udp.data(), hl};
+  }
+  s.iov[n++] = {p->header.data(), p->header_len};
+  for (std::uint8_t i = 0; i < p->nsegs; ++i)
+    s.iov[n++] = {const_cast<std::byte*>(p->segs[i].p), p->segs[i].len};
+  const std::uint8_t pad = wire::pad_for(p->payload_len);
+  std::memset(s.trailer.data(), 0, pad);
+  wire::store_icrc(p->icrc, std::span<std::byte, 4>(s.trailer.data() + pad, 4));
+  s.iov[n++] = {s.trailer.data(), static_cast<std::size_t>(pad) + 4};
+  socklen_t len;
+  to_sockaddr(p->dst, raw_fd_ >= 0 ? 0 : port_, s.to, len);
+  s.iov_count = n;
+  if (++tx_count_ == batch) flush();
+}
+
+void udp_link::flush() noexcept {
+  if (tx_count_ == 0) return;
+  std::array<mmsghdr, batch> msgs{};
+  for (std::size_t i = 0; i < tx_count_; ++i) {
+    tx_slot& s = tx_[i];
+    msghdr& m = msgs[i].msg_hdr;
+    m.msg_name = &s.to;
+    m.msg_namelen = s.to.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    m.msg_iov = s.iov.data();
+    m.msg_iovlen = s.iov_count;
+  }
+  const int fd = raw_fd_ >= 0 ? raw_fd_ : fd_;
+  std::size_t sent = 0;
+  int spins = 0;
+  while (sent < tx_count_) {
+    const int r = ::sendmmsg(fd, msgs.data() + sent, static_cast<unsigned>(tx_count_ - sent), 0);
+    if (r > 0) {
+      sent += static_cast<std::size_t>(r);
+      continue;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == ENOBUFS) && ++spins < 64) continue;  // socket buffer full
+    // Unroutable or refused: the packet is lost, as on a wire; RC retransmits.
+    dev_.counters_.dropped += 1;
+    ++sent;
+  }
+  for (std::size_t i = 0; i < tx_count_; ++i) dev_.free_packet(tx_[i].p);
+  tx_count_ = 0;
+}
+
+std::size_t udp_link::poll() noexcept {
+  std::size_t total = 0;
+  for (int round = 0; round < 4; ++round) {
+    std::array<mmsghdr, batch> msgs{};
+    std::array<iovec, batch> iov{};
+    for (std::size_t i = 0; i < batch; ++i) {
+      if (rx_[i] == nullptr) rx_[i] = dev_.alloc_packet();
+      if (rx_[i] == nullptr) return total;
+      iov[i] = {rx_[i]->buf, packet::buffer_size};
+      msgs[i].msg_hdr.msg_iov = &iov[i];
+      msgs[i].msg_hdr.msg_iovlen = 1;
+      msgs[i].msg_hdr.msg_name = &rx_from_[i];
+      msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage);
+    }
+    const int r = ::recvmmsg(fd_, msgs.data(), batch, MSG_DONTWAIT, nullptr);
+    if (r <= 0) return total;
+    for (int i = 0; i < r; ++i) {
+      packet* p = rx_[i];
+      const std::size_t len = msgs[i].msg_len;
+      const std::span<const std::byte> dgram(p->buf, len);
+      gid from;
+      std::uint16_t from_port = 0;
+      wire::packet_view v;
+      if ((msgs[i].msg_hdr.msg_flags & MSG_TRUNC) != 0 || !from_sockaddr(rx_from_[i], from, from_port) ||
+          wire::decode(dgram, true, v) != wire::decode_error::ok) {
+        ++dev_.counters_.dropped;
+        continue;  // the buffer is reused
+      }
+      if (check_icrc_) {
+        std::array<std::byte, 64> hdr;
+        wire::ip_udp_params ip;
+        std::memcpy(ip.src_gid.data(), from.raw.data(), 16);
+        std::memcpy(ip.dst_gid.data(), local_.raw.data(), 16);
+        ip.src_port = from_port;
+        ip.dst_port = port_;
+        const std::size_t hl = wire::build_ip_udp(ip, len, hdr);
+        if (hl == 0 || wire::icrc(std::span(hdr.data(), hl), dgram.first(len - wire::icrc_size)) != v.icrc) {
+          ++dev_.counters_.icrc_errors;
+          continue;
+        }
+      }
+      const std::uint8_t hlen = v.op->length;
+      std::memcpy(p->header.data(), p->buf, hlen);
+      p->header_len = hlen;
+      p->payload_len = static_cast<std::uint32_t>(v.payload.size());
+      p->segs[0] = {p->buf + hlen, p->payload_len};
+      p->nsegs = p->payload_len != 0 ? 1 : 0;
+      p->src = from;
+      p->dst = local_;
+      p->sport = from_port;
+      p->has_icrc = false;
+      rx_[i] = nullptr;
+      dev_.receive_locked(p);
+      ++total;
+    }
+    if (static_cast<std::size_t>(r) < batch) return total;
+  }
+  return total;
+}
+
+}  // namespace averbs::soft

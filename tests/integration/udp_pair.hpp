@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: MIT
+// Two soft devices in one process talking RoCEv2 over real UDP sockets on
+// their own loopback addresses, with helpers to connect RC/UC/UD queue
+// pairs across them.  Each test picks its own addresses and port.
+#pragma once
+
+#include <averbs/verbs.hpp>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace averbs::test {
+
+/// A port no other test of this build uses: derived from the test name.
+inline std::uint16_t test_port() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::uint32_t h = 2166136261u;
+  for (const char* c = info->name(); *c != 0; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 16777619u;
+  for (const char* c = info->test_suite_name(); *c != 0; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 16777619u;
+  return static_cast<std::uint16_t>(20000 + h % 20000);
+}
+
+/// A loopback address no other test of this build uses (127.x.y.z).
+inline std::string test_address(int which) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::uint32_t h = 2166136261u;
+  for (const char* c = info->name(); *c != 0; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 16777619u;
+  return "127." + std::to_string(1 + (h >> 16) % 250) + "." + std::to_string((h >> 8) % 256) + "." +
+         std::to_string(2 + which);
+}
+
+struct endpoint {
+  std::unique_ptr<soft_device> sdev;
+  device dev;
+  pd p;
+  cq c;
+  qp q;
+  std::vector<std::byte> buf;
+  mr m;
+  gid g;
+};
+
+class udp_pair_test : public ::testing::Test {
+ protected:
+  void make(endpoint& e, int which, const std::string& faults = "", std::uint16_t port = 0) {
+    soft_device_options o;
+    o.name = "udp" + std::to_string(which) + "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    o.address = test_address(which);
+    o.port = port != 0 ? port : test_port();
+    o.faults = faults;
+    e.sdev = std::make_unique<soft_device>(o);
+    e.dev = open_device(ctx, o.name);
+    e.p = e.dev.alloc_pd();
+    e.c = e.dev.create_cq(4096);
+    gid::parse(o.address, e.g);
+  }
+  void make_qps(qp_type t, std::size_t buf_size, std::uint8_t rd_atomic = 16) {
+    for (endpoint* e : {&a, &b}) {
+      qp_init_attr ia;
+      ia.send_cq = e->c;
+      ia.recv_cq = e->c;
+      ia.cap = {512, 512, 4, 4, 64};
+      ia.type = t;
+      e->q = e->p.create_qp(ia);
+      e->buf.assign(buf_size, std::byte{0});
+      e->m = e->p.reg_mr(e->buf.data(), buf_size,
+                         access_local_write | access_remote_write | access_remote_read | access_remote_atomic);
+    }
+    for (int i = 0; i < 2; ++i) {
+      endpoint& me = i == 0 ? a : b;
+      endpoint& peer = i == 0 ? b : a;
+      qp_attr at;
+      at.state = qp_state::init;
+      at.port_num = 1;
+      at.qkey = 0x11111111;
+      at.qp_access_flags = access_local_write | access_remote_write | access_remote_read | access_remote_atomic;
+      me.q.modify(at, qp_attr_state | qp_attr_pkey_index | qp_attr_port |
+                          (t == qp_type::ud ? qp_attr_qkey : qp_attr_access_flags));
+      at = {};
+      at.state = qp_state::rtr;
+      std::uint32_t mask = qp_attr_state;
+      if (t != qp_type::ud) {
+        at.path_mtu = mtu::mtu_1024;
+        at.dest_qp_num = peer.q.num();
+        at.rq_psn = 0;
+        at.max_dest_rd_atomic = rd_atomic;
+        at.min_rnr_timer = 1;
+        at.ah.is_global = true;
+        at.ah.grh.dgid = peer.g;
+        mask |= qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn | qp_attr_rq_psn;
+        if (t == qp_type::rc) mask |= qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer;
+      }
+      me.q.modify(at, mask);
+      at = {};
+      at.state = qp_state::rts;
+      at.timeout = 8;  // 1 ms: faults recover quickly
+      at.retry_cnt = 7;
+      at.rnr_retry = 7;
+      at.max_rd_atomic = rd_atomic;
+      mask = qp_attr_state | qp_attr_sq_psn;
+      if (t == qp_type::rc) mask |= qp_attr_timeout | qp_attr_retry_cnt | qp_attr_rnr_retry | qp_attr_max_qp_rd_atomic;
+      me.q.modify(at, mask);
+    }
+  }
+
+  /// Polls `q` (and keeps both devices progressing) until n completions.
+  std::vector<work_completion> poll(const cq& q, std::size_t n,
+                                    std::chrono::milliseconds patience = std::chrono::seconds(20)) {
+    std::vector<work_completion> out;
+    work_completion wc[32];
+    const auto until = std::chrono::steady_clock::now() + patience;
+    while (out.size() < n && std::chrono::steady_clock::now() < until) {
+      const std::size_t got = q.poll({wc, std::min<std::size_t>(32, n - out.size())});
+      out.insert(out.end(), wc, wc + got);
+      a.c.poll({});  // drive the other device too: both live in this thread
+      b.c.poll({});
+    }
+    return out;
+  }
+
+  context ctx;
+  endpoint a, b;
+};
+
+}  // namespace averbs::test

@@ -513,7 +513,7 @@ std::error_code device::reg_mr(pd_t* pd, std::uint64_t addr, std::uint64_t lengt
                                   access_remote_atomic | access_mw_bind | access_zero_based |
                                   access_relaxed_ordering;
   if ((access & ~known) != 0) return err(errc::not_supported);
-  if (length == 0 && addr == 0) return err(errc::invalid_argument);
+  if (length == 0) return err(errc::invalid_argument);  // ib_umem_get: no pages
   if (addr + length < addr) return err(errc::invalid_argument);
   std::lock_guard lock(lock_);
   if (live_mrs_ >= limits::max_mr) return err(errc::no_resources);
@@ -699,9 +699,9 @@ std::error_code device::bind_mw(qp_t* qp, send_wqe* w) noexcept {
 
 std::error_code device::invalidate_rkey(pd_t* pd, std::uint32_t rkey, qp_t* qp) noexcept {
   const std::uint32_t index = rkey >> 8;
-  if (index >= keys_.size()) return make_error_code(wc_status::loc_prot_err);
+  if (index >= keys_.size()) return make_error_code(wc_status::mw_bind_err);
   key_entry& e = keys_[index];
-  if (e.key != (rkey & 0xFF)) return make_error_code(wc_status::loc_prot_err);
+  if (e.key != (rkey & 0xFF)) return make_error_code(wc_status::mw_bind_err);
   if (e.type == key_entry::kind::mw) {
     auto* mw = static_cast<mw_t*>(e.obj);
     // Only type-2 windows are invalidated by key (IBTA 10.6.7.3).
@@ -1016,11 +1016,14 @@ std::error_code device::post_srq_recv(srq_t* srq, const recv_wr* wrs, std::size_
 
 void device::raise_event(event_type t, std::uint32_t element) noexcept {
   async_event ev{t, element};
-  if (!event_waiters_.empty()) {
+  // The first waiter still pending takes it; cancelled ones are skipped so
+  // the event is not lost on them.
+  while (!event_waiters_.empty()) {
     const parked p = event_waiters_.front();
     event_waiters_.erase(event_waiters_.begin());
-    complete_parked(p, {}, &ev);
-    return;
+    const bool taken = detail::complete_request(*p.ctx, p.id, {}, &ev);
+    detail::context_release(*p.ctx);
+    if (taken) return;
   }
   if (events_.size() < 4096) events_.push_back(ev);
 }

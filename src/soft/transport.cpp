@@ -598,7 +598,6 @@ bool device::next_recv(qp_t* qp) noexcept {
     r.wqe = qp->rq.at<recv_wqe>(qp->rq.consumer());
   }
   r.have_wqe = true;
-  r.offset = 0;
   return true;
 }
 
@@ -703,6 +702,13 @@ void device::respond(qp_t* qp, packet* p) noexcept {
   // Errors: NAK (RC) and move the QP to error; the receive in use, if any,
   // completes with `wc` status (IBTA 9.7.5.2.8, 11.6.2).
   auto error = [&](resp_error e, wc_status recv_status) {
+    if (!rc && recv_status == wc_status::success) {
+      // UC has no NAK: the message is dropped and the QP carries on
+      // (IBTA 9.8.3.1, class D/E; rxe).
+      r.drop_msg = true;
+      r.last_opcode = 0xFF;
+      return;
+    }
     if (rc) {
       const wire::nak_code code = e == resp_error::access        ? wire::nak_code::remote_access_error
                                   : e == resp_error::operational ? wire::nak_code::remote_operational_error
@@ -871,14 +877,17 @@ void device::respond(qp_t* qp, packet* p) noexcept {
 
   const bool imm = (ops & wire::op_imm) != 0;
   if ((ops & wire::op_send) != 0) {
-    if (first && !next_recv(qp)) {
-      if (rc) {
-        send_ack(qp, wire::aeth_rnr_nak(qp->min_rnr_timer), psn);  // IBTA 9.7.5.2.8
-        ++counters_.rnr_naks_sent;
-      } else {
-        r.drop_msg = true;
+    if (first) {
+      if (!next_recv(qp)) {
+        if (rc) {
+          send_ack(qp, wire::aeth_rnr_nak(qp->min_rnr_timer), psn);  // IBTA 9.7.5.2.8
+          ++counters_.rnr_naks_sent;
+        } else {
+          r.drop_msg = true;
+        }
+        return;
       }
-      return;
+      r.offset = 0;
     }
     recv_wqe* w = r.wqe;
     if (r.offset + static_cast<std::uint64_t>(pl) > recv_capacity(w)) {

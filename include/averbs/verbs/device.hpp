@@ -151,9 +151,11 @@ class device {
 
   /// Completes with the next asynchronous event of this device and its
   /// objects (the seeds' IRP-based events; `ibv_get_async_event`).  Park as
-  /// many as you like; each event completes one.  `cancel_events()` and
-  /// closing the device complete them with `operation_aborted`; device
-  /// removal with `device_removed`.
+  /// many as you like; each event completes one, oldest first.
+  /// `cancel_events()` and closing the device complete them with
+  /// `operation_aborted`.  When the device is removed the first parked
+  /// request (or the next one) receives `event_type::device_fatal`; the
+  /// others, and every later one, complete with `device_removed`.
   template <completion_token<async_event> Token>
   auto async_get_event(Token&& token) const {
     return detail::initiate<async_event>(get_context(), detail::group_of(obj_.get()), std::forward<Token>(token),

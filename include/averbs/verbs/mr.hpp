@@ -39,7 +39,8 @@ class mr {
 
   /// Changes the translation, PD or access of the region (`ibv_rereg_mr`);
   /// the keys change.  Errors: `invalid_argument` (no or unknown flags, remote
-  /// write/atomic without local write), `busy` while windows are bound.
+  /// write/atomic without local write, zero length), `invalid_state` while
+  /// windows are bound.
   template <completion_token<void> Token>
   auto async_rereg(int flags, const class pd* new_pd, void* addr, std::size_t length, std::uint32_t access,
                    Token&& token) const;
@@ -47,8 +48,9 @@ class mr {
   void rereg(int flags, const class pd* new_pd, void* addr, std::size_t length, std::uint32_t access,
              std::error_code& ec) const noexcept;
 
-  /// Deregisters (`ibv_dereg_mr`).  Errors: `busy` while windows are bound;
-  /// `stale_handle` if already deregistered.
+  /// Deregisters (`ibv_dereg_mr`).  Errors: `invalid_state` while windows
+  /// are bound (IBA 10.6.7.2.6; EINVAL in rxe); `stale_handle` if already
+  /// deregistered.
   template <completion_token<void> Token>
   auto async_dereg(Token&& token) const {
     return detail::initiate<void>(detail::context_of(obj_.get()), nullptr, std::forward<Token>(token),

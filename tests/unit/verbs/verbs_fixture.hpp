@@ -225,3 +225,183 @@ class verbs_test : public ::testing::Test {
 };
 
 }  // namespace averbs::test
+
+// ---------------------------------------------------------------------------
+// Additions for the conformance programs (traffic, mr, mw, cq, srq, atomic,
+// events): builders for work requests, per-side QP options, UD address
+// handles, byte patterns, and an event collector that never cancels (so a
+// test never leaves a stale parked request behind).
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <cstddef>
+
+namespace averbs::test {
+
+/// `v` in network byte order: immediate data travels and is reported so.
+inline std::uint32_t net32(std::uint32_t v) { return htonl(v); }
+
+/// The next key of an R_Key: same index, key byte + 1 (`ibv_inc_rkey`).
+inline std::uint32_t inc_rkey(std::uint32_t k) { return (k & ~0xFFu) | ((k + 1) & 0xFFu); }
+
+/// Byte `i` of the deterministic pattern `seed` (never the same for two
+/// nearby offsets, so a misplaced or missing byte shows).
+inline std::byte pattern_byte(std::size_t i, unsigned seed) {
+  return std::byte(static_cast<unsigned char>((i * 131u) ^ (i >> 8) ^ (seed * 29u + 7u)));
+}
+/// Fills [off, off + len) of `b` with pattern `seed`, counted from `off`.
+inline void fill_pattern(buffer& b, unsigned seed, std::size_t off = 0, std::size_t len = SIZE_MAX) {
+  len = std::min(len, b.bytes.size() - off);
+  for (std::size_t i = 0; i < len; ++i) b.bytes[off + i] = pattern_byte(i, seed);
+}
+/// True if [off, off + len) of `b` holds pattern `seed` starting at pattern
+/// position `from`.
+inline bool has_pattern(const buffer& b, unsigned seed, std::size_t off, std::size_t len, std::size_t from = 0) {
+  if (off + len > b.bytes.size()) return false;
+  for (std::size_t i = 0; i < len; ++i)
+    if (b.bytes[off + i] != pattern_byte(from + i, seed)) return false;
+  return true;
+}
+
+/// A send work request over `sg` (which must outlive the post).
+inline send_wr make_wr(wr_opcode op, const std::vector<sge>& sg, std::uint64_t wr_id = 1,
+                       std::uint32_t flags = send_signaled, std::uint64_t raddr = 0, std::uint32_t rkey = 0) {
+  send_wr w;
+  w.wr_id = wr_id;
+  w.opcode = op;
+  w.sg_list = sg.empty() ? nullptr : sg.data();
+  w.num_sge = static_cast<std::uint32_t>(sg.size());
+  w.flags = flags;
+  w.remote_addr = raddr;
+  w.rkey = rkey;
+  return w;
+}
+
+class conformance_test : public verbs_test {
+ protected:
+  void TearDown() override {
+    event_req_ = {};
+    verbs_test::TearDown();
+  }
+
+  /// Two connected QPs with per-side options (RC/UC) or two ready UD QPs;
+  /// `a` gets a CQ of `cqe_a` entries, `b` one of `cqe_b`, and `b` uses
+  /// `srq_b` if given.
+  pair connect(const qp_options& oa, const qp_options& ob, std::uint32_t cqe_a = 256, std::uint32_t cqe_b = 256,
+               const srq& srq_b = {}) {
+    pair p;
+    p.cq_a = dev.create_cq(cqe_a);
+    p.cq_b = dev.create_cq(cqe_b);
+    p.a = make_qp(oa, p.cq_a, p.cq_a);
+    p.b = make_qp(ob, p.cq_b, p.cq_b, srq_b);
+    bring_up(p.a, oa, p.b.num(), 100, 200);
+    bring_up(p.b, ob, p.a.num(), 200, 100);
+    return p;
+  }
+
+  /// Moves a QP RESET -> INIT -> RTR only (it accepts requests, sends nothing).
+  void bring_to_rtr(const qp& q, const qp_options& o, std::uint32_t dest_qpn, std::uint32_t rq_psn) {
+    q.modify(init_attr(o), init_mask(o.type));
+    q.modify(rtr_attr(o, dest_qpn, rq_psn), rtr_mask(o.type));
+  }
+
+  /// An address handle for this device's own GID (UD loopback).
+  ah make_ah() {
+    ah_attr a;
+    a.is_global = true;
+    a.grh.dgid = gid::from_ipv4(0x7F000001);
+    a.grh.sgid_index = 0;
+    a.port_num = 1;
+    return pd_.create_ah(a);
+  }
+
+  /// Posts one UD send.
+  std::error_code post_ud(const qp& q, const ah& h, std::uint32_t remote_qpn, std::uint32_t remote_qkey,
+                          const std::vector<sge>& sg, std::uint64_t wr_id = 1,
+                          wr_opcode op = wr_opcode::send, std::uint32_t imm = 0,
+                          std::uint32_t flags = send_signaled) {
+    send_wr w = make_wr(op, sg, wr_id, flags);
+    w.ah = &h;
+    w.remote_qpn = remote_qpn;
+    w.remote_qkey = remote_qkey;
+    w.imm_data = imm;
+    return q.post_send(w);
+  }
+
+  /// The state `query()` reports.
+  static qp_state query_state(const qp& q) { return q.query().state; }
+
+  /// Drives the device a little and returns whatever the CQ holds then.
+  std::vector<work_completion> drain(const cq& q) {
+    std::vector<work_completion> out;
+    work_completion wc[16];
+    for (int idle = 0; idle < 8;) {
+      const std::size_t got = q.poll(wc);
+      out.insert(out.end(), wc, wc + got);
+      if (got == 0) {
+        ctx->poll();
+        ++idle;
+      }
+    }
+    return out;
+  }
+
+  /// Advances the manual clock by `total` in steps of `step`, driving the
+  /// device's timers after each step.
+  void advance(std::chrono::nanoseconds total, std::chrono::nanoseconds step = std::chrono::milliseconds(1)) {
+    for (std::chrono::nanoseconds done{0}; done < total; done += step) {
+      clock.advance(step);
+      ctx->poll();
+    }
+  }
+
+  /// Every async event raised so far (kept across calls).  One request is
+  /// always parked; it is never cancelled.
+  const std::vector<async_event>& events() {
+    ctx->poll();
+    if (!event_req_.valid()) event_req_ = dev.async_get_event(use_request);
+    while (event_req_.ready()) {
+      std::error_code ec;
+      const async_event ev = event_req_.get(ec);
+      if (!ec) events_seen_.push_back(ev);
+      event_req_ = dev.async_get_event(use_request);
+    }
+    return events_seen_;
+  }
+  /// How many events of type `t` (and element `element`, unless ~0u) were raised.
+  std::size_t count_events(event_type t, std::uint32_t element = ~0u) {
+    const auto& v = events();
+    return static_cast<std::size_t>(std::count_if(v.begin(), v.end(), [&](const async_event& e) {
+      return e.type == t && (element == ~0u || e.element == element);
+    }));
+  }
+
+  request<async_event> event_req_;
+  std::vector<async_event> events_seen_;
+};
+
+}  // namespace averbs::test
+
+namespace averbs::test {
+
+/// A successful completion of `wr_id` with opcode `op`.
+inline ::testing::AssertionResult wc_ok(const work_completion& wc, std::uint64_t wr_id, wc_opcode op) {
+  if (wc.status != wc_status::success || wc.wr_id != wr_id || wc.opcode != op)
+    return ::testing::AssertionFailure() << "completion wr_id " << wc.wr_id << " status "
+                                         << to_string(wc.status) << " opcode " << static_cast<int>(wc.opcode)
+                                         << "; expected wr_id " << wr_id << " success opcode "
+                                         << static_cast<int>(op);
+  return ::testing::AssertionSuccess();
+}
+/// A completion of `wr_id` with status `st` (the opcode of an error
+/// completion is undefined, IBTA 11.4.2.1).
+inline ::testing::AssertionResult wc_is(const work_completion& wc, std::uint64_t wr_id, wc_status st) {
+  if (wc.status != st || wc.wr_id != wr_id)
+    return ::testing::AssertionFailure() << "completion wr_id " << wc.wr_id << " status "
+                                         << to_string(wc.status) << "; expected wr_id " << wr_id << " status "
+                                         << to_string(st);
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace averbs::test

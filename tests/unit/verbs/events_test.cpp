@@ -1,0 +1,272 @@
+// SPDX-License-Identifier: MIT
+// Asynchronous events (IBTA 11.6.3; docs/verbs.md "Completion queues and
+// events"): which conditions raise which event for which element, and how
+// device::async_get_event delivers them (parked before, queued before,
+// exactly one request per event, cancellation).
+#include "verbs_fixture.hpp"
+
+namespace averbs::test {
+namespace {
+
+using namespace std::chrono_literals;
+using events_test = conformance_test;
+
+qp_attr state_attr(qp_state s) {
+  qp_attr a;
+  a.state = s;
+  return a;
+}
+
+// ---------------------------------------------------------------------------
+// QP events
+
+TEST_F(events_test, comm_est_on_the_first_packet_received_in_rtr) {
+  qp_options o;
+  cq ca = dev.create_cq(16), cb = dev.create_cq(16);
+  qp a = make_qp(o, ca, ca), b = make_qp(o, cb, cb);
+  bring_up(a, o, b.num(), 100, 200);
+  bring_to_rtr(b, o, a.num(), 200);
+  auto src = make_buffer(32), dst = make_buffer(32);
+  ASSERT_FALSE(post_recv(b, {dst.whole()}, 1));
+  ASSERT_FALSE(post_recv(b, {dst.whole()}, 2));
+  EXPECT_EQ(count_events(event_type::comm_est), 0u);
+  ASSERT_FALSE(post_send(a, wr_opcode::send, {src.whole()}, 3));
+  EXPECT_EQ(count_events(event_type::comm_est, b.num()), 1u);
+  EXPECT_TRUE(wc_ok(poll_one(ca), 3, wc_opcode::send)) << "an RTR responder acknowledges";
+  EXPECT_TRUE(wc_ok(poll_one(cb), 1, wc_opcode::recv));
+  ASSERT_FALSE(post_send(a, wr_opcode::send, {src.whole()}, 4));
+  EXPECT_TRUE(wc_ok(poll_one(cb), 2, wc_opcode::recv));
+  EXPECT_EQ(count_events(event_type::comm_est), 1u) << "raised once";
+  EXPECT_EQ(query_state(b), qp_state::rtr);
+}
+
+TEST_F(events_test, no_comm_est_for_traffic_in_rts) {
+  auto p = connected_pair();
+  auto src = make_buffer(32), dst = make_buffer(32);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 1));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 2));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_b), 1, wc_opcode::recv));
+  EXPECT_EQ(count_events(event_type::comm_est), 0u);
+}
+
+TEST_F(events_test, sq_drained_when_moved_to_sqd_with_en_sqd_async_notify) {
+  auto p = connected_pair();
+  qp_attr a = state_attr(qp_state::sqd);
+  a.en_sqd_async_notify = true;
+  p.a.modify(a, qp_attr_state | qp_attr_en_sqd_async_notify);
+  EXPECT_EQ(query_state(p.a), qp_state::sqd);
+  EXPECT_EQ(count_events(event_type::sq_drained, p.a.num()), 1u);
+  EXPECT_EQ(count_events(event_type::sq_drained), 1u);
+}
+
+TEST_F(events_test, no_sq_drained_without_en_sqd_async_notify) {
+  // docs/verbs.md: as the IBTA says (rxe raises it always).
+  auto p = connected_pair();
+  p.a.modify(state_attr(qp_state::sqd), qp_attr_state);
+  EXPECT_EQ(query_state(p.a), qp_state::sqd);
+  EXPECT_EQ(count_events(event_type::sq_drained), 0u);
+}
+
+TEST_F(events_test, sq_drained_waits_for_the_outstanding_send_to_complete) {
+  // A SEND held back by RNR NAKs is still in flight when the QP moves to
+  // SQD; the drain ends when it completes (IBTA 10.3.1: SQD finishes the
+  // messages in progress, retransmissions included).
+  auto p = connected_pair();
+  auto src = make_buffer(32), dst = make_buffer(32);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 1));
+  EXPECT_TRUE(drain(p.cq_a).empty());
+  qp_attr a = state_attr(qp_state::sqd);
+  a.en_sqd_async_notify = true;
+  p.a.modify(a, qp_attr_state | qp_attr_en_sqd_async_notify);
+  EXPECT_EQ(count_events(event_type::sq_drained), 0u) << "drained while a SEND was outstanding";
+  EXPECT_TRUE(p.a.query().sq_draining);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 2));
+  const auto v = poll(p.cq_a, 1, 1ms);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_TRUE(wc_ok(v[0], 1, wc_opcode::send));
+  EXPECT_EQ(count_events(event_type::sq_drained, p.a.num()), 1u);
+  EXPECT_FALSE(p.a.query().sq_draining);
+}
+
+TEST_F(events_test, qp_access_err_on_the_responder_after_a_remote_access_error) {
+  auto p = connected_pair();
+  auto local = make_buffer(16), remote = make_buffer(16);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 1, send_signaled, remote.addr(),
+                         inc_rkey(remote.m.rkey())));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_a), 1, wc_status::rem_access_err));
+  EXPECT_EQ(count_events(event_type::qp_access_err, p.b.num()), 1u);
+  EXPECT_EQ(count_events(event_type::qp_access_err), 1u);
+  EXPECT_EQ(count_events(event_type::qp_req_err), 0u);
+}
+
+TEST_F(events_test, qp_req_err_on_the_responder_after_an_invalid_request) {
+  qp_options ob;
+  ob.access = access_local_write;
+  auto p = connect(qp_options{}, ob);
+  auto local = make_buffer(16), remote = make_buffer(16);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_read, {local.whole()}, 1, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_a), 1, wc_status::rem_inv_req_err));
+  EXPECT_EQ(count_events(event_type::qp_req_err, p.b.num()), 1u);
+  EXPECT_EQ(count_events(event_type::qp_req_err), 1u);
+  EXPECT_EQ(count_events(event_type::qp_access_err), 0u);
+}
+
+TEST_F(events_test, qp_last_wqe_reached_when_an_srq_qp_enters_err) {
+  srq s = pd_.create_srq({8, 1, 0});
+  qp_options o;
+  auto p = connect(o, o, 256, 256, s);
+  p.b.modify(state_attr(qp_state::err), qp_attr_state);
+  EXPECT_EQ(count_events(event_type::qp_last_wqe_reached, p.b.num()), 1u);
+  p.a.modify(state_attr(qp_state::err), qp_attr_state);  // no SRQ: no event
+  EXPECT_EQ(count_events(event_type::qp_last_wqe_reached), 1u);
+}
+
+TEST_F(events_test, srq_limit_reached_once) {
+  srq s = pd_.create_srq({8, 1, 0});
+  qp_options o;
+  auto p = connect(o, o, 256, 256, s);
+  recv_wr r;
+  for (std::uint64_t i = 1; i <= 3; ++i) {
+    r.wr_id = i;
+    ASSERT_FALSE(s.post_recv(r));
+  }
+  s.modify({0, 0, 3}, static_cast<std::uint32_t>(srq_attr_mask::limit));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {}, 1));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {}, 2));
+  EXPECT_EQ(poll(p.cq_b, 2).size(), 2u);
+  EXPECT_EQ(count_events(event_type::srq_limit_reached), 1u);
+}
+
+TEST_F(events_test, cq_err_when_a_cq_overflows) {
+  qp_options o;
+  auto p = connect(o, o, 1, 256);
+  auto src = make_buffer(8), remote = make_buffer(8);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {src.whole()}, 1, send_signaled, remote.addr(), remote.m.rkey()));
+  EXPECT_EQ(count_events(event_type::cq_err), 0u);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {src.whole()}, 2, send_signaled, remote.addr(), remote.m.rkey()));
+  EXPECT_EQ(count_events(event_type::cq_err), 1u);
+  EXPECT_EQ(query_state(p.a), qp_state::err);
+}
+
+// ---------------------------------------------------------------------------
+// Port events
+
+TEST_F(events_test, port_err_and_port_active_follow_the_port_state) {
+  dev_holder->set_port_state(port_state::down);
+  EXPECT_EQ(dev.query_port(1).state, port_state::down);
+  EXPECT_EQ(count_events(event_type::port_err, 1), 1u);
+  dev_holder->set_port_state(port_state::active);
+  EXPECT_EQ(dev.query_port(1).state, port_state::active);
+  EXPECT_EQ(count_events(event_type::port_active, 1), 1u);
+  const auto& v = events();
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_EQ(v[0].type, event_type::port_err);
+  EXPECT_EQ(v[1].type, event_type::port_active);
+}
+
+TEST_F(events_test, setting_the_same_port_state_raises_nothing) {
+  dev_holder->set_port_state(port_state::active);
+  EXPECT_TRUE(events().empty());
+}
+
+// ---------------------------------------------------------------------------
+// Delivery
+
+TEST_F(events_test, a_request_parked_before_the_event_completes_with_it) {
+  auto r = dev.async_get_event(use_request);
+  ctx->poll();
+  EXPECT_FALSE(r.ready());
+  dev_holder->set_port_state(port_state::down);
+  ASSERT_TRUE(r.wait_for(0ns));
+  const async_event ev = r.get();
+  EXPECT_EQ(ev.type, event_type::port_err);
+  EXPECT_EQ(ev.element, 1u);
+}
+
+TEST_F(events_test, events_queued_before_parking_are_delivered_in_order) {
+  dev_holder->set_port_state(port_state::down);
+  dev_holder->set_port_state(port_state::active);
+  dev_holder->set_port_state(port_state::down);
+  auto r1 = dev.async_get_event(use_request);
+  auto r2 = dev.async_get_event(use_request);
+  auto r3 = dev.async_get_event(use_request);
+  auto r4 = dev.async_get_event(use_request);
+  ASSERT_TRUE(r1.wait_for(0ns));
+  ASSERT_TRUE(r2.wait_for(0ns));
+  ASSERT_TRUE(r3.wait_for(0ns));
+  EXPECT_FALSE(r4.wait_for(0ns)) << "an event was delivered twice";
+  EXPECT_EQ(r1.get().type, event_type::port_err);
+  EXPECT_EQ(r2.get().type, event_type::port_active);
+  EXPECT_EQ(r3.get().type, event_type::port_err);
+  EXPECT_EQ(dev.cancel_events(), 1u);
+}
+
+TEST_F(events_test, each_event_completes_exactly_one_parked_request) {
+  auto r1 = dev.async_get_event(use_request);
+  auto r2 = dev.async_get_event(use_request);
+  dev_holder->set_port_state(port_state::down);
+  ctx->poll();
+  EXPECT_EQ(int(r1.ready()) + int(r2.ready()), 1);
+  dev_holder->set_port_state(port_state::active);
+  EXPECT_TRUE(r1.wait_for(0ns));
+  EXPECT_TRUE(r2.wait_for(0ns));
+  EXPECT_EQ(r1.get().type, event_type::port_err) << "parked requests complete in the order they were parked";
+  EXPECT_EQ(r2.get().type, event_type::port_active);
+}
+
+TEST_F(events_test, cancel_events_completes_parked_requests_with_operation_aborted) {
+  auto r1 = dev.async_get_event(use_request);
+  auto r2 = dev.async_get_event(use_request);
+  EXPECT_EQ(dev.cancel_events(), 2u);
+  std::error_code ec;
+  ASSERT_TRUE(r1.wait_for(0ns));
+  r1.get(ec);
+  EXPECT_EQ(ec, make_error_code(errc::operation_aborted));
+  ASSERT_TRUE(r2.wait_for(0ns));
+  r2.get(ec);
+  EXPECT_EQ(ec, make_error_code(errc::operation_aborted));
+}
+
+TEST_F(events_test, an_event_raised_after_cancel_events_is_not_lost) {
+  auto r1 = dev.async_get_event(use_request);
+  EXPECT_EQ(dev.cancel_events(), 1u);
+  dev_holder->set_port_state(port_state::down);  // nobody is waiting now
+  auto r2 = dev.async_get_event(use_request);
+  ASSERT_TRUE(r2.wait_for(0ns)) << "the event went to the cancelled request";
+  EXPECT_EQ(r2.get().type, event_type::port_err);
+}
+
+TEST_F(events_test, an_event_raised_after_request_cancel_goes_to_the_next_request) {
+  auto r1 = dev.async_get_event(use_request);
+  auto r2 = dev.async_get_event(use_request);
+  EXPECT_TRUE(r1.cancel());
+  dev_holder->set_port_state(port_state::down);
+  ASSERT_TRUE(r2.wait_for(0ns)) << "the event went to the cancelled request";
+  EXPECT_EQ(r2.get().type, event_type::port_err);
+}
+
+TEST_F(events_test, get_event_with_a_callback_runs_it_in_an_alertable_wait) {
+  int calls = 0;
+  async_event got{};
+  dev.async_get_event([&](std::error_code ec, async_event ev) {
+    ++calls;
+    if (!ec) got = ev;
+  });
+  dev_holder->set_port_state(port_state::down);
+  ctx->poll();
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(ctx->alertable_wait(0ns), 1u);
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(got.type, event_type::port_err);
+}
+
+TEST_F(events_test, synchronous_get_event_returns_a_queued_event) {
+  dev_holder->set_port_state(port_state::down);
+  const async_event ev = dev.get_event();
+  EXPECT_EQ(ev.type, event_type::port_err);
+  EXPECT_EQ(ev.element, 1u);
+}
+
+}  // namespace
+}  // namespace averbs::test

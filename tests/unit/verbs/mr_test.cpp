@@ -1,0 +1,485 @@
+// SPDX-License-Identifier: MIT
+// Memory regions (rdma-core tests/test_mr.py, IBTA 10.6): registration
+// access rules, keys, remote and local protection checks as completion
+// statuses, re-registration, zero-based regions, deregistration.
+#include "verbs_fixture.hpp"
+
+namespace averbs::test {
+namespace {
+
+using namespace std::chrono_literals;
+using mr_test = conformance_test;
+
+constexpr std::uint32_t lw = access_local_write, rw = access_remote_write, rr = access_remote_read,
+                        ra = access_remote_atomic;
+
+// The requester's one error completion, and both QPs in ERR (an RC
+// responder error, docs/verbs.md "Completion statuses").
+#define EXPECT_REMOTE_ERROR(p, wr_id, status)                     \
+  do {                                                            \
+    EXPECT_TRUE(wc_is(poll_one((p).cq_a), (wr_id), (status)));    \
+    EXPECT_EQ(query_state((p).a), qp_state::err);                 \
+    EXPECT_EQ(query_state((p).b), qp_state::err);                 \
+  } while (0)
+
+// ---------------------------------------------------------------------------
+// Registration
+
+TEST_F(mr_test, reg_with_every_legal_access_combination_succeeds) {
+  std::vector<std::byte> mem(4096);
+  const std::uint32_t flags[] = {lw, rw, rr, ra, access_mw_bind};
+  for (std::uint32_t bits = 0; bits < 32; ++bits) {
+    std::uint32_t acc = 0;
+    for (int i = 0; i < 5; ++i)
+      if ((bits & (1u << i)) != 0) acc |= flags[i];
+    if ((acc & (rw | ra)) != 0 && (acc & lw) == 0) continue;  // illegal, tested below
+    SCOPED_TRACE(acc);
+    std::error_code ec;
+    mr m = pd_.reg_mr(mem.data(), mem.size(), acc, ec);
+    ASSERT_FALSE(ec) << ec.message();
+    EXPECT_EQ(m.access(), acc);
+    EXPECT_EQ(m.addr(), mem.data());
+    EXPECT_EQ(m.length(), mem.size());
+    EXPECT_NE(m.lkey(), 0u);
+    m.dereg();
+  }
+}
+
+TEST_F(mr_test, reg_remote_write_without_local_write_bad_flow) {
+  std::vector<std::byte> mem(64);
+  std::error_code ec;
+  pd_.reg_mr(mem.data(), mem.size(), rw, ec);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_argument));
+  pd_.reg_mr(mem.data(), mem.size(), rw | rr, ec);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_argument));
+}
+
+TEST_F(mr_test, reg_remote_atomic_without_local_write_bad_flow) {
+  std::vector<std::byte> mem(64);
+  std::error_code ec;
+  pd_.reg_mr(mem.data(), mem.size(), ra, ec);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_argument));
+  pd_.reg_mr(mem.data(), mem.size(), ra | rr | access_mw_bind, ec);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_argument));
+}
+
+TEST_F(mr_test, reg_zero_length_bad_flow) {
+  // include/averbs/verbs/pd.hpp: zero length is invalid_argument (as
+  // ib_umem_get: EINVAL).
+  std::vector<std::byte> mem(64);
+  std::error_code ec;
+  mr m = pd_.reg_mr(mem.data(), 0, lw, ec);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_argument));
+  EXPECT_FALSE(m);
+}
+
+TEST_F(mr_test, reg_on_demand_paging_not_supported_bad_flow) {
+  std::vector<std::byte> mem(64);
+  std::error_code ec;
+  pd_.reg_mr(mem.data(), mem.size(), lw | access_on_demand, ec);
+  EXPECT_EQ(ec, make_error_code(errc::not_supported));
+}
+
+TEST_F(mr_test, lkey_equals_rkey_and_regions_have_distinct_keys) {
+  auto b1 = make_buffer(64), b2 = make_buffer(64);
+  mr again = pd_.reg_mr(b1.bytes.data(), 64, lw);  // the same memory twice
+  for (const mr* m : {&b1.m, &b2.m, &again}) EXPECT_EQ(m->lkey(), m->rkey());
+  EXPECT_NE(b1.m.lkey(), b2.m.lkey());
+  EXPECT_NE(b1.m.lkey(), again.lkey());
+  EXPECT_NE(b2.m.lkey(), again.lkey());
+}
+
+TEST_F(mr_test, dereg_twice_is_stale_handle) {
+  auto b = make_buffer(64);
+  b.m.dereg();
+  std::error_code ec;
+  b.m.dereg(ec);
+  EXPECT_EQ(ec, make_error_code(errc::stale_handle));
+}
+
+// ---------------------------------------------------------------------------
+// Remote access checks (responder)
+
+TEST_F(mr_test, write_to_region_without_remote_write_is_rem_access_err) {
+  auto p = connected_pair();
+  auto local = make_buffer(64), remote = make_buffer(64, lw | rr | ra);
+  remote.fill(0);
+  local.fill('x');
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 1, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  EXPECT_REMOTE_ERROR(p, 1, wc_status::rem_access_err);
+  EXPECT_TRUE(remote.all(0));
+}
+
+TEST_F(mr_test, read_from_region_without_remote_read_is_rem_access_err) {
+  auto p = connected_pair();
+  auto local = make_buffer(64), remote = make_buffer(64, lw | rw);
+  local.fill(0);
+  remote.fill('r');
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_read, {local.whole()}, 2, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  EXPECT_REMOTE_ERROR(p, 2, wc_status::rem_access_err);
+  EXPECT_TRUE(local.all(0));
+}
+
+TEST_F(mr_test, write_ending_at_the_last_byte_succeeds) {
+  auto p = connected_pair();
+  auto local = make_buffer(16), remote = make_buffer(100);
+  fill_pattern(local, 1);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 3, send_signaled, remote.addr() + 84,
+                         remote.m.rkey()));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 3, wc_opcode::rdma_write));
+  EXPECT_TRUE(has_pattern(remote, 1, 84, 16));
+}
+
+TEST_F(mr_test, write_one_byte_past_the_end_is_rem_access_err) {
+  auto p = connected_pair();
+  auto local = make_buffer(16), remote = make_buffer(100);
+  remote.fill(0);
+  local.fill('x');
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 4, send_signaled, remote.addr() + 85,
+                         remote.m.rkey()));
+  EXPECT_REMOTE_ERROR(p, 4, wc_status::rem_access_err);
+  EXPECT_TRUE(remote.all(0));
+}
+
+TEST_F(mr_test, read_longer_than_the_region_is_rem_access_err) {
+  auto p = connected_pair();
+  auto local = make_buffer(101), remote = make_buffer(100);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_read, {local.whole()}, 5, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  EXPECT_REMOTE_ERROR(p, 5, wc_status::rem_access_err);
+}
+
+TEST_F(mr_test, write_below_the_region_start_is_rem_access_err) {
+  auto p = connected_pair();
+  auto local = make_buffer(16), remote = make_buffer(100);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 6, send_signaled, remote.addr() - 1,
+                         remote.m.rkey()));
+  EXPECT_REMOTE_ERROR(p, 6, wc_status::rem_access_err);
+}
+
+TEST_F(mr_test, wrong_key_byte_is_rem_access_err) {
+  auto p = connected_pair();
+  auto local = make_buffer(16), remote = make_buffer(16);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 7, send_signaled, remote.addr(),
+                         inc_rkey(remote.m.rkey())));
+  EXPECT_REMOTE_ERROR(p, 7, wc_status::rem_access_err);
+}
+
+TEST_F(mr_test, region_of_another_pd_is_rem_access_err) {
+  auto p = connected_pair();
+  pd other = dev.alloc_pd();
+  std::vector<std::byte> mem(64);
+  mr foreign = other.reg_mr(mem.data(), mem.size(), lw | rw | rr);
+  auto local = make_buffer(16);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 8, send_signaled,
+                         reinterpret_cast<std::uintptr_t>(mem.data()), foreign.rkey()));
+  EXPECT_REMOTE_ERROR(p, 8, wc_status::rem_access_err);
+}
+
+TEST_F(mr_test, deregistered_region_rkey_is_rem_access_err) {
+  auto p = connected_pair();
+  auto local = make_buffer(16), remote = make_buffer(16);
+  const std::uint32_t rkey = remote.m.rkey();
+  remote.m.dereg();
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_read, {local.whole()}, 9, send_signaled, remote.addr(), rkey));
+  EXPECT_REMOTE_ERROR(p, 9, wc_status::rem_access_err);
+}
+
+TEST_F(mr_test, zero_length_write_with_a_bad_rkey_succeeds) {
+  // IBTA C9-88: a zero-length RDMA request names no memory; its R_Key is
+  // not checked.
+  auto p = connected_pair();
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {}, 10, send_signaled, 0x1234, 0xDEADBE00));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 10, wc_opcode::rdma_write));
+  EXPECT_EQ(query_state(p.a), qp_state::rts);
+  EXPECT_EQ(query_state(p.b), qp_state::rts);
+}
+
+TEST_F(mr_test, zero_length_read_with_a_bad_rkey_succeeds) {
+  auto p = connected_pair();
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_read, {}, 11, send_signaled, 0x1234, 0xDEADBE00));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 11, wc_opcode::rdma_read));
+  EXPECT_EQ(query_state(p.a), qp_state::rts);
+  EXPECT_EQ(query_state(p.b), qp_state::rts);
+}
+
+// ---------------------------------------------------------------------------
+// Local protection checks
+
+TEST_F(mr_test, bad_lkey_in_a_send_sge_is_loc_prot_err) {
+  auto p = connected_pair();
+  auto src = make_buffer(16), dst = make_buffer(16);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 20));
+  sge g = src.whole();
+  g.lkey = inc_rkey(g.lkey);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {g}, 12));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 13));
+  const auto v = poll(p.cq_a, 2);
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_TRUE(wc_is(v[0], 12, wc_status::loc_prot_err));
+  EXPECT_TRUE(wc_is(v[1], 13, wc_status::wr_flush_err));
+  EXPECT_EQ(query_state(p.a), qp_state::err);
+  EXPECT_TRUE(drain(p.cq_b).empty()) << "nothing was sent";
+  EXPECT_EQ(query_state(p.b), qp_state::rts);
+}
+
+TEST_F(mr_test, bad_lkey_in_a_write_source_is_loc_prot_err) {
+  auto p = connected_pair();
+  auto src = make_buffer(16), remote = make_buffer(16);
+  remote.fill(0);
+  sge g = src.whole();
+  g.lkey = inc_rkey(g.lkey);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {g}, 14, send_signaled, remote.addr(), remote.m.rkey()));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_a), 14, wc_status::loc_prot_err));
+  EXPECT_EQ(query_state(p.a), qp_state::err);
+  EXPECT_TRUE(remote.all(0));
+}
+
+TEST_F(mr_test, send_sge_beyond_its_region_is_loc_prot_err) {
+  auto p = connected_pair();
+  auto src = make_buffer(16), dst = make_buffer(32);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 21));
+  sge g = src.whole();
+  g.length = 17;
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {g}, 15));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_a), 15, wc_status::loc_prot_err));
+  EXPECT_EQ(query_state(p.a), qp_state::err);
+}
+
+TEST_F(mr_test, send_from_a_region_without_access_flags_works) {
+  // Local read needs no access flag (IBTA 10.6.3.1).
+  auto p = connected_pair();
+  auto src = make_buffer(16, 0), dst = make_buffer(16);
+  fill_pattern(src, 2);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 22));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 16));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 16, wc_opcode::send));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_b), 22, wc_opcode::recv));
+  EXPECT_TRUE(has_pattern(dst, 2, 0, 16));
+}
+
+TEST_F(mr_test, bad_lkey_in_a_receive_sge_is_loc_prot_err_and_rem_op_err) {
+  auto p = connected_pair();
+  auto src = make_buffer(16), dst = make_buffer(16);
+  sge g = dst.whole();
+  g.lkey = inc_rkey(g.lkey);
+  ASSERT_FALSE(post_recv(p.b, {g}, 23));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 17));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_b), 23, wc_status::loc_prot_err));
+  EXPECT_REMOTE_ERROR(p, 17, wc_status::rem_op_err);
+}
+
+TEST_F(mr_test, receive_sge_beyond_its_region_is_loc_prot_err_and_rem_op_err) {
+  auto p = connected_pair();
+  auto src = make_buffer(32), dst = make_buffer(16);
+  sge g = dst.whole();
+  g.length = 32;
+  ASSERT_FALSE(post_recv(p.b, {g}, 27));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 28));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_b), 27, wc_status::loc_prot_err));
+  EXPECT_REMOTE_ERROR(p, 28, wc_status::rem_op_err);
+}
+
+TEST_F(mr_test, bad_lkey_for_read_data_is_loc_prot_err) {
+  auto p = connected_pair();
+  auto local = make_buffer(16), remote = make_buffer(16);
+  local.fill(0);
+  sge g = local.whole();
+  g.lkey = inc_rkey(g.lkey);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_read, {g}, 29, send_signaled, remote.addr(), remote.m.rkey()));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_a), 29, wc_status::loc_prot_err));
+  EXPECT_EQ(query_state(p.a), qp_state::err);
+  EXPECT_TRUE(local.all(0));
+}
+
+TEST_F(mr_test, receive_into_a_region_without_local_write_is_loc_prot_err) {
+  auto p = connected_pair();
+  auto src = make_buffer(16), dst = make_buffer(16, rr);
+  dst.fill(0);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 24));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 18));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_b), 24, wc_status::loc_prot_err));
+  EXPECT_REMOTE_ERROR(p, 18, wc_status::rem_op_err);
+  EXPECT_TRUE(dst.all(0));
+}
+
+TEST_F(mr_test, read_into_a_region_without_local_write_is_loc_prot_err) {
+  auto p = connected_pair();
+  auto local = make_buffer(16, rr), remote = make_buffer(16);
+  local.fill(0);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_read, {local.whole()}, 19, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_a), 19, wc_status::loc_prot_err));
+  EXPECT_EQ(query_state(p.a), qp_state::err);
+  EXPECT_TRUE(local.all(0));
+}
+
+// ---------------------------------------------------------------------------
+// Re-registration
+
+TEST_F(mr_test, rereg_access_revoking_remote_write_makes_writes_fail) {
+  auto p = connected_pair();
+  auto local = make_buffer(16), remote = make_buffer(16, lw | rw);
+  local.fill('a');
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 30, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 30, wc_opcode::rdma_write));
+  remote.m.rereg(rereg_change_access, nullptr, nullptr, 0, lw);
+  EXPECT_EQ(remote.m.access(), lw);
+  remote.fill(0);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 31, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  EXPECT_REMOTE_ERROR(p, 31, wc_status::rem_access_err);
+  EXPECT_TRUE(remote.all(0));
+}
+
+TEST_F(mr_test, rereg_access_granting_remote_write_makes_writes_succeed) {
+  auto p = connected_pair();
+  auto local = make_buffer(16), remote = make_buffer(16, lw);
+  fill_pattern(local, 3);
+  remote.m.rereg(rereg_change_access, nullptr, nullptr, 0, lw | rw);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 32, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 32, wc_opcode::rdma_write));
+  EXPECT_TRUE(has_pattern(remote, 3, 0, 16));
+}
+
+TEST_F(mr_test, rereg_changes_the_keys_and_the_old_rkey_fails) {
+  auto p = connected_pair();
+  auto local = make_buffer(16), remote = make_buffer(16);
+  const std::uint32_t old_key = remote.m.rkey();
+  remote.m.rereg(rereg_change_access, nullptr, nullptr, 0, lw | rw | rr);
+  EXPECT_NE(remote.m.rkey(), old_key);
+  EXPECT_EQ(remote.m.lkey(), remote.m.rkey());
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 33, send_signaled, remote.addr(), old_key));
+  EXPECT_REMOTE_ERROR(p, 33, wc_status::rem_access_err);
+}
+
+TEST_F(mr_test, rereg_translation_moves_the_region_to_the_new_buffer) {
+  auto p = connected_pair();
+  auto local = make_buffer(256), remote = make_buffer(256);
+  fill_pattern(local, 4);
+  remote.fill(0);
+  std::vector<std::byte> fresh(512, std::byte{0});
+  remote.m.rereg(rereg_change_translation, nullptr, fresh.data(), fresh.size(), 0);
+  EXPECT_EQ(remote.m.addr(), fresh.data());
+  EXPECT_EQ(remote.m.length(), fresh.size());
+  const auto fresh_addr = reinterpret_cast<std::uintptr_t>(fresh.data());
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 34, send_signaled, fresh_addr + 256,
+                         remote.m.rkey()));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 34, wc_opcode::rdma_write));
+  for (std::size_t i = 0; i < 256; ++i) ASSERT_EQ(fresh[256 + i], pattern_byte(i, 4)) << i;
+  EXPECT_TRUE(remote.all(0)) << "the old buffer was written";
+}
+
+TEST_F(mr_test, rereg_translation_old_address_is_outside_the_region) {
+  auto p = connected_pair();
+  auto local = make_buffer(16), remote = make_buffer(64);
+  std::vector<std::byte> fresh(64);
+  remote.m.rereg(rereg_change_translation, nullptr, fresh.data(), fresh.size(), 0);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 35, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  EXPECT_REMOTE_ERROR(p, 35, wc_status::rem_access_err);
+}
+
+TEST_F(mr_test, rereg_translation_receives_into_the_new_buffer) {
+  // test_mr.py test_mr_rereg_addr: a receive posted after the move lands in
+  // the new memory.
+  auto p = connected_pair();
+  auto src = make_buffer(64), dst = make_buffer(64);
+  fill_pattern(src, 5);
+  dst.fill(0);
+  std::vector<std::byte> fresh(64, std::byte{0});
+  dst.m.rereg(rereg_change_translation, nullptr, fresh.data(), fresh.size(), 0);
+  const sge g{reinterpret_cast<std::uintptr_t>(fresh.data()), 64, dst.m.lkey()};
+  ASSERT_FALSE(post_recv(p.b, {g}, 25));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 36));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 36, wc_opcode::send));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_b), 25, wc_opcode::recv));
+  for (std::size_t i = 0; i < 64; ++i) ASSERT_EQ(fresh[i], pattern_byte(i, 5)) << i;
+  EXPECT_TRUE(dst.all(0));
+}
+
+TEST_F(mr_test, rereg_pd_makes_qps_of_the_old_pd_fail_with_rem_access_err) {
+  auto p = connected_pair();
+  auto local = make_buffer(16), remote = make_buffer(16);
+  pd other = dev.alloc_pd();
+  remote.m.rereg(rereg_change_pd, &other, nullptr, 0, 0);
+  remote.fill(0);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 37, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  EXPECT_REMOTE_ERROR(p, 37, wc_status::rem_access_err);
+  EXPECT_TRUE(remote.all(0));
+}
+
+TEST_F(mr_test, rereg_pd_makes_the_lkey_unusable_by_qps_of_the_old_pd) {
+  auto p = connected_pair();
+  auto src = make_buffer(16), dst = make_buffer(16);
+  pd other = dev.alloc_pd();
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 26));
+  src.m.rereg(rereg_change_pd, &other, nullptr, 0, 0);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 38));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_a), 38, wc_status::loc_prot_err));
+}
+
+TEST_F(mr_test, rereg_with_flags_0_bad_flow) {
+  auto b = make_buffer(16);
+  std::error_code ec;
+  b.m.rereg(0, nullptr, nullptr, 0, 0, ec);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_argument));
+}
+
+TEST_F(mr_test, rereg_with_unknown_flags_bad_flow) {
+  auto b = make_buffer(16);
+  std::error_code ec;
+  b.m.rereg(8, nullptr, nullptr, 0, 0, ec);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_argument));
+}
+
+TEST_F(mr_test, rereg_access_remote_write_without_local_write_bad_flow) {
+  auto b = make_buffer(16);
+  const std::uint32_t key = b.m.rkey();
+  std::error_code ec;
+  b.m.rereg(rereg_change_access, nullptr, nullptr, 0, rw | rr, ec);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_argument));
+  EXPECT_EQ(b.m.rkey(), key) << "a failed rereg changed the region";
+  EXPECT_EQ(b.m.access(), lw | rw | rr | ra);
+}
+
+TEST_F(mr_test, rereg_translation_with_zero_length_bad_flow) {
+  auto b = make_buffer(16);
+  std::error_code ec;
+  b.m.rereg(rereg_change_translation, nullptr, b.bytes.data(), 0, 0, ec);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_argument));
+}
+
+// ---------------------------------------------------------------------------
+// Zero-based regions
+
+TEST_F(mr_test, zero_based_region_remote_addresses_start_at_0) {
+  auto p = connected_pair();
+  auto local = make_buffer(32), remote = make_buffer(256, lw | rw | rr | access_zero_based);
+  fill_pattern(local, 6);
+  remote.fill(0);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 40, send_signaled, 100, remote.m.rkey()));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 40, wc_opcode::rdma_write));
+  EXPECT_TRUE(remote.all(0, 0, 100));
+  EXPECT_TRUE(has_pattern(remote, 6, 100, 32));
+  local.fill(0);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_read, {local.whole()}, 41, send_signaled, 100, remote.m.rkey()));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 41, wc_opcode::rdma_read));
+  EXPECT_TRUE(has_pattern(local, 6, 0, 32));
+}
+
+TEST_F(mr_test, zero_based_region_ends_at_its_length) {
+  auto p = connected_pair();
+  auto local = make_buffer(32), remote = make_buffer(256, lw | rw | access_zero_based);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 42, send_signaled, 256 - 31,
+                         remote.m.rkey()));
+  EXPECT_REMOTE_ERROR(p, 42, wc_status::rem_access_err);
+}
+
+}  // namespace
+}  // namespace averbs::test

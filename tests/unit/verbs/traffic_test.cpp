@@ -1,0 +1,1186 @@
+// SPDX-License-Identifier: MIT
+// Data-path conformance: every opcode each transport allows (IBTA 9.2,
+// table 38), zero-length and multi-packet messages, scatter/gather, inline,
+// signaling, UD specifics (GRH area, Q_Key), RNR and retry exhaustion,
+// fences, ordering and flushing.  The behaviour asserted is docs/verbs.md.
+#include "verbs_fixture.hpp"
+
+#include <array>
+
+namespace averbs::test {
+namespace {
+
+using namespace std::chrono_literals;
+using traffic = conformance_test;
+
+constexpr std::uint32_t all_remote =
+    access_local_write | access_remote_write | access_remote_read | access_remote_atomic;
+
+qp_options with_type(qp_type t) {
+  qp_options o;
+  o.type = t;
+  return o;
+}
+
+// ---------------------------------------------------------------------------
+// SEND and its variants
+
+TEST_F(traffic, rc_send_delivers_bytes_and_reports_recv_completion) {
+  auto p = connected_pair();
+  auto src = make_buffer(300), dst = make_buffer(512);
+  fill_pattern(src, 1);
+  dst.fill('\x5A');
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 70));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 50));
+  const auto s = poll_one(p.cq_a);
+  EXPECT_TRUE(wc_ok(s, 50, wc_opcode::send));
+  EXPECT_EQ(s.qp_num, p.a.num());
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 70, wc_opcode::recv));
+  EXPECT_EQ(r.byte_len, 300u);
+  EXPECT_EQ(r.qp_num, p.b.num());
+  EXPECT_EQ(r.wc_flags & (wc_with_imm | wc_with_inv), 0u);
+  EXPECT_TRUE(has_pattern(dst, 1, 0, 300));
+  EXPECT_TRUE(dst.all('\x5A', 300));  // nothing written past the message
+}
+
+TEST_F(traffic, rc_send_with_imm_reports_imm_in_network_order) {
+  auto p = connected_pair();
+  auto src = make_buffer(64), dst = make_buffer(64);
+  fill_pattern(src, 2);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 7));
+  std::vector<sge> sg{src.whole()};
+  send_wr w = make_wr(wr_opcode::send_with_imm, sg, 3);
+  w.imm_data = net32(0x12345678);
+  ASSERT_FALSE(p.a.post_send(w));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 3, wc_opcode::send));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 7, wc_opcode::recv));
+  EXPECT_EQ(r.byte_len, 64u);
+  EXPECT_EQ(r.wc_flags & (wc_with_imm | wc_with_inv), static_cast<std::uint32_t>(wc_with_imm));
+  EXPECT_EQ(r.imm_data, net32(0x12345678));
+  EXPECT_TRUE(has_pattern(dst, 2, 0, 64));
+}
+
+TEST_F(traffic, uc_send_with_imm_reports_imm_in_network_order) {
+  auto p = connected_pair(with_type(qp_type::uc));
+  auto src = make_buffer(100), dst = make_buffer(128);
+  fill_pattern(src, 3);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 8));
+  std::vector<sge> sg{src.whole()};
+  send_wr w = make_wr(wr_opcode::send_with_imm, sg, 4);
+  w.imm_data = net32(0xCAFEF00D);
+  ASSERT_FALSE(p.a.post_send(w));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 4, wc_opcode::send));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 8, wc_opcode::recv));
+  EXPECT_EQ(r.byte_len, 100u);
+  EXPECT_EQ(r.wc_flags & (wc_with_imm | wc_with_inv), static_cast<std::uint32_t>(wc_with_imm));
+  EXPECT_EQ(r.imm_data, net32(0xCAFEF00D));
+  EXPECT_TRUE(has_pattern(dst, 3, 0, 100));
+}
+
+TEST_F(traffic, ud_send_with_imm_reports_imm_grh_and_source_qp) {
+  auto p = connected_pair(with_type(qp_type::ud));
+  auto h = make_ah();
+  auto src = make_buffer(32), dst = make_buffer(40 + 32);
+  fill_pattern(src, 4);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 9));
+  ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.whole()}, 5, wr_opcode::send_with_imm, net32(0x01020304)));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 5, wc_opcode::send));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 9, wc_opcode::recv));
+  EXPECT_EQ(r.byte_len, 40u + 32u);
+  EXPECT_EQ(r.wc_flags, static_cast<std::uint32_t>(wc_grh | wc_with_imm));
+  EXPECT_EQ(r.imm_data, net32(0x01020304));
+  EXPECT_EQ(r.src_qp, p.a.num());
+  EXPECT_TRUE(has_pattern(dst, 4, 40, 32));
+}
+
+TEST_F(traffic, rc_send_with_invalidate_reports_invalidated_key) {
+  auto p = connected_pair();
+  auto window_mem = make_buffer(4096, all_remote | access_mw_bind);
+  mw w = pd_.alloc_mw(mw_type::type2);
+  const std::uint32_t key = inc_rkey(w.rkey());
+  send_wr bind = make_wr(wr_opcode::bind_mw, {}, 60);
+  bind.bind_mw = &w;
+  bind.bind_rkey = key;
+  bind.bind_info = {window_mem.m.lkey(), window_mem.addr(), 4096, access_remote_write};
+  ASSERT_FALSE(p.b.post_send(bind));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_b), 60, wc_opcode::bind_mw));
+
+  auto src = make_buffer(48), dst = make_buffer(64);
+  fill_pattern(src, 5);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 61));
+  std::vector<sge> sg{src.whole()};
+  send_wr s = make_wr(wr_opcode::send_with_inv, sg, 62);
+  s.imm_data = key;
+  ASSERT_FALSE(p.a.post_send(s));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 62, wc_opcode::send));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 61, wc_opcode::recv));
+  EXPECT_EQ(r.byte_len, 48u);
+  EXPECT_EQ(r.wc_flags & (wc_with_imm | wc_with_inv), static_cast<std::uint32_t>(wc_with_inv));
+  EXPECT_EQ(r.imm_data, key);
+  EXPECT_TRUE(has_pattern(dst, 5, 0, 48));
+}
+
+TEST_F(traffic, uc_rejects_read_atomic_and_send_with_invalidate_bad_flow) {
+  // IBTA 9.2 table 38: UC carries SEND, SEND with immediate, RDMA WRITE and
+  // WRITE with immediate only.
+  auto p = connected_pair(with_type(qp_type::uc));
+  auto local = make_buffer(64), remote = make_buffer(64);
+  for (wr_opcode op : {wr_opcode::rdma_read, wr_opcode::atomic_cmp_and_swp, wr_opcode::atomic_fetch_and_add,
+                       wr_opcode::send_with_inv}) {
+    std::vector<sge> sg{local.part(0, 8)};
+    send_wr w = make_wr(op, sg, 1, send_signaled, remote.addr(), remote.m.rkey());
+    EXPECT_EQ(p.a.post_send(w), make_error_code(errc::invalid_argument)) << static_cast<int>(op);
+  }
+  EXPECT_TRUE(drain(p.cq_a).empty());
+  EXPECT_EQ(query_state(p.a), qp_state::rts);
+}
+
+TEST_F(traffic, ud_allows_only_send_opcodes_bad_flow) {
+  auto p = connected_pair(with_type(qp_type::ud));
+  auto h = make_ah();
+  auto local = make_buffer(64);
+  for (wr_opcode op : {wr_opcode::rdma_write, wr_opcode::rdma_write_with_imm, wr_opcode::rdma_read,
+                       wr_opcode::atomic_cmp_and_swp, wr_opcode::atomic_fetch_and_add, wr_opcode::send_with_inv,
+                       wr_opcode::local_inv}) {
+    EXPECT_EQ(post_ud(p.a, h, p.b.num(), ud_qkey, {local.part(0, 8)}, 1, op),
+              make_error_code(errc::invalid_argument))
+        << static_cast<int>(op);
+  }
+  EXPECT_TRUE(drain(p.cq_a).empty());
+}
+
+TEST_F(traffic, ud_send_without_address_handle_bad_flow) {
+  auto p = connected_pair(with_type(qp_type::ud));
+  auto local = make_buffer(64);
+  std::vector<sge> sg{local.part(0, 8)};
+  send_wr w = make_wr(wr_opcode::send, sg, 1);
+  w.remote_qpn = p.b.num();
+  w.remote_qkey = ud_qkey;
+  EXPECT_EQ(p.a.post_send(w), make_error_code(errc::invalid_argument));
+}
+
+// ---------------------------------------------------------------------------
+// RDMA WRITE, WRITE with immediate, READ
+
+TEST_F(traffic, rc_rdma_write_places_data_without_consuming_a_receive) {
+  auto p = connected_pair();
+  auto local = make_buffer(2000), remote = make_buffer(4096), dst = make_buffer(64);
+  fill_pattern(local, 6);
+  remote.fill(0);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 90));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 11, send_signaled, remote.addr() + 100,
+                         remote.m.rkey()));
+  const auto s = poll_one(p.cq_a);
+  EXPECT_TRUE(wc_ok(s, 11, wc_opcode::rdma_write));
+  EXPECT_TRUE(remote.all(0, 0, 100));
+  EXPECT_TRUE(has_pattern(remote, 6, 100, 2000));
+  EXPECT_TRUE(remote.all(0, 2100));
+  EXPECT_TRUE(drain(p.cq_b).empty()) << "a plain WRITE consumed a receive";
+  // The receive is still there for the next SEND.
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {local.part(0, 8)}, 12));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_b), 90, wc_opcode::recv));
+}
+
+TEST_F(traffic, uc_rdma_write_places_data) {
+  auto p = connected_pair(with_type(qp_type::uc));
+  auto local = make_buffer(3000), remote = make_buffer(3000);
+  fill_pattern(local, 7);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 13, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 13, wc_opcode::rdma_write));
+  EXPECT_TRUE(has_pattern(remote, 7, 0, 3000));
+  EXPECT_TRUE(drain(p.cq_b).empty());
+}
+
+TEST_F(traffic, rc_write_with_imm_consumes_receive_with_write_length) {
+  auto p = connected_pair();
+  auto local = make_buffer(1500), remote = make_buffer(1500), dst = make_buffer(16);
+  fill_pattern(local, 8);
+  dst.fill('\x11');
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 14));
+  std::vector<sge> sg{local.whole()};
+  send_wr w = make_wr(wr_opcode::rdma_write_with_imm, sg, 15, send_signaled, remote.addr(), remote.m.rkey());
+  w.imm_data = net32(0xA5A5F00F);
+  ASSERT_FALSE(p.a.post_send(w));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 15, wc_opcode::rdma_write));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 14, wc_opcode::recv_rdma_with_imm));
+  EXPECT_EQ(r.byte_len, 1500u);
+  EXPECT_EQ(r.wc_flags & (wc_with_imm | wc_with_inv), static_cast<std::uint32_t>(wc_with_imm));
+  EXPECT_EQ(r.imm_data, net32(0xA5A5F00F));
+  EXPECT_EQ(r.qp_num, p.b.num());
+  EXPECT_TRUE(has_pattern(remote, 8, 0, 1500));
+  EXPECT_TRUE(dst.all('\x11')) << "the receive buffer of a WRITE with immediate is not written";
+}
+
+TEST_F(traffic, uc_write_with_imm_consumes_receive_with_write_length) {
+  auto p = connected_pair(with_type(qp_type::uc));
+  auto local = make_buffer(2500), remote = make_buffer(2500), dst = make_buffer(16);
+  fill_pattern(local, 9);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 16));
+  std::vector<sge> sg{local.whole()};
+  send_wr w = make_wr(wr_opcode::rdma_write_with_imm, sg, 17, send_signaled, remote.addr(), remote.m.rkey());
+  w.imm_data = net32(7);
+  ASSERT_FALSE(p.a.post_send(w));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 17, wc_opcode::rdma_write));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 16, wc_opcode::recv_rdma_with_imm));
+  EXPECT_EQ(r.byte_len, 2500u);
+  EXPECT_EQ(r.imm_data, net32(7));
+  EXPECT_EQ(r.wc_flags & (wc_with_imm | wc_with_inv), static_cast<std::uint32_t>(wc_with_imm));
+  EXPECT_TRUE(has_pattern(remote, 9, 0, 2500));
+}
+
+TEST_F(traffic, rc_rdma_read_fetches_remote_bytes) {
+  auto p = connected_pair();
+  auto local = make_buffer(4096), remote = make_buffer(4096);
+  fill_pattern(remote, 10);
+  local.fill(0);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_read, {local.part(8, 3000)}, 18, send_signaled, remote.addr() + 50,
+                         remote.m.rkey()));
+  const auto s = poll_one(p.cq_a);
+  EXPECT_TRUE(wc_ok(s, 18, wc_opcode::rdma_read));
+  EXPECT_EQ(s.byte_len, 3000u);
+  EXPECT_TRUE(local.all(0, 0, 8));
+  EXPECT_TRUE(has_pattern(local, 10, 8, 3000, 50));
+  EXPECT_TRUE(local.all(0, 3008));
+  EXPECT_TRUE(drain(p.cq_b).empty());
+}
+
+// ---------------------------------------------------------------------------
+// Zero-length messages
+
+TEST_F(traffic, rc_zero_length_send_completes_with_byte_len_0) {
+  auto p = connected_pair();
+  auto dst = make_buffer(64);
+  dst.fill('\x33');
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 20));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {}, 21));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 21, wc_opcode::send));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 20, wc_opcode::recv));
+  EXPECT_EQ(r.byte_len, 0u);
+  EXPECT_TRUE(dst.all('\x33'));
+}
+
+TEST_F(traffic, uc_zero_length_send_completes_with_byte_len_0) {
+  auto p = connected_pair(with_type(qp_type::uc));
+  auto dst = make_buffer(64);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 22));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {}, 23));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 23, wc_opcode::send));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 22, wc_opcode::recv));
+  EXPECT_EQ(r.byte_len, 0u);
+}
+
+TEST_F(traffic, rc_zero_length_write_completes) {
+  auto p = connected_pair();
+  auto remote = make_buffer(64);
+  remote.fill('\x44');
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {}, 24, send_signaled, remote.addr(), remote.m.rkey()));
+  const auto s = poll_one(p.cq_a);
+  EXPECT_TRUE(wc_ok(s, 24, wc_opcode::rdma_write));
+  EXPECT_EQ(s.byte_len, 0u);
+  EXPECT_TRUE(remote.all('\x44'));
+}
+
+TEST_F(traffic, rc_zero_length_read_completes) {
+  auto p = connected_pair();
+  auto remote = make_buffer(64);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_read, {}, 25, send_signaled, remote.addr(), remote.m.rkey()));
+  const auto s = poll_one(p.cq_a);
+  EXPECT_TRUE(wc_ok(s, 25, wc_opcode::rdma_read));
+  EXPECT_EQ(s.byte_len, 0u);
+  EXPECT_EQ(query_state(p.a), qp_state::rts);
+}
+
+TEST_F(traffic, ud_zero_length_send_reports_byte_len_40) {
+  auto p = connected_pair(with_type(qp_type::ud));
+  auto h = make_ah();
+  auto dst = make_buffer(40);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 26));
+  ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {}, 27));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 27, wc_opcode::send));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 26, wc_opcode::recv));
+  EXPECT_EQ(r.byte_len, 40u);
+  EXPECT_EQ(r.src_qp, p.a.num());
+  EXPECT_EQ(r.wc_flags, static_cast<std::uint32_t>(wc_grh));
+}
+
+// ---------------------------------------------------------------------------
+// Multi-packet messages at every path MTU
+
+constexpr std::array<mtu, 5> all_mtus{mtu::mtu_256, mtu::mtu_512, mtu::mtu_1024, mtu::mtu_2048, mtu::mtu_4096};
+
+TEST_F(traffic, rc_send_of_10000_bytes_is_byte_exact_at_every_mtu) {
+  for (mtu m : all_mtus) {
+    SCOPED_TRACE(mtu_bytes(m));
+    qp_options o;
+    o.path_mtu = m;
+    auto p = connected_pair(o);
+    auto src = make_buffer(10000), dst = make_buffer(10000);
+    fill_pattern(src, static_cast<unsigned>(m));
+    dst.fill(0);
+    ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 1));
+    ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 2));
+    EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 2, wc_opcode::send));
+    const auto r = poll_one(p.cq_b);
+    EXPECT_TRUE(wc_ok(r, 1, wc_opcode::recv));
+    EXPECT_EQ(r.byte_len, 10000u);
+    EXPECT_TRUE(has_pattern(dst, static_cast<unsigned>(m), 0, 10000));
+  }
+}
+
+TEST_F(traffic, rc_write_of_10000_bytes_is_byte_exact_at_every_mtu) {
+  for (mtu m : all_mtus) {
+    SCOPED_TRACE(mtu_bytes(m));
+    qp_options o;
+    o.path_mtu = m;
+    auto p = connected_pair(o);
+    auto src = make_buffer(10000), dst = make_buffer(10002);
+    fill_pattern(src, 20 + static_cast<unsigned>(m));
+    dst.fill(0);
+    ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {src.whole()}, 3, send_signaled, dst.addr() + 1,
+                           dst.m.rkey()));
+    EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 3, wc_opcode::rdma_write));
+    EXPECT_TRUE(dst.all(0, 0, 1));
+    EXPECT_TRUE(has_pattern(dst, 20 + static_cast<unsigned>(m), 1, 10000));
+    EXPECT_TRUE(dst.all(0, 10001));
+  }
+}
+
+TEST_F(traffic, rc_read_of_10000_bytes_is_byte_exact_at_every_mtu) {
+  for (mtu m : all_mtus) {
+    SCOPED_TRACE(mtu_bytes(m));
+    qp_options o;
+    o.path_mtu = m;
+    auto p = connected_pair(o);
+    auto local = make_buffer(10000), remote = make_buffer(10000);
+    fill_pattern(remote, 40 + static_cast<unsigned>(m));
+    local.fill(0);
+    ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_read, {local.whole()}, 4, send_signaled, remote.addr(),
+                           remote.m.rkey()));
+    const auto s = poll_one(p.cq_a);
+    EXPECT_TRUE(wc_ok(s, 4, wc_opcode::rdma_read));
+    EXPECT_EQ(s.byte_len, 10000u);
+    EXPECT_TRUE(has_pattern(local, 40 + static_cast<unsigned>(m), 0, 10000));
+  }
+}
+
+TEST_F(traffic, uc_send_of_10000_bytes_takes_one_packet_per_mtu) {
+  for (mtu m : all_mtus) {
+    SCOPED_TRACE(mtu_bytes(m));
+    qp_options o = with_type(qp_type::uc);
+    o.path_mtu = m;
+    auto p = connected_pair(o);
+    auto src = make_buffer(10000), dst = make_buffer(10000);
+    fill_pattern(src, 60 + static_cast<unsigned>(m));
+    ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 5));
+    const auto before = dev.counters().packets_sent;
+    ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 6));
+    EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 6, wc_opcode::send));
+    const auto r = poll_one(p.cq_b);
+    EXPECT_TRUE(wc_ok(r, 5, wc_opcode::recv));
+    EXPECT_EQ(r.byte_len, 10000u);
+    EXPECT_TRUE(has_pattern(dst, 60 + static_cast<unsigned>(m), 0, 10000));
+    // UC has no acknowledgements: exactly ceil(10000 / MTU) packets.
+    EXPECT_EQ(dev.counters().packets_sent - before, (10000u + mtu_bytes(m) - 1) / mtu_bytes(m));
+  }
+}
+
+TEST_F(traffic, rc_send_of_782_packets_crosses_the_unacknowledged_window) {
+  qp_options o;
+  o.path_mtu = mtu::mtu_256;
+  auto p = connected_pair(o);
+  auto src = make_buffer(200000), dst = make_buffer(200000);
+  fill_pattern(src, 70);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 1));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 2));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 2, wc_opcode::send));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 1, wc_opcode::recv));
+  EXPECT_EQ(r.byte_len, 200000u);
+  EXPECT_TRUE(has_pattern(dst, 70, 0, 200000));
+  EXPECT_EQ(dev.counters().retransmits, 0u);
+}
+
+TEST_F(traffic, rc_read_of_782_responses_is_byte_exact) {
+  qp_options o;
+  o.path_mtu = mtu::mtu_256;
+  auto p = connected_pair(o);
+  auto local = make_buffer(200000), remote = make_buffer(200000);
+  fill_pattern(remote, 71);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_read, {local.whole()}, 3, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 3, wc_opcode::rdma_read));
+  EXPECT_TRUE(has_pattern(local, 71, 0, 200000));
+}
+
+TEST_F(traffic, rc_one_mebibyte_write_at_mtu_4096_is_byte_exact) {
+  qp_options o;
+  o.path_mtu = mtu::mtu_4096;
+  auto p = connected_pair(o);
+  auto src = make_buffer(1 << 20), dst = make_buffer(1 << 20);
+  fill_pattern(src, 72);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {src.whole()}, 4, send_signaled, dst.addr(), dst.m.rkey()));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 4, wc_opcode::rdma_write));
+  EXPECT_TRUE(has_pattern(dst, 72, 0, 1 << 20));
+}
+
+TEST_F(traffic, rc_zero_length_write_with_imm_consumes_a_receive) {
+  auto p = connected_pair();
+  auto dst = make_buffer(8);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 5));
+  std::vector<sge> none;
+  send_wr w = make_wr(wr_opcode::rdma_write_with_imm, none, 6, send_signaled, 0, 0);
+  w.imm_data = net32(0xBEEF);
+  ASSERT_FALSE(p.a.post_send(w));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 6, wc_opcode::rdma_write));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 5, wc_opcode::recv_rdma_with_imm));
+  EXPECT_EQ(r.byte_len, 0u);
+  EXPECT_EQ(r.imm_data, net32(0xBEEF));
+}
+
+// ---------------------------------------------------------------------------
+// Scatter/gather
+
+TEST_F(traffic, rc_send_gathers_and_scatters_across_uneven_sges) {
+  auto p = connected_pair();
+  auto src = make_buffer(4096), dst = make_buffer(4096);
+  fill_pattern(src, 11);
+  dst.fill(0);
+  // 7 + 1500 + 993 = 2500 bytes out; 1000 + 13 + 1487 = 2500 bytes in.
+  const std::vector<sge> out{src.part(0, 7), src.part(7, 1500), src.part(1507, 993)};
+  const std::vector<sge> in{dst.part(3000, 1000), dst.part(10, 13), dst.part(100, 1487)};
+  ASSERT_FALSE(post_recv(p.b, in, 30));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, out, 31));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 31, wc_opcode::send));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 30, wc_opcode::recv));
+  EXPECT_EQ(r.byte_len, 2500u);
+  EXPECT_TRUE(has_pattern(dst, 11, 3000, 1000, 0));
+  EXPECT_TRUE(has_pattern(dst, 11, 10, 13, 1000));
+  EXPECT_TRUE(has_pattern(dst, 11, 100, 1487, 1013));
+  EXPECT_TRUE(dst.all(0, 0, 10));
+  EXPECT_TRUE(dst.all(0, 23, 77));
+}
+
+TEST_F(traffic, rc_write_gathers_from_three_sges) {
+  auto p = connected_pair();
+  auto src = make_buffer(3000), remote = make_buffer(3000);
+  fill_pattern(src, 12);
+  const std::vector<sge> out{src.part(2000, 999), src.part(0, 1), src.part(1, 1999)};
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, out, 32, send_signaled, remote.addr(), remote.m.rkey()));
+  const auto s = poll_one(p.cq_a);
+  EXPECT_TRUE(wc_ok(s, 32, wc_opcode::rdma_write));
+  EXPECT_EQ(s.byte_len, 2999u);
+  EXPECT_TRUE(has_pattern(remote, 12, 0, 999, 2000));
+  EXPECT_TRUE(has_pattern(remote, 12, 999, 2000, 0));
+}
+
+TEST_F(traffic, rc_read_scatters_into_three_sges) {
+  auto p = connected_pair();
+  auto local = make_buffer(3000), remote = make_buffer(3000);
+  fill_pattern(remote, 13);
+  local.fill(0);
+  const std::vector<sge> in{local.part(2500, 500), local.part(0, 1024), local.part(1200, 1000)};
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_read, in, 33, send_signaled, remote.addr(), remote.m.rkey()));
+  const auto s = poll_one(p.cq_a);
+  EXPECT_TRUE(wc_ok(s, 33, wc_opcode::rdma_read));
+  EXPECT_EQ(s.byte_len, 2524u);
+  EXPECT_TRUE(has_pattern(local, 13, 2500, 500, 0));
+  EXPECT_TRUE(has_pattern(local, 13, 0, 1024, 500));
+  EXPECT_TRUE(has_pattern(local, 13, 1200, 1000, 1524));
+  EXPECT_TRUE(local.all(0, 1024, 176));
+}
+
+// ---------------------------------------------------------------------------
+// Inline data
+
+TEST_F(traffic, rc_inline_send_copies_the_payload_at_post) {
+  auto p = connected_pair();
+  auto src = make_buffer(60), dst = make_buffer(64);
+  fill_pattern(src, 14);
+  // No receive yet: the SEND meets an RNR NAK and is sent again later,
+  // after the application reused its buffer.
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 34, send_signaled | send_inline));
+  src.fill('\x00');
+  EXPECT_TRUE(quiet(p.cq_a));
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 35));
+  EXPECT_TRUE(wc_ok(poll(p.cq_a, 1, 1ms).at(0), 34, wc_opcode::send));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 35, wc_opcode::recv));
+  EXPECT_EQ(r.byte_len, 60u);
+  EXPECT_TRUE(has_pattern(dst, 14, 0, 60)) << "the receiver got the overwritten buffer";
+}
+
+TEST_F(traffic, inline_send_ignores_the_lkey) {
+  // IBTA 10.8.2.2: inline data is read by the CI at post time; the L_Key of
+  // its SGEs is not used.
+  auto p = connected_pair();
+  auto src = make_buffer(40), dst = make_buffer(64);
+  fill_pattern(src, 15);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 36));
+  sge g = src.whole();
+  g.lkey = 0;
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {g}, 37, send_signaled | send_inline));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 37, wc_opcode::send));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_b), 36, wc_opcode::recv));
+  EXPECT_TRUE(has_pattern(dst, 15, 0, 40));
+}
+
+TEST_F(traffic, rc_inline_write_places_data) {
+  auto p = connected_pair();
+  auto src = make_buffer(64), remote = make_buffer(64);
+  fill_pattern(src, 16);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {src.part(0, 20), src.part(20, 44)}, 38,
+                         send_signaled | send_inline, remote.addr(), remote.m.rkey()));
+  src.fill(0);
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 38, wc_opcode::rdma_write));
+  EXPECT_TRUE(has_pattern(remote, 16, 0, 64));
+}
+
+TEST_F(traffic, inline_longer_than_max_inline_data_bad_flow) {
+  auto p = connected_pair();  // max_inline_data 64
+  auto src = make_buffer(65);
+  EXPECT_EQ(post_send(p.a, wr_opcode::send, {src.whole()}, 39, send_signaled | send_inline),
+            make_error_code(errc::invalid_argument));
+  EXPECT_TRUE(drain(p.cq_a).empty());
+}
+
+TEST_F(traffic, inline_rdma_read_bad_flow) {
+  auto p = connected_pair();
+  auto local = make_buffer(16), remote = make_buffer(16);
+  EXPECT_EQ(post_send(p.a, wr_opcode::rdma_read, {local.whole()}, 40, send_signaled | send_inline, remote.addr(),
+                      remote.m.rkey()),
+            make_error_code(errc::invalid_argument));
+}
+
+// ---------------------------------------------------------------------------
+// Signaling
+
+TEST_F(traffic, unsignaled_send_produces_no_completion_but_a_later_signaled_one_does) {
+  auto p = connected_pair();
+  auto src = make_buffer(32), d1 = make_buffer(32), d2 = make_buffer(32);
+  ASSERT_FALSE(post_recv(p.b, {d1.whole()}, 41));
+  ASSERT_FALSE(post_recv(p.b, {d2.whole()}, 42));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 43, 0));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_b), 41, wc_opcode::recv));
+  EXPECT_TRUE(drain(p.cq_a).empty());
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 44));
+  const auto v = poll(p.cq_a, 2);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_TRUE(wc_ok(v[0], 44, wc_opcode::send));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_b), 42, wc_opcode::recv));
+}
+
+TEST_F(traffic, sq_sig_all_signals_every_request) {
+  qp_options o;
+  o.sq_sig_all = true;
+  auto p = connected_pair(o);
+  auto src = make_buffer(32), remote = make_buffer(32), dst = make_buffer(32);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 45));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {src.whole()}, 46, 0, remote.addr(), remote.m.rkey()));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 47, 0));
+  const auto v = poll(p.cq_a, 2);
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_TRUE(wc_ok(v[0], 46, wc_opcode::rdma_write));
+  EXPECT_TRUE(wc_ok(v[1], 47, wc_opcode::send));
+}
+
+// ---------------------------------------------------------------------------
+// UD specifics
+
+TEST_F(traffic, ud_grh_area_holds_a_valid_ipv4_header_and_the_payload_follows) {
+  auto p = connected_pair(with_type(qp_type::ud));
+  auto h = make_ah();
+  auto src = make_buffer(64), dst = make_buffer(40 + 64 + 16);
+  fill_pattern(src, 17);
+  dst.fill('\xEE');
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 50));
+  ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.whole()}, 51));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 51, wc_opcode::send));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 50, wc_opcode::recv));
+  EXPECT_EQ(r.byte_len, 40u + 64u);
+  EXPECT_EQ(r.src_qp, p.a.num());
+  EXPECT_EQ(r.qp_num, p.b.num());
+  EXPECT_EQ(r.wc_flags, static_cast<std::uint32_t>(wc_grh));
+  // IPv4 (RoCEv2 over an IPv4-mapped GID): 20 bytes of zero, then the header.
+  EXPECT_TRUE(dst.all(0, 0, 20));
+  auto byte = [&](std::size_t i) { return std::to_integer<unsigned>(dst.bytes[i]); };
+  EXPECT_EQ(byte(20), 0x45u);  // version 4, IHL 5
+  EXPECT_EQ((byte(22) << 8) | byte(23), 20u + 8u + 12u + 8u + 64u + 4u);  // IP + UDP + BTH + DETH + payload + ICRC
+  EXPECT_EQ(byte(28), 64u);    // TTL = the AH's hop limit
+  EXPECT_EQ(byte(29), 17u);    // UDP
+  std::uint32_t sum = 0;
+  for (std::size_t i = 20; i < 40; i += 2) sum += (byte(i) << 8) | byte(i + 1);
+  while (sum >> 16) sum = (sum & 0xFFFF) + (sum >> 16);
+  EXPECT_EQ(sum, 0xFFFFu) << "IPv4 header checksum";
+  for (std::size_t i : {32u, 36u}) {  // source and destination: 127.0.0.1
+    EXPECT_EQ(byte(i), 127u);
+    EXPECT_EQ(byte(i + 1), 0u);
+    EXPECT_EQ(byte(i + 2), 0u);
+    EXPECT_EQ(byte(i + 3), 1u);
+  }
+  EXPECT_TRUE(has_pattern(dst, 17, 40, 64));
+  EXPECT_TRUE(dst.all('\xEE', 104));
+}
+
+TEST_F(traffic, ud_qkey_mismatch_drops_the_datagram_silently) {
+  auto p = connected_pair(with_type(qp_type::ud));
+  auto h = make_ah();
+  auto src = make_buffer(16), dst = make_buffer(40 + 16);
+  fill_pattern(src, 18);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 52));
+  ASSERT_FALSE(post_ud(p.a, h, p.b.num(), 0x22222222, {src.whole()}, 53));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 53, wc_opcode::send));  // the sender cannot know
+  EXPECT_TRUE(drain(p.cq_b).empty());
+  // The receive is still posted: the next good datagram uses it.
+  ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.whole()}, 54));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 54, wc_opcode::send));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_b), 52, wc_opcode::recv));
+  EXPECT_EQ(query_state(p.b), qp_state::rts);
+}
+
+TEST_F(traffic, ud_remote_qkey_with_high_bit_uses_the_qps_own_qkey) {
+  // IBTA 10.2.5: a Q_Key in the WR with the high-order bit set means the
+  // QP's own Q_Key is sent.
+  auto p = connected_pair(with_type(qp_type::ud));
+  auto h = make_ah();
+  auto src = make_buffer(16), dst = make_buffer(40 + 16);
+  fill_pattern(src, 19);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 55));
+  ASSERT_FALSE(post_ud(p.a, h, p.b.num(), 0x80000000u, {src.whole()}, 56));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 56, wc_opcode::send));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 55, wc_opcode::recv));
+  EXPECT_TRUE(has_pattern(dst, 19, 40, 16));
+}
+
+TEST_F(traffic, ud_send_larger_than_the_mtu_completes_without_delivery) {
+  auto p = connected_pair(with_type(qp_type::ud));
+  auto h = make_ah();
+  const std::uint32_t port_mtu = mtu_bytes(dev.query_port(1).active_mtu);
+  auto src = make_buffer(port_mtu + 1), dst = make_buffer(40 + port_mtu + 1);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 57));
+  ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.whole()}, 58));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 58, wc_opcode::send));
+  EXPECT_TRUE(drain(p.cq_b).empty());
+  // A datagram of exactly the MTU is delivered, into the same receive.
+  ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.part(0, port_mtu)}, 59));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 59, wc_opcode::send));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 57, wc_opcode::recv));
+  EXPECT_EQ(r.byte_len, 40u + port_mtu);
+}
+
+TEST_F(traffic, ud_receive_smaller_than_grh_plus_payload_drops_the_datagram) {
+  auto p = connected_pair(with_type(qp_type::ud));
+  auto h = make_ah();
+  auto src = make_buffer(64), dst = make_buffer(40 + 63);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 60));
+  ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.whole()}, 61));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 61, wc_opcode::send));
+  EXPECT_TRUE(drain(p.cq_b).empty());
+  EXPECT_EQ(query_state(p.b), qp_state::rts);
+  ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.part(0, 63)}, 62));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 62, wc_opcode::send));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 60, wc_opcode::recv));
+  EXPECT_EQ(r.byte_len, 40u + 63u);
+}
+
+// ---------------------------------------------------------------------------
+// RNR
+
+TEST_F(traffic, rc_send_without_receive_completes_after_rnr_once_a_receive_is_posted) {
+  auto p = connected_pair();
+  auto src = make_buffer(100), dst = make_buffer(100);
+  fill_pattern(src, 20);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 63));
+  EXPECT_TRUE(drain(p.cq_a).empty());
+  EXPECT_GE(dev.counters().rnr_naks_sent, 1u);
+  advance(20ms);  // RNR retries (rnr_retry 7: forever) find no receive yet
+  EXPECT_TRUE(drain(p.cq_a).empty());
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 64));
+  const auto v = poll(p.cq_a, 1, 1ms);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_TRUE(wc_ok(v[0], 63, wc_opcode::send));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 64, wc_opcode::recv));
+  EXPECT_EQ(r.byte_len, 100u);
+  EXPECT_TRUE(has_pattern(dst, 20, 0, 100));
+  EXPECT_EQ(query_state(p.a), qp_state::rts);
+}
+
+TEST_F(traffic, rc_write_with_imm_without_receive_completes_after_rnr) {
+  auto p = connected_pair();
+  auto src = make_buffer(2048), remote = make_buffer(2048), dst = make_buffer(8);
+  fill_pattern(src, 21);
+  std::vector<sge> sg{src.whole()};
+  send_wr w = make_wr(wr_opcode::rdma_write_with_imm, sg, 65, send_signaled, remote.addr(), remote.m.rkey());
+  w.imm_data = net32(99);
+  ASSERT_FALSE(p.a.post_send(w));
+  EXPECT_TRUE(drain(p.cq_a).empty());
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 66));
+  const auto v = poll(p.cq_a, 1, 1ms);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_TRUE(wc_ok(v[0], 65, wc_opcode::rdma_write));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 66, wc_opcode::recv_rdma_with_imm));
+  EXPECT_EQ(r.byte_len, 2048u);
+  EXPECT_EQ(r.imm_data, net32(99));
+  EXPECT_TRUE(has_pattern(remote, 21, 0, 2048));
+}
+
+TEST_F(traffic, rnr_retry_0_to_6_exhausts_with_rnr_retry_exc_err_and_flushes_the_rest) {
+  for (std::uint8_t n = 0; n <= 6; ++n) {
+    SCOPED_TRACE(static_cast<int>(n));
+    qp_options oa;
+    oa.rnr_retry = n;
+    auto p = connect(oa, qp_options{});
+    auto src = make_buffer(16);
+    const auto before = dev.counters().rnr_naks_received;
+    ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 1));
+    ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 2, 0));  // unsignaled: flushed anyway
+    const auto v = poll(p.cq_a, 2, 1ms);
+    ASSERT_EQ(v.size(), 2u);
+    EXPECT_TRUE(wc_is(v[0], 1, wc_status::rnr_retry_exc_err));
+    EXPECT_TRUE(wc_is(v[1], 2, wc_status::wr_flush_err));
+    // The first try and n retries each met an RNR NAK.
+    EXPECT_EQ(dev.counters().rnr_naks_received - before, n + 1u);
+    EXPECT_EQ(query_state(p.a), qp_state::err);
+    EXPECT_EQ(query_state(p.b), qp_state::rts) << "an RNR NAK does not change the responder";
+    EXPECT_TRUE(drain(p.cq_a).empty());
+  }
+}
+
+TEST_F(traffic, rnr_retry_7_retries_until_a_receive_is_posted) {
+  auto p = connected_pair();  // rnr_retry 7
+  auto src = make_buffer(16), dst = make_buffer(16);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 67));
+  advance(300ms, 1ms);  // ~470 RNR timer periods of 0.64 ms
+  EXPECT_TRUE(drain(p.cq_a).empty());
+  EXPECT_GT(dev.counters().rnr_naks_received, 100u);
+  EXPECT_EQ(query_state(p.a), qp_state::rts);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 68));
+  const auto v = poll(p.cq_a, 1, 1ms);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_TRUE(wc_ok(v[0], 67, wc_opcode::send));
+}
+
+// ---------------------------------------------------------------------------
+// Retry exhaustion (no acknowledgement)
+
+TEST_F(traffic, retry_exhaustion_when_the_peer_is_in_err) {
+  qp_options oa;
+  oa.retry_cnt = 2;
+  auto p = connect(oa, qp_options{});
+  qp_attr e;
+  e.state = qp_state::err;
+  p.b.modify(e, qp_attr_state);
+  auto src = make_buffer(16);
+  const auto before = dev.counters().retransmits;
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 70));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 71));
+  EXPECT_TRUE(drain(p.cq_a).empty());
+  const auto v = poll(p.cq_a, 2, 70ms);  // timeout 14: 67.1 ms
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_TRUE(wc_is(v[0], 70, wc_status::retry_exc_err));
+  EXPECT_TRUE(wc_is(v[1], 71, wc_status::wr_flush_err));
+  EXPECT_EQ(dev.counters().retransmits - before, 2u);
+  EXPECT_EQ(query_state(p.a), qp_state::err);
+}
+
+TEST_F(traffic, retry_exhaustion_when_the_peer_is_in_reset) {
+  qp_options oa;
+  oa.retry_cnt = 1;
+  auto p = connect(oa, qp_options{});
+  qp_attr r;
+  r.state = qp_state::reset;
+  p.b.modify(r, qp_attr_state);
+  auto src = make_buffer(16), remote = make_buffer(16);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {src.whole()}, 72, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  const auto v = poll(p.cq_a, 1, 70ms);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_TRUE(wc_is(v[0], 72, wc_status::retry_exc_err));
+  EXPECT_EQ(query_state(p.a), qp_state::err);
+}
+
+TEST_F(traffic, retry_exhaustion_when_the_peer_was_destroyed) {
+  qp_options oa;
+  oa.retry_cnt = 3;
+  auto p = connect(oa, qp_options{});
+  p.b.destroy();
+  auto local = make_buffer(16), remote = make_buffer(16);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_read, {local.whole()}, 73, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  const auto v = poll(p.cq_a, 1, 70ms);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_TRUE(wc_is(v[0], 73, wc_status::retry_exc_err));
+  EXPECT_EQ(query_state(p.a), qp_state::err);
+}
+
+TEST_F(traffic, retry_cnt_7_gives_up_after_seven_retries) {
+  // docs/verbs.md: retry_cnt 7 means 7 retries (IBTA), not "forever" (rxe).
+  auto p = connected_pair();  // retry_cnt 7
+  qp_attr e;
+  e.state = qp_state::err;
+  p.b.modify(e, qp_attr_state);
+  auto src = make_buffer(16);
+  const auto before = dev.counters().retransmits;
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 74));
+  const auto v = poll(p.cq_a, 1, 70ms);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_TRUE(wc_is(v[0], 74, wc_status::retry_exc_err));
+  EXPECT_EQ(dev.counters().retransmits - before, 7u);
+}
+
+TEST_F(traffic, timeout_0_never_retransmits) {
+  qp_options oa;
+  oa.timeout = 0;
+  auto p = connect(oa, qp_options{});
+  qp_attr e;
+  e.state = qp_state::err;
+  p.b.modify(e, qp_attr_state);
+  auto src = make_buffer(16);
+  const auto before = dev.counters().retransmits;
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 75));
+  advance(10s, 100ms);
+  EXPECT_TRUE(drain(p.cq_a).empty());
+  EXPECT_EQ(dev.counters().retransmits - before, 0u);
+  EXPECT_EQ(query_state(p.a), qp_state::rts);
+}
+
+// ---------------------------------------------------------------------------
+// Responder errors visible in traffic
+
+TEST_F(traffic, send_larger_than_the_receive_is_loc_len_err_and_rem_inv_req_err) {
+  auto p = connected_pair();
+  auto src = make_buffer(100), dst = make_buffer(50);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 76));
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 77));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 78));
+  const auto r = poll(p.cq_b, 2);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_TRUE(wc_is(r[0], 76, wc_status::loc_len_err));
+  EXPECT_TRUE(wc_is(r[1], 77, wc_status::wr_flush_err));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_a), 78, wc_status::rem_inv_req_err));
+  EXPECT_EQ(query_state(p.a), qp_state::err);
+  EXPECT_EQ(query_state(p.b), qp_state::err);
+}
+
+TEST_F(traffic, write_to_a_qp_without_remote_write_is_rem_inv_req_err) {
+  qp_options ob;
+  ob.access = access_local_write | access_remote_read;
+  auto p = connect(qp_options{}, ob);
+  auto src = make_buffer(16), remote = make_buffer(16);
+  remote.fill(0);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {src.whole()}, 79, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_a), 79, wc_status::rem_inv_req_err));
+  EXPECT_TRUE(remote.all(0));
+  EXPECT_EQ(query_state(p.a), qp_state::err);
+  EXPECT_EQ(query_state(p.b), qp_state::err);
+}
+
+TEST_F(traffic, read_from_a_qp_without_remote_read_is_rem_inv_req_err) {
+  qp_options ob;
+  ob.access = access_local_write | access_remote_write;
+  auto p = connect(qp_options{}, ob);
+  auto local = make_buffer(16), remote = make_buffer(16);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_read, {local.whole()}, 80, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_a), 80, wc_status::rem_inv_req_err));
+  EXPECT_EQ(query_state(p.a), qp_state::err);
+  EXPECT_EQ(query_state(p.b), qp_state::err);
+}
+
+TEST_F(traffic, read_from_a_responder_with_max_dest_rd_atomic_0_is_rem_inv_req_err) {
+  qp_options ob;
+  ob.max_dest_rd_atomic = 0;
+  auto p = connect(qp_options{}, ob);
+  auto local = make_buffer(16), remote = make_buffer(16);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_read, {local.whole()}, 81, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_a), 81, wc_status::rem_inv_req_err));
+  EXPECT_EQ(query_state(p.a), qp_state::err);
+  EXPECT_EQ(query_state(p.b), qp_state::err);
+}
+
+TEST_F(traffic, an_unsignaled_request_that_fails_still_completes) {
+  auto p = connected_pair();
+  auto src = make_buffer(16), remote = make_buffer(16);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {src.whole()}, 82, 0, remote.addr(),
+                         inc_rkey(remote.m.rkey())));
+  const auto v = poll(p.cq_a, 1);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_TRUE(wc_is(v[0], 82, wc_status::rem_access_err));
+}
+
+// ---------------------------------------------------------------------------
+// Ordering, fences, READ depth
+
+TEST_F(traffic, fenced_send_after_a_read_carries_the_data_read) {
+  auto p = connected_pair();
+  auto local = make_buffer(512), remote = make_buffer(512), dst = make_buffer(512);
+  fill_pattern(remote, 22);
+  local.fill(0);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 81));
+  const std::vector<sge> sg{local.whole()};
+  const std::array<send_wr, 2> wrs{
+      make_wr(wr_opcode::rdma_read, sg, 82, send_signaled, remote.addr(), remote.m.rkey()),
+      make_wr(wr_opcode::send, sg, 83, send_signaled | send_fence)};
+  ASSERT_FALSE(p.a.post_send(wrs));
+  const auto v = poll(p.cq_a, 2);
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_TRUE(wc_ok(v[0], 82, wc_opcode::rdma_read));
+  EXPECT_TRUE(wc_ok(v[1], 83, wc_opcode::send));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_b), 81, wc_opcode::recv));
+  EXPECT_TRUE(has_pattern(dst, 22, 0, 512));
+}
+
+TEST_F(traffic, max_rd_atomic_1_still_completes_eight_reads_in_order) {
+  auto p = connected_pair();  // max_rd_atomic 1, max_dest_rd_atomic 1
+  auto local = make_buffer(8 * 1500), remote = make_buffer(8 * 1500);
+  fill_pattern(remote, 23);
+  local.fill(0);
+  std::vector<std::vector<sge>> sgs;
+  std::vector<send_wr> wrs;
+  for (std::size_t i = 0; i < 8; ++i) sgs.push_back({local.part(i * 1500, 1500)});
+  for (std::size_t i = 0; i < 8; ++i)
+    wrs.push_back(make_wr(wr_opcode::rdma_read, sgs[i], 100 + i, send_signaled, remote.addr() + (7 - i) * 1500,
+                          remote.m.rkey()));
+  ASSERT_FALSE(p.a.post_send(wrs));
+  const auto v = poll(p.cq_a, 8);
+  ASSERT_EQ(v.size(), 8u);
+  for (std::size_t i = 0; i < 8; ++i) {
+    EXPECT_TRUE(wc_ok(v[i], 100 + i, wc_opcode::rdma_read));
+    EXPECT_TRUE(has_pattern(local, 23, i * 1500, 1500, (7 - i) * 1500)) << i;
+  }
+}
+
+TEST_F(traffic, max_rd_atomic_4_completes_sixteen_reads_in_order) {
+  qp_options o;
+  o.max_rd_atomic = 4;
+  o.max_dest_rd_atomic = 4;
+  o.cap.max_send_wr = 16;
+  o.path_mtu = mtu::mtu_256;
+  auto p = connected_pair(o);
+  auto local = make_buffer(16 * 700), remote = make_buffer(16 * 700);
+  fill_pattern(remote, 24);
+  std::vector<std::vector<sge>> sgs;
+  std::vector<send_wr> wrs;
+  for (std::size_t i = 0; i < 16; ++i) sgs.push_back({local.part(i * 700, 700)});
+  for (std::size_t i = 0; i < 16; ++i)
+    wrs.push_back(make_wr(wr_opcode::rdma_read, sgs[i], 200 + i, send_signaled, remote.addr() + i * 700,
+                          remote.m.rkey()));
+  ASSERT_FALSE(p.a.post_send(wrs));
+  const auto v = poll(p.cq_a, 16);
+  ASSERT_EQ(v.size(), 16u);
+  for (std::size_t i = 0; i < 16; ++i) EXPECT_TRUE(wc_ok(v[i], 200 + i, wc_opcode::rdma_read));
+  EXPECT_TRUE(has_pattern(local, 24, 0, 16 * 700));
+}
+
+TEST_F(traffic, completions_arrive_in_send_queue_order_across_opcodes) {
+  auto p = connected_pair();
+  auto local = make_buffer(4096), remote = make_buffer(4096), d1 = make_buffer(256), d2 = make_buffer(8);
+  fill_pattern(local, 25);
+  ASSERT_FALSE(post_recv(p.b, {d1.whole()}, 300));
+  ASSERT_FALSE(post_recv(p.b, {d2.whole()}, 301));
+  const std::vector<sge> w1{local.part(0, 2000)}, r1{local.part(2048, 1000)}, s1{local.part(0, 256)},
+      a1{local.part(4000, 8)};
+  std::array<send_wr, 5> wrs{
+      make_wr(wr_opcode::rdma_write, w1, 1, send_signaled, remote.addr(), remote.m.rkey()),
+      make_wr(wr_opcode::rdma_read, r1, 2, send_signaled, remote.addr(), remote.m.rkey()),
+      make_wr(wr_opcode::send, s1, 3),
+      make_wr(wr_opcode::atomic_fetch_and_add, a1, 4, send_signaled, remote.addr() + 4088, remote.m.rkey()),
+      make_wr(wr_opcode::rdma_write_with_imm, w1, 5, send_signaled, remote.addr() + 2048, remote.m.rkey())};
+  wrs[3].compare_add = 1;
+  wrs[4].imm_data = net32(5);
+  ASSERT_FALSE(p.a.post_send(wrs));
+  const auto v = poll(p.cq_a, 5);
+  ASSERT_EQ(v.size(), 5u);
+  EXPECT_TRUE(wc_ok(v[0], 1, wc_opcode::rdma_write));
+  EXPECT_TRUE(wc_ok(v[1], 2, wc_opcode::rdma_read));
+  EXPECT_TRUE(wc_ok(v[2], 3, wc_opcode::send));
+  EXPECT_TRUE(wc_ok(v[3], 4, wc_opcode::fetch_add));
+  EXPECT_TRUE(wc_ok(v[4], 5, wc_opcode::rdma_write));
+  EXPECT_EQ(v[3].byte_len, 8u);
+  // The READ saw the WRITE before it (RC executes in order).
+  EXPECT_TRUE(has_pattern(local, 25, 2048, 1000, 0));
+  const auto r = poll(p.cq_b, 2);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_TRUE(wc_ok(r[0], 300, wc_opcode::recv));
+  EXPECT_TRUE(wc_ok(r[1], 301, wc_opcode::recv_rdma_with_imm));
+}
+
+// ---------------------------------------------------------------------------
+// Unreliable transports drop instead of failing
+
+TEST_F(traffic, uc_send_without_a_receive_is_dropped) {
+  auto p = connected_pair(with_type(qp_type::uc));
+  auto src = make_buffer(32), dst = make_buffer(32);
+  fill_pattern(src, 73);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 1));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 1, wc_opcode::send));
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 2));
+  advance(1s, 100ms);
+  EXPECT_TRUE(drain(p.cq_b).empty()) << "a dropped UC message was delivered later";
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 3));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 3, wc_opcode::send));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_b), 2, wc_opcode::recv));
+  EXPECT_EQ(query_state(p.a), qp_state::rts);
+  EXPECT_EQ(query_state(p.b), qp_state::rts);
+}
+
+TEST_F(traffic, uc_write_with_a_bad_rkey_is_dropped_and_both_qps_stay_rts) {
+  auto p = connected_pair(with_type(qp_type::uc));
+  auto src = make_buffer(32), remote = make_buffer(32);
+  remote.fill(0);
+  fill_pattern(src, 74);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {src.whole()}, 1, send_signaled, remote.addr(),
+                         inc_rkey(remote.m.rkey())));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 1, wc_opcode::rdma_write));
+  EXPECT_TRUE(remote.all(0));
+  EXPECT_EQ(query_state(p.a), qp_state::rts);
+  EXPECT_EQ(query_state(p.b), qp_state::rts);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {src.whole()}, 2, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 2, wc_opcode::rdma_write));
+  EXPECT_TRUE(has_pattern(remote, 74, 0, 32));
+}
+
+TEST_F(traffic, ud_datagram_without_a_receive_is_dropped) {
+  auto p = connected_pair(with_type(qp_type::ud));
+  auto h = make_ah();
+  auto src = make_buffer(16), dst = make_buffer(40 + 16);
+  ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.whole()}, 1));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 1, wc_opcode::send));
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 2));
+  EXPECT_TRUE(drain(p.cq_b).empty());
+  ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.whole()}, 3));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_b), 2, wc_opcode::recv));
+}
+
+// ---------------------------------------------------------------------------
+// Post-time errors of a WR list
+
+TEST_F(traffic, a_bad_request_in_a_list_stops_the_post_there) {
+  auto p = connected_pair();  // max_send_sge 4
+  auto src = make_buffer(64), dst = make_buffer(64);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 9));
+  const std::vector<sge> one{src.part(0, 8)};
+  const std::vector<sge> five{src.part(0, 8), src.part(8, 8), src.part(16, 8), src.part(24, 8), src.part(32, 8)};
+  const std::array<send_wr, 3> wrs{make_wr(wr_opcode::send, one, 1), make_wr(wr_opcode::send, five, 2),
+                                   make_wr(wr_opcode::send, one, 3)};
+  std::size_t bad = 99;
+  EXPECT_EQ(p.a.post_send(wrs, &bad), make_error_code(errc::invalid_argument));
+  EXPECT_EQ(bad, 1u);
+  const auto v = drain(p.cq_a);
+  ASSERT_EQ(v.size(), 1u) << "requests after *bad were posted";
+  EXPECT_TRUE(wc_ok(v[0], 1, wc_opcode::send));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_b), 9, wc_opcode::recv));
+}
+
+TEST_F(traffic, posting_beyond_max_send_wr_is_queue_full) {
+  qp_options o;
+  o.cap.max_send_wr = 2;
+  auto p = connected_pair(o);
+  qp_attr e;
+  e.state = qp_state::err;
+  p.b.modify(e, qp_attr_state);  // keep the requests outstanding
+  auto src = make_buffer(8);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 1));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 2));
+  EXPECT_EQ(post_send(p.a, wr_opcode::send, {src.whole()}, 3), make_error_code(errc::queue_full));
+}
+
+TEST_F(traffic, message_longer_than_the_maximum_bad_flow) {
+  auto p = connected_pair();
+  auto src = make_buffer(8);
+  const std::vector<sge> huge{{src.addr(), 0x80000000u, src.m.lkey()}, {src.addr(), 1, src.m.lkey()}};
+  EXPECT_EQ(post_send(p.a, wr_opcode::send, huge, 1), make_error_code(errc::message_too_long));
+  EXPECT_TRUE(drain(p.cq_a).empty());
+}
+
+// ---------------------------------------------------------------------------
+// Flushing
+
+TEST_F(traffic, destroying_a_qp_flushes_each_outstanding_request_exactly_once) {
+  auto p = connected_pair();
+  qp_attr e;
+  e.state = qp_state::err;
+  p.b.modify(e, qp_attr_state);  // nothing will be acknowledged
+  auto local = make_buffer(64), remote = make_buffer(64), rbuf = make_buffer(64);
+  ASSERT_FALSE(post_recv(p.a, {rbuf.whole()}, 410));
+  ASSERT_FALSE(post_recv(p.a, {rbuf.whole()}, 411));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {local.whole()}, 401));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 402, 0, remote.addr(), remote.m.rkey()));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_read, {local.whole()}, 403, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  EXPECT_TRUE(drain(p.cq_a).empty());
+  p.a.destroy();
+  auto v = drain(p.cq_a);
+  std::vector<std::uint64_t> sq, rq;
+  for (const auto& wc : v) {
+    EXPECT_EQ(wc.status, wc_status::wr_flush_err) << wc.wr_id;
+    (wc.wr_id >= 410 ? rq : sq).push_back(wc.wr_id);
+  }
+  EXPECT_EQ(sq, (std::vector<std::uint64_t>{401, 402, 403}));
+  EXPECT_EQ(rq, (std::vector<std::uint64_t>{410, 411}));
+  advance(1s, 100ms);
+  EXPECT_TRUE(drain(p.cq_a).empty()) << "a destroyed QP completed something twice";
+}
+
+TEST_F(traffic, post_send_in_err_completes_with_wr_flush_err) {
+  auto p = connected_pair();
+  qp_attr e;
+  e.state = qp_state::err;
+  p.a.modify(e, qp_attr_state);
+  auto src = make_buffer(16);
+  EXPECT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 420, 0));
+  const auto v = poll(p.cq_a, 1);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_TRUE(wc_is(v[0], 420, wc_status::wr_flush_err));
+  EXPECT_EQ(v[0].qp_num, p.a.num());
+  EXPECT_TRUE(drain(p.cq_b).empty());
+}
+
+TEST_F(traffic, post_recv_in_err_completes_with_wr_flush_err) {
+  auto p = connected_pair();
+  qp_attr e;
+  e.state = qp_state::err;
+  p.b.modify(e, qp_attr_state);
+  auto dst = make_buffer(16);
+  EXPECT_FALSE(post_recv(p.b, {dst.whole()}, 421));
+  const auto v = poll(p.cq_b, 1);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_TRUE(wc_is(v[0], 421, wc_status::wr_flush_err));
+  EXPECT_EQ(v[0].qp_num, p.b.num());
+}
+
+TEST_F(traffic, moving_to_err_flushes_posted_receives_in_order) {
+  auto p = connected_pair();
+  auto dst = make_buffer(16);
+  for (std::uint64_t id = 430; id < 434; ++id) ASSERT_FALSE(post_recv(p.b, {dst.whole()}, id));
+  qp_attr e;
+  e.state = qp_state::err;
+  p.b.modify(e, qp_attr_state);
+  const auto v = drain(p.cq_b);
+  ASSERT_EQ(v.size(), 4u);
+  for (std::size_t i = 0; i < 4; ++i) EXPECT_TRUE(wc_is(v[i], 430 + i, wc_status::wr_flush_err));
+}
+
+}  // namespace
+}  // namespace averbs::test

@@ -1126,7 +1126,10 @@ void device::on_clock_changed() noexcept { write_one(timer_fd_); }
 void device::schedule_requester(qp_t* qp) noexcept {
   if (qp->req.scheduled) return;
   qp->req.scheduled = true;
-  req_ready_.push_back(qp);
+  qp->req.next_ready = nullptr;
+  if (req_tail_ != nullptr) req_tail_->req.next_ready = qp;
+  else req_head_ = qp;
+  req_tail_ = qp;
 }
 
 void device::run() noexcept {
@@ -1180,15 +1183,16 @@ void device::run() noexcept {
       flush_acks();  // the receive queue drained: acknowledge the burst
       continue;
     }
-    if (!req_ready_.empty()) {
-      qp_t* qp = req_ready_.front();
-      req_ready_.pop_front();
+    if (req_head_ != nullptr) {
+      qp_t* qp = req_head_;
+      req_head_ = qp->req.next_ready;
+      if (req_head_ == nullptr) req_tail_ = nullptr;
       qp->req.scheduled = false;
       requester(qp);
       continue;
     }
     link_->flush();  // may loop packets back (loopback with held faults)
-    if (rx_head_ != nullptr || !req_ready_.empty() || !ack_ready_.empty()) continue;
+    if (rx_head_ != nullptr || req_head_ != nullptr || !ack_ready_.empty()) continue;
     break;
   }
   running_ = false;

@@ -254,6 +254,7 @@ struct qp_t {
     std::uint32_t rd_atomic = 0;    // READ/atomic WQEs started and not done
     std::uint32_t noack_pkts = 0;   // packets sent since the last AckReq
     bool scheduled = false;
+    qp_t* next_ready = nullptr;     // the device's run queue (intrusive)
   } req;
 
   struct completer {
@@ -575,7 +576,9 @@ class device final : public progress_source, public clock_listener {
   bool busy_poll_ = false;
   packet* rx_head_ = nullptr;
   packet* rx_tail_ = nullptr;
-  std::deque<qp_t*> req_ready_;
+  // Requesters with work, in order; intrusive so scheduling never allocates.
+  qp_t* req_head_ = nullptr;
+  qp_t* req_tail_ = nullptr;
   std::vector<qp_t*> ack_ready_;  // QPs with a coalesced ACK to send
   std::uint32_t polls_ = 0;
   packet* free_packets_ = nullptr;

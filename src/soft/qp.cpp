@@ -447,7 +447,18 @@ std::error_code device::destroy_qp(qp_t* qp) {
     flush_qp(qp);
   }
   disarm_timers(qp);
-  std::erase(req_ready_, qp);
+  if (qp->req.scheduled) {
+    qp_t** link = &req_head_;
+    qp_t* prev = nullptr;
+    while (*link != nullptr && *link != qp) {
+      prev = *link;
+      link = &(*link)->req.next_ready;
+    }
+    if (*link == qp) {
+      *link = qp->req.next_ready;
+      if (req_tail_ == qp) req_tail_ = prev;
+    }
+  }
   std::erase(ack_ready_, qp);
   auto drop_cq = [this](cq_t* cq) {
     if (--cq->users == 0 && cq->released) {

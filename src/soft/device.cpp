@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 namespace averbs::soft {
@@ -245,6 +246,7 @@ device::device(const device_config& cfg)
     if (!cfg.address.is_zero()) {
       base_link_ = std::make_unique<udp_link>(*this, cfg);
       busy_poll_ = true;  // waits spin on the socket before sleeping on it
+      ack_defer_ = true;
     } else {
       base_link_ = std::make_unique<loopback_link>(*this);
     }
@@ -1132,9 +1134,19 @@ void device::schedule_requester(qp_t* qp) noexcept {
   req_tail_ = qp;
 }
 
+void device::on_ack_timer() noexcept {
+  ack_timer_pending_ = false;
+  if (!acks_held_) return;
+  acks_held_ = false;
+  flush_acks();
+  link_->flush();
+}
+
 void device::run() noexcept {
   if (running_) return;
   running_ = true;
+  const bool held_before = acks_held_;
+  const std::uint64_t sent_before = counters_.packets_sent;
   for (;;) {
     if (rx_head_ != nullptr) {
       packet* p = rx_head_;
@@ -1179,7 +1191,7 @@ void device::run() noexcept {
       free_packet(p);
       continue;
     }
-    if (!ack_ready_.empty()) {
+    if (!ack_ready_.empty() && !ack_defer_) {
       flush_acks();  // the receive queue drained: acknowledge the burst
       continue;
     }
@@ -1191,8 +1203,30 @@ void device::run() noexcept {
       requester(qp);
       continue;
     }
+    if (!ack_ready_.empty() && ack_defer_) {
+      if (held_before || counters_.packets_sent != sent_before) {
+        flush_acks();  // behind this pass's own packets, in one batch
+        acks_held_ = false;
+      } else if (!acks_held_) {
+        acks_held_ = true;
+        if (!ack_timer_pending_) {
+          ack_timer_pending_ = true;
+          try {
+            if (timers_.schedule(clock_->now() + std::chrono::microseconds(50),
+                                 [](void* arg, const detail::timer_payload&) noexcept {
+                                   static_cast<device*>(arg)->on_ack_timer();
+                                 },
+                                 this, {}))
+              rearm_timer_fd();
+          } catch (...) {
+            flush_acks();
+            acks_held_ = false;
+          }
+        }
+      }
+    }
     link_->flush();  // may loop packets back (loopback with held faults)
-    if (rx_head_ != nullptr || req_head_ != nullptr || !ack_ready_.empty()) continue;
+    if (rx_head_ != nullptr || req_head_ != nullptr || (!ack_ready_.empty() && !acks_held_)) continue;
     break;
   }
   running_ = false;

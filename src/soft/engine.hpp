@@ -521,6 +521,7 @@ class device final : public progress_source, public clock_listener {
   void schedule_qp_timer(qp_t* qp, clock::time_point when, bool rnr) noexcept;
   void flush_ack(qp_t* qp) noexcept;
   void flush_acks() noexcept;
+  void on_ack_timer() noexcept;
   void on_qp_timer(std::uint32_t qpn, std::uint64_t gen, bool rnr) noexcept;
   void qp_to_error(qp_t* qp) noexcept;
   void flush_qp(qp_t* qp) noexcept;
@@ -580,6 +581,13 @@ class device final : public progress_source, public clock_listener {
   qp_t* req_head_ = nullptr;
   qp_t* req_tail_ = nullptr;
   std::vector<qp_t*> ack_ready_;  // QPs with a coalesced ACK to send
+  // Network links hold coalesced ACKs for one engine pass, so they leave in
+  // the same batch as the reply the application is about to post (a
+  // loopback sendmsg costs microseconds).  A timer sends them if nothing
+  // runs meanwhile.
+  bool ack_defer_ = false;
+  bool acks_held_ = false;
+  bool ack_timer_pending_ = false;
   std::uint32_t polls_ = 0;
   packet* free_packets_ = nullptr;
   std::vector<std::unique_ptr<packet>> packet_store_;

@@ -448,6 +448,11 @@ device_counters device::counters() const {
   return obj_->eng->counters();
 }
 
+std::uint16_t device::udp_port() const {
+  if (obj_ == nullptr) throw std::system_error(make_error_code(errc::invalid_argument), "empty device handle");
+  return obj_->eng->udp_port();
+}
+
 std::size_t device::cancel_events() const noexcept {
   return obj_ != nullptr ? obj_->events->cancel() : 0;
 }

@@ -3,7 +3,9 @@
 #include "averbs/commands.hpp"
 #include "perf/perf.hpp"
 
+#include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -28,7 +30,17 @@ int help() {
       "  -m, --mtu BYTES    path MTU: 256, 512, 1024, 2048, 4096 (default 4096)\n"
       "  -t, --tx-depth N   send queue depth (default 1 latency, 128 bandwidth)\n"
       "  -I, --inline BYTES inline sends up to this size (default 0)\n"
-      "  -o, --outs N       outstanding READs/atomics (default 16)\n");
+      "  -o, --outs N       outstanding READs/atomics (default 16)\n"
+      "  -p, --port PORT    out-of-band TCP port between the two processes (18515)\n"
+      "      --addr A[:P]   create the device (named by -d, default udp0) bound to\n"
+      "                     address A, RoCEv2 UDP port P (4791)\n"
+      "      --faults SPEC  inject faults on the device's link, e.g. drop=0.01,seed=3\n"
+      "      --no-icrc      do not check received ICRCs (peers whose IPv4 ID we\n"
+      "                     cannot see: rxe, NICs)\n\n"
+      "Two processes, two devices (perftest's server/client): with a device bound\n"
+      "to an address, `averbs perf --test T` waits for a client and\n"
+      "`averbs perf --test T HOST` connects to the server at HOST.  Devices come\n"
+      "from --addr or AVERBS_DEVICES=name@address[:port],...\n");
   return 0;
 }
 
@@ -47,7 +59,8 @@ bool parse_mtu(long v, mtu& out) {
 
 int cmd_perf(std::span<char* const> args) {
   perf::options o;
-  bool have_test = false;
+  bool have_test = false, named_device = false, icrc = true;
+  std::string host, addr, faults;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string a = args[i];
     auto value = [&]() -> std::string {
@@ -76,6 +89,20 @@ int cmd_perf(std::span<char* const> args) {
       have_test = true;
     } else if (a == "-d" || a == "--ib-dev") {
       o.device = value();
+      named_device = true;
+    } else if (a == "-p" || a == "--port") {
+      const long p = number();
+      if (p < 1 || p > 65535) {
+        std::fprintf(stderr, "averbs perf: port must be 1..65535\n");
+        return 2;
+      }
+      o.oob_port = static_cast<std::uint16_t>(p);
+    } else if (a == "--addr") {
+      addr = value();
+    } else if (a == "--faults") {
+      faults = value();
+    } else if (a == "--no-icrc") {
+      icrc = false;
     } else if (a == "-s" || a == "--size") {
       o.size = static_cast<std::size_t>(number());
       if (o.size == 0 || o.size > (8u << 20)) {
@@ -105,6 +132,8 @@ int cmd_perf(std::span<char* const> args) {
         std::fprintf(stderr, "averbs perf: outstanding reads must be 1..128\n");
         return 2;
       }
+    } else if (!a.empty() && a[0] != '-' && host.empty()) {
+      host = a;
     } else {
       std::fprintf(stderr, "averbs perf: unknown option '%s' (try --help)\n", a.c_str());
       return 2;
@@ -115,13 +144,60 @@ int cmd_perf(std::span<char* const> args) {
     return 2;
   }
   try {
+    std::unique_ptr<soft_device> own;
+    if (!addr.empty()) {
+      soft_device_options so;
+      so.name = named_device ? o.device : "udp0";
+      o.device = so.name;
+      const auto colon = addr.rfind(':');
+      if (colon != std::string::npos && addr.find(':') == colon) {  // v4:port
+        so.port = static_cast<std::uint16_t>(std::atoi(addr.c_str() + colon + 1));
+        so.address = addr.substr(0, colon);
+      } else {
+        so.address = addr;
+      }
+      so.faults = faults;
+      so.check_icrc = icrc;
+      own = std::make_unique<soft_device>(so);
+    } else if (!faults.empty()) {
+      std::fprintf(stderr, "averbs perf: --faults needs --addr (or AVERBS_FAULTS with AVERBS_DEVICES)\n");
+      return 2;
+    }
     context ctx;
+    const bool lat = perf::is_latency(o.test);
+    const std::size_t iters = perf::iters_for(o);
+    const auto sizes = perf::sizes_for(o);
+    // A device with a network link runs one end per process; the loopback
+    // devices run both ends here.
+    const bool two_processes = open_device(ctx, o.device).udp_port() != 0;
+    if (!two_processes && !host.empty()) {
+      std::fprintf(stderr, "averbs perf: device '%s' has no network link; give it an address (--addr)\n",
+                   o.device.c_str());
+      return 2;
+    }
+    if (two_processes) {
+      perf::remote_run run(ctx, o, host, *std::max_element(sizes.begin(), sizes.end()));
+      perf::print_banner(o, o.device);
+      lat ? perf::print_latency_header() : perf::print_bandwidth_header();
+      for (std::size_t size : sizes) {
+        if (lat) {
+          const auto r = run.latency(size, iters);
+          // The server of a one-sided test measures nothing.
+          if (!run.is_server() || o.test == perf::test_kind::send_lat || o.test == perf::test_kind::write_lat)
+            perf::print_latency(r);
+        } else {
+          const auto r = run.bandwidth(size, iters);
+          if (!run.is_server()) perf::print_bandwidth(r);
+        }
+        std::fflush(stdout);
+      }
+      perf::print_rule();
+      return 0;
+    }
     perf::loopback_run run(ctx, o);
     perf::print_banner(o, o.device);
-    const bool lat = perf::is_latency(o.test);
     lat ? perf::print_latency_header() : perf::print_bandwidth_header();
-    const std::size_t iters = perf::iters_for(o);
-    for (std::size_t size : perf::sizes_for(o)) {
+    for (std::size_t size : sizes) {
       if (lat) perf::print_latency(run.latency(size, iters));
       else perf::print_bandwidth(run.bandwidth(size, iters));
       std::fflush(stdout);

@@ -147,7 +147,9 @@ void loopback_run::setup(std::size_t size) {
     ia.cap = {std::max<std::uint32_t>(tx, 128), o_.rx_depth, 1, 1, o_.inline_size};
     ia.type = qp_type::rc;
     s->q = pd_.create_qp(ia);
-    s->buf.assign(std::max<std::size_t>(size, 8) + 64, std::byte{0});
+    // [0, size): where the peer writes (and write_lat polls); [size, 2 size):
+    // what this side sends.
+    s->buf.assign(2 * std::max<std::size_t>(size, 8) + 64, std::byte{0});
     s->m = pd_.reg_mr(s->buf.data(), s->buf.size(),
                       access_local_write | access_remote_write | access_remote_read | access_remote_atomic);
     sides_.push_back(std::move(s));
@@ -243,17 +245,19 @@ latency_result loopback_run::latency(std::size_t size, std::size_t iters) {
       prev = t;
     }
   } else if (k == test_kind::write_lat) {
-    // Each side watches the last byte of its own buffer change.
+    // Each side writes from the upper half of its buffer into the lower half
+    // of the other's, and watches the last byte of its own lower half.
     volatile auto* last_a = reinterpret_cast<volatile std::uint8_t*>(a.buf.data() + size - 1);
     volatile auto* last_b = reinterpret_cast<volatile std::uint8_t*>(b.buf.data() + size - 1);
+    const sge src_a{ga.addr + size, ga.length, ga.lkey}, src_b{gb.addr + size, gb.length, gb.lkey};
     std::uint64_t prev = clock_.now();
     for (std::size_t i = 0; i < iters; ++i) {
       const auto v = static_cast<std::uint8_t>(i + 1);
-      a.buf[size - 1] = std::byte{v};
-      send(a, ga, wr_opcode::rdma_write, i, reinterpret_cast<std::uintptr_t>(b.buf.data()), b.m.rkey());
+      a.buf[2 * size - 1] = std::byte{v};
+      send(a, src_a, wr_opcode::rdma_write, i, reinterpret_cast<std::uintptr_t>(b.buf.data()), b.m.rkey());
       while (*last_b != v) b.scq.poll({});
-      b.buf[size - 1] = std::byte{v};
-      send(b, gb, wr_opcode::rdma_write, i, reinterpret_cast<std::uintptr_t>(a.buf.data()), a.m.rkey());
+      b.buf[2 * size - 1] = std::byte{v};
+      send(b, src_b, wr_opcode::rdma_write, i, reinterpret_cast<std::uintptr_t>(a.buf.data()), a.m.rkey());
       while (*last_a != v) a.scq.poll({});
       const std::uint64_t t = clock_.now();
       samples.push_back(t - prev);
@@ -367,6 +371,279 @@ bandwidth_result loopback_run::bandwidth(std::size_t size, std::size_t iters) {
                  (unsigned long long)c.packets_sent, (unsigned long long)c.packets_received,
                  (unsigned long long)c.rnr_naks_sent, (unsigned long long)c.retransmits, (unsigned long long)c.dropped);
   }
+  return r;
+}
+
+// ---------------------------------------------------------------------------
+// Two processes.
+
+struct remote_run::state {
+  device dev;
+  pd p;
+  cq scq, rcq;
+  qp q;
+  std::vector<std::byte> buf;
+  mr m;
+  oob link;
+  peer_info peer;
+  std::size_t half = 0;
+  bool link_ready() const { return link.readable(); }
+};
+
+remote_run::remote_run(context& ctx, const options& o, const std::string& host, std::size_t max_size)
+    : o_(o), host_(host), s_(std::make_unique<state>()) {
+  state& s = *s_;
+  s.dev = open_device(ctx, o.device);
+  s.p = s.dev.alloc_pd();
+  s.scq = s.dev.create_cq(1024);
+  s.rcq = s.dev.create_cq(std::max<std::uint32_t>(o.rx_depth * 2, 1024));
+  qp_init_attr ia;
+  ia.send_cq = s.scq;
+  ia.recv_cq = s.rcq;
+  const std::uint32_t tx = std::max<std::uint32_t>(o.tx_depth != 0 ? o.tx_depth : 128, 128);
+  ia.cap = {tx, o.rx_depth, 1, 1, o.inline_size};
+  s.q = s.p.create_qp(ia);
+  // [0, max): where the peer writes; [max, 2 max): what this side sends.
+  s.buf.assign(2 * std::max<std::size_t>(max_size, 8) + 64, std::byte{0});
+  s.half = std::max<std::size_t>(max_size, 8);
+  s.m = s.p.reg_mr(s.buf.data(), s.buf.size(),
+                   access_local_write | access_remote_write | access_remote_read | access_remote_atomic);
+  qp_attr a;
+  a.state = qp_state::init;
+  a.port_num = 1;
+  a.qp_access_flags = access_local_write | access_remote_write | access_remote_read | access_remote_atomic;
+  s.q.modify(a, qp_attr_state | qp_attr_pkey_index | qp_attr_port | qp_attr_access_flags);
+
+  const gid g = s.dev.query_gid(1, 0);
+  peer_info me{s.q.num(), 0, g, s.m.rkey(), reinterpret_cast<std::uintptr_t>(s.buf.data()), s.buf.size()};
+  if (is_server()) {
+    // Listen on the device's own address: several servers can share a host.
+    oob listener = oob::listen(g.is_ipv4_mapped() ? std::to_string(g.raw[12]) + "." + std::to_string(g.raw[13]) +
+                                                        "." + std::to_string(g.raw[14]) + "." +
+                                                        std::to_string(g.raw[15])
+                                                  : g.to_string(),
+                               o.oob_port);
+    s.link = listener.accept(std::chrono::minutes(10));
+    s.peer = s.link.recv_info();
+    s.link.send_info(me);
+  } else {
+    s.link = oob::connect(host, o.oob_port, std::chrono::seconds(30));
+    s.link.send_info(me);
+    s.peer = s.link.recv_info();
+  }
+  a = {};
+  a.state = qp_state::rtr;
+  a.path_mtu = o.path_mtu;
+  a.dest_qp_num = s.peer.qpn;
+  a.rq_psn = s.peer.psn;
+  a.max_dest_rd_atomic = static_cast<std::uint8_t>(o.outstanding_reads);
+  a.min_rnr_timer = 1;  // 10 us: a receiver reposting quickly should not cost 655 ms (P7)
+  a.ah.is_global = true;
+  a.ah.grh.dgid = s.peer.g;
+  s.q.modify(a, qp_attr_state | qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn | qp_attr_rq_psn |
+                    qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer);
+  a = {};
+  a.state = qp_state::rts;
+  a.timeout = 14;
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  a.max_rd_atomic = static_cast<std::uint8_t>(o.outstanding_reads);
+  s.q.modify(a, qp_attr_state | qp_attr_sq_psn | qp_attr_timeout | qp_attr_retry_cnt | qp_attr_rnr_retry |
+                    qp_attr_max_qp_rd_atomic);
+  // Both sides are in RTS before either sends.
+  s.link.send_word(1);
+  (void)s.link.recv_word();
+}
+
+remote_run::~remote_run() = default;
+
+latency_result remote_run::latency(std::size_t size, std::size_t iters) {
+  state& s = *s_;
+  const auto k = o_.test;
+  std::vector<std::uint64_t> samples;
+  samples.reserve(iters);
+  sge g{reinterpret_cast<std::uintptr_t>(s.buf.data()), static_cast<std::uint32_t>(size), s.m.lkey()};
+  const std::uint32_t inl = size <= o_.inline_size ? std::uint32_t{send_inline} : 0u;
+  constexpr std::uint32_t signal_every = 32;
+  auto post = [&](wr_opcode op, std::size_t i) {
+    send_wr wr;
+    wr.wr_id = i;
+    wr.sg_list = &g;
+    wr.num_sge = 1;
+    wr.opcode = op;
+    wr.flags = inl | ((i % signal_every) == signal_every - 1 ? std::uint32_t{send_signaled} : 0u);
+    wr.remote_addr = s.peer.addr;
+    wr.rkey = s.peer.rkey;
+    if (auto ec = s.q.post_send(wr)) throw std::runtime_error("post_send: " + ec.message());
+    if ((wr.flags & send_signaled) != 0) poll_one(s.scq);
+  };
+  recv_wr rwr;
+  rwr.sg_list = &g;
+  rwr.num_sge = 1;
+  double rtt_factor = 2;
+  if (k == test_kind::send_lat) {
+    for (int i = 0; i < 2; ++i)
+      if (auto ec = s.q.post_recv(rwr)) throw std::runtime_error("post_recv: " + ec.message());
+    s.link.send_word(2);  // receives posted
+    (void)s.link.recv_word();
+    std::uint64_t prev = clock_.now();
+    for (std::size_t i = 0; i < iters; ++i) {
+      if (!is_server()) {
+        post(wr_opcode::send, i);
+        poll_one(s.rcq);
+      } else {
+        poll_one(s.rcq);
+        post(wr_opcode::send, i);
+      }
+      if (auto ec = s.q.post_recv(rwr)) throw std::runtime_error("post_recv: " + ec.message());
+      const std::uint64_t t = clock_.now();
+      samples.push_back(t - prev);
+      prev = t;
+    }
+  } else if (k == test_kind::write_lat) {
+    // Write from the upper half into the peer's lower half; watch our own
+    // lower half's last byte.
+    volatile auto* mine = reinterpret_cast<volatile std::uint8_t*>(s.buf.data() + size - 1);
+    g.addr += s.half;
+    std::uint64_t prev = clock_.now();
+    for (std::size_t i = 0; i < iters; ++i) {
+      const auto v = static_cast<std::uint8_t>(i + 1);
+      if (!is_server()) {
+        s.buf[s.half + size - 1] = std::byte{v};
+        post(wr_opcode::rdma_write, i);
+        while (*mine != v) s.scq.poll({});
+      } else {
+        while (*mine != v) s.scq.poll({});
+        s.buf[s.half + size - 1] = std::byte{v};
+        post(wr_opcode::rdma_write, i);
+      }
+      const std::uint64_t t = clock_.now();
+      samples.push_back(t - prev);
+      prev = t;
+    }
+  } else {
+    rtt_factor = 1;
+    if (!is_server()) {
+      const bool atomic = k == test_kind::atomic_lat;
+      sge g8{g.addr, atomic ? 8u : g.length, g.lkey};
+      for (std::size_t i = 0; i < iters; ++i) {
+        const std::uint64_t t0 = clock_.now();
+        send_wr wr;
+        wr.wr_id = i;
+        wr.sg_list = &g8;
+        wr.num_sge = 1;
+        wr.opcode = atomic ? wr_opcode::atomic_fetch_and_add : wr_opcode::rdma_read;
+        wr.flags = send_signaled;
+        wr.remote_addr = s.peer.addr;
+        wr.rkey = s.peer.rkey;
+        wr.compare_add = 1;
+        if (auto ec = s.q.post_send(wr)) throw std::runtime_error("post_send: " + ec.message());
+        poll_one(s.scq);
+        samples.push_back(clock_.now() - t0);
+      }
+    }
+  }
+  // Agree the size is over; the server keeps its device responding while
+  // it waits (one-sided tests need the responder to run).
+  if (is_server()) {
+    while (!s.link_ready()) s.rcq.poll({});
+  }
+  s.link.send_word(3);
+  (void)s.link.recv_word();
+  if (is_server() && samples.empty()) return {size, iters};
+  return summarize_latency(std::move(samples), clock_, size, iters, rtt_factor);
+}
+
+bandwidth_result remote_run::bandwidth(std::size_t size, std::size_t iters) {
+  state& s = *s_;
+  const auto k = o_.test;
+  const std::uint32_t tx = o_.tx_depth != 0 ? o_.tx_depth : 128;
+  const std::uint32_t depth =
+      k == test_kind::read_bw || k == test_kind::atomic_bw ? std::min(tx, o_.outstanding_reads) : tx;
+  const std::uint32_t cq_mod = std::max<std::uint32_t>(1, std::min<std::uint32_t>(o_.cq_mod, depth));
+  sge g{reinterpret_cast<std::uintptr_t>(s.buf.data()), static_cast<std::uint32_t>(size), s.m.lkey()};
+  if (k == test_kind::atomic_bw) g.length = 8;
+  const bool sends = k == test_kind::send_bw;
+  bandwidth_result r;
+  r.bytes = size;
+  r.iters = iters;
+  work_completion wcs[64];
+  if (is_server()) {
+    if (sends) {
+      recv_wr rwr;
+      rwr.sg_list = &g;
+      rwr.num_sge = 1;
+      std::size_t posted = 0, received = 0;
+      for (; posted < std::min<std::size_t>(iters, o_.rx_depth); ++posted)
+        if (auto ec = s.q.post_recv(rwr)) throw std::runtime_error("post_recv: " + ec.message());
+      s.link.send_word(4);  // receives are posted
+      while (received < iters) {
+        const std::size_t n = s.rcq.poll(wcs);
+        for (std::size_t i = 0; i < n; ++i) {
+          if (wcs[i].status != wc_status::success)
+            throw std::runtime_error(std::string("completion error: ") + std::string(to_string(wcs[i].status)));
+          ++received;
+          if (posted < iters) {
+            if (auto ec = s.q.post_recv(rwr)) throw std::runtime_error("post_recv: " + ec.message());
+            ++posted;
+          }
+        }
+      }
+    } else {
+      s.link.send_word(4);
+    }
+    // One-sided tests: the responder runs while we wait for the client.
+    while (!s.link_ready()) s.rcq.poll({});
+    (void)s.link.recv_word();
+    s.link.send_word(5);
+    return r;
+  }
+  (void)s.link.recv_word();  // the server is ready
+  wr_opcode op = wr_opcode::send;
+  if (k == test_kind::write_bw) op = wr_opcode::rdma_write;
+  if (k == test_kind::read_bw) op = wr_opcode::rdma_read;
+  if (k == test_kind::atomic_bw) op = wr_opcode::atomic_fetch_and_add;
+  const std::uint32_t inl =
+      size <= o_.inline_size && (sends || k == test_kind::write_bw) ? std::uint32_t{send_inline} : 0u;
+  std::vector<std::uint64_t> done_at;
+  done_at.reserve(iters / cq_mod + 2);
+  std::size_t posted = 0, completed = 0;
+  const std::uint64_t start = clock_.now();
+  while (completed < iters) {
+    while (posted < iters && posted - completed < depth) {
+      send_wr wr;
+      wr.wr_id = posted;
+      wr.sg_list = &g;
+      wr.num_sge = 1;
+      wr.opcode = op;
+      wr.flags = inl | (((posted + 1) % cq_mod == 0 || posted + 1 == iters) ? std::uint32_t{send_signaled} : 0u);
+      wr.remote_addr = s.peer.addr;
+      wr.rkey = s.peer.rkey;
+      wr.compare_add = 1;
+      if (auto ec = s.q.post_send(wr)) throw std::runtime_error("post_send: " + ec.message());
+      ++posted;
+    }
+    const std::size_t n = s.scq.poll(wcs);
+    for (std::size_t i = 0; i < n; ++i) {
+      if (wcs[i].status != wc_status::success)
+        throw std::runtime_error(std::string("completion error: ") + std::string(to_string(wcs[i].status)));
+      completed = wcs[i].wr_id + 1;
+      done_at.push_back(clock_.now());
+    }
+  }
+  const std::uint64_t end = clock_.now();
+  s.link.send_word(6);
+  (void)s.link.recv_word();
+  const double secs = clock_.us(end - start) / 1e6;
+  r.bw_avg = static_cast<double>(size) * static_cast<double>(iters) / secs / (1 << 20);
+  r.msg_rate = static_cast<double>(iters) / secs / 1e6;
+  double best = 0;
+  std::uint64_t prev = start;
+  for (std::uint64_t t : done_at) {
+    if (t > prev) best = std::max(best, static_cast<double>(cq_mod) / (clock_.us(t - prev) / 1e6));
+    prev = t;
+  }
+  r.bw_peak = std::max(best * static_cast<double>(size) / (1 << 20), r.bw_avg);
   return r;
 }
 

@@ -9,6 +9,8 @@
 // window of `cq_mod` consecutive completions.
 #pragma once
 
+#include "perf/oob.hpp"
+
 #include <averbs/verbs.hpp>
 
 #include <cstdint>
@@ -35,6 +37,7 @@ struct options {
   std::uint32_t cq_mod = 100;
   std::uint32_t inline_size = 0;
   std::uint32_t outstanding_reads = 16;
+  std::uint16_t oob_port = 18515;  // perftest's default
 };
 
 struct latency_result {
@@ -77,6 +80,26 @@ class loopback_run {
   pd pd_;
   cycle_clock clock_;
   std::vector<std::unique_ptr<side>> sides_;
+};
+
+/// One end of a test between two processes (two devices, any link): the
+/// server waits for the client on the out-of-band port; both then run the
+/// same sequence of sizes.
+class remote_run {
+ public:
+  /// Server when `host` is empty, else client of `host`.
+  remote_run(context& ctx, const options& o, const std::string& host, std::size_t max_size);
+  ~remote_run();
+  bool is_server() const noexcept { return host_.empty(); }
+  latency_result latency(std::size_t size, std::size_t iters);
+  bandwidth_result bandwidth(std::size_t size, std::size_t iters);
+
+ private:
+  struct state;
+  const options& o_;
+  std::string host_;
+  cycle_clock clock_;
+  std::unique_ptr<state> s_;
 };
 
 latency_result summarize_latency(std::vector<std::uint64_t> cycles, const cycle_clock& c, std::size_t bytes,

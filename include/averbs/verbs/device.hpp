@@ -121,6 +121,9 @@ class device {
   std::vector<gid> gids() const;
   /// Packet and error counters.
   device_counters counters() const;
+  /// The UDP port of the device's RoCEv2 link; 0 for an in-process
+  /// (loopback) device.
+  std::uint16_t udp_port() const;
 
   /// Allocates a protection domain (`ibv_alloc_pd`).
   template <completion_token<pd> Token>

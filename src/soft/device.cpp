@@ -266,6 +266,11 @@ device::device(const device_config& cfg)
 }
 
 device::~device() {
+  {
+    std::lock_guard lock(lock_);
+    flush_acks();  // held acknowledgements are owed to the peers
+    link_->flush();
+  }
   clock_->unsubscribe(*this);
   faults_.reset();
   base_link_.reset();

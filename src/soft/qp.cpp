@@ -442,6 +442,12 @@ void device::complete_wqes(qp_t* qp) noexcept {
 
 std::error_code device::destroy_qp(qp_t* qp) {
   std::lock_guard lock(lock_);
+  // An acknowledgement still held for this QP goes out first: the peer's
+  // work arrived, and it must learn so.
+  if (qp->resp.ack_pending) {
+    flush_ack(qp);
+    link_->flush();
+  }
   if (qp->state != qp_state::reset) {
     qp->state = qp_state::err;
     flush_qp(qp);

@@ -882,6 +882,9 @@ void device::respond(qp_t* qp, packet* p) noexcept {
         if (rc) {
           send_ack(qp, wire::aeth_rnr_nak(qp->min_rnr_timer), psn);  // IBTA 9.7.5.2.8
           ++counters_.rnr_naks_sent;
+          // The rest of the message arrives out of sequence now; this NAK
+          // answers for it until `psn` comes back.
+          r.nak_sent = true;
         } else {
           r.drop_msg = true;
         }
@@ -928,6 +931,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       if (rc) {
         send_ack(qp, wire::aeth_rnr_nak(qp->min_rnr_timer), psn);
         ++counters_.rnr_naks_sent;
+        r.nak_sent = true;
       } else {
         r.drop_msg = true;
       }
@@ -1158,7 +1162,9 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
       // IBTA 9.7.5.2.3: the responder expects `psn`; go back to it (or to
       // an earlier READ/atomic whose response was lost).  A NAK that
       // acknowledged something is progress: the retry budget refills.
+      // While an RNR wait is running, the resend it schedules covers this.
       (void)complete_before;
+      if (qp->comp.rnr_waiting && qp->comp.psn == before) return;
       if (qp->comp.psn != before) {
         qp->comp.retry_left = qp->retry_cnt;
         qp->comp.rnr_left = qp->rnr_retry;

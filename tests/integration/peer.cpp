@@ -1,0 +1,390 @@
+// SPDX-License-Identifier: MIT
+// One side of a two-process (or two-host) RDMA exchange over RoCEv2/UDP.
+// The server waits on an out-of-band TCP port; the client connects, and the
+// two run every operation in turn, each checking what arrived byte by byte:
+// SEND, SEND with immediate, RDMA WRITE, WRITE with immediate, RDMA READ,
+// compare-and-swap, fetch-and-add (exactly once), and a SEND that meets an
+// empty receive queue (RNR, then delivered).  Exit status 0 means every
+// check passed; anything else prints why.
+//
+//   peer --addr A[:port] --oob-port T [--connect HOST] [--faults SPEC] [--ipv6]
+#include "perf/oob.hpp"
+
+#include <averbs/verbs.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace averbs;
+using averbs::perf::oob;
+using averbs::perf::peer_info;
+
+namespace {
+
+constexpr std::size_t msgs = 32;
+constexpr std::size_t msg_size = 6000;  // 6 packets at MTU 1024
+constexpr std::size_t area = msgs * msg_size;
+
+std::uint8_t pattern(std::size_t phase, std::size_t m, std::size_t i) {
+  return static_cast<std::uint8_t>(phase * 131 + m * 31 + i * 7 + 1);
+}
+
+struct side {
+  device dev;
+  pd p;
+  cq c;
+  qp q;
+  std::vector<std::byte> buf;  // [0, area): receive/target area, [area, 2 area): source area
+  mr m;
+  oob link;
+  peer_info peer;
+  bool server = false;
+
+  std::uint64_t addr(std::size_t off) const { return reinterpret_cast<std::uintptr_t>(buf.data()) + off; }
+
+  // Waits for the peer's word while keeping this device's engine running
+  // (one-sided operations need the responder to run).
+  std::uint64_t wait_word() {
+    while (!link.readable()) c.poll({});
+    return link.recv_word();
+  }
+
+  std::vector<work_completion> poll(std::size_t n) {
+    std::vector<work_completion> out;
+    work_completion wc[16];
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (out.size() < n) {
+      if (std::chrono::steady_clock::now() > until) throw std::runtime_error("timed out waiting for completions");
+      const std::size_t got = c.poll({wc, std::min<std::size_t>(16, n - out.size())});
+      out.insert(out.end(), wc, wc + got);
+    }
+    return out;
+  }
+
+  void post_send(wr_opcode op, std::uint64_t id, std::size_t off, std::size_t len, std::uint64_t raddr = 0,
+                 std::uint32_t imm = 0, std::uint64_t add = 0, std::uint64_t swap = 0) {
+    sge g{addr(off), static_cast<std::uint32_t>(len), m.lkey()};
+    send_wr w;
+    w.wr_id = id;
+    w.opcode = op;
+    w.sg_list = &g;
+    w.num_sge = 1;
+    w.flags = send_signaled;
+    w.remote_addr = raddr;
+    w.rkey = peer.rkey;
+    w.imm_data = imm;
+    w.compare_add = add;
+    w.swap = swap;
+    if (auto ec = q.post_send(w)) throw std::runtime_error("post_send: " + ec.message());
+  }
+  void post_recv(std::uint64_t id, std::size_t off, std::size_t len) {
+    sge g{addr(off), static_cast<std::uint32_t>(len), m.lkey()};
+    recv_wr r;
+    r.wr_id = id;
+    r.sg_list = &g;
+    r.num_sge = 1;
+    if (auto ec = q.post_recv(r)) throw std::runtime_error("post_recv: " + ec.message());
+  }
+};
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::runtime_error(what);
+}
+
+void expect_once(const std::vector<work_completion>& wcs, std::size_t n, const char* what) {
+  std::set<std::uint64_t> ids;
+  for (const auto& wc : wcs) {
+    check(wc.status == wc_status::success, std::string(what) + ": wr " + std::to_string(wc.wr_id) + " " +
+                                               std::string(to_string(wc.status)));
+    check(ids.insert(wc.wr_id).second, std::string(what) + ": wr " + std::to_string(wc.wr_id) + " twice");
+  }
+  check(ids.size() == n, std::string(what) + ": " + std::to_string(ids.size()) + " completions");
+}
+
+void fill(side& s, std::size_t base, std::size_t phase) {
+  for (std::size_t m = 0; m < msgs; ++m)
+    for (std::size_t i = 0; i < msg_size; ++i) s.buf[base + m * msg_size + i] = std::byte(pattern(phase, m, i));
+}
+
+bool region_ok(const side& s, std::size_t base, std::size_t phase, std::size_t m) {
+  for (std::size_t i = 0; i < msg_size; ++i)
+    if (s.buf[base + m * msg_size + i] != std::byte(pattern(phase, m, i))) return false;
+  return true;
+}
+
+// Phase 1 and 2: SEND and SEND with immediate, client to server.
+void sends(side& s, std::size_t phase, bool imm) {
+  const char* what = imm ? "send_with_imm" : "send";
+  if (s.server) {
+    for (std::size_t m = 0; m < msgs; ++m) s.post_recv(m, m * msg_size, msg_size);
+    s.link.send_word(1);
+    auto wcs = s.poll(msgs);
+    expect_once(wcs, msgs, what);
+    for (const auto& wc : wcs) {
+      check(wc.opcode == wc_opcode::recv && wc.byte_len == msg_size, std::string(what) + ": completion fields");
+      check(!imm || ((wc.wc_flags & wc_with_imm) != 0 && wc.imm_data == 0xA0000000u + wc.wr_id),
+            std::string(what) + ": immediate data");
+      check(region_ok(s, 0, phase, wc.wr_id), std::string(what) + ": bytes of message " + std::to_string(wc.wr_id));
+    }
+    s.link.send_word(2);
+  } else {
+    fill(s, area, phase);
+    (void)s.wait_word();
+    for (std::size_t m = 0; m < msgs; ++m)
+      s.post_send(imm ? wr_opcode::send_with_imm : wr_opcode::send, m, area + m * msg_size, msg_size, 0,
+                  0xA0000000u + static_cast<std::uint32_t>(m));
+    expect_once(s.poll(msgs), msgs, what);
+    check(s.wait_word() == 2, std::string(what) + ": server check");
+  }
+}
+
+// Phase 3: RDMA WRITE; the server checks the bytes.
+void writes(side& s, std::size_t phase) {
+  if (s.server) {
+    check(s.wait_word() == 3, "write: sync");
+    for (std::size_t m = 0; m < msgs; ++m) check(region_ok(s, 0, phase, m), "write: bytes of message " + std::to_string(m));
+    s.link.send_word(4);
+  } else {
+    fill(s, area, phase);
+    for (std::size_t m = 0; m < msgs; ++m)
+      s.post_send(wr_opcode::rdma_write, m, area + m * msg_size, msg_size, s.peer.addr + m * msg_size);
+    expect_once(s.poll(msgs), msgs, "write");
+    s.link.send_word(3);
+    check(s.wait_word() == 4, "write: server check");
+  }
+}
+
+// Phase 4: WRITE with immediate: data at the address, a receive per message.
+void writes_imm(side& s, std::size_t phase) {
+  if (s.server) {
+    for (std::size_t m = 0; m < msgs; ++m) s.post_recv(m, 0, 0);
+    s.link.send_word(5);
+    auto wcs = s.poll(msgs);
+    std::set<std::uint32_t> imms;
+    for (const auto& wc : wcs) {
+      check(wc.status == wc_status::success && wc.opcode == wc_opcode::recv_rdma_with_imm && wc.byte_len == msg_size,
+            "write_with_imm: completion");
+      imms.insert(wc.imm_data);
+    }
+    check(imms.size() == msgs, "write_with_imm: immediates");
+    for (std::size_t m = 0; m < msgs; ++m) check(region_ok(s, 0, phase, m), "write_with_imm: bytes");
+    s.link.send_word(6);
+  } else {
+    fill(s, area, phase);
+    (void)s.wait_word();
+    for (std::size_t m = 0; m < msgs; ++m)
+      s.post_send(wr_opcode::rdma_write_with_imm, m, area + m * msg_size, msg_size, s.peer.addr + m * msg_size,
+                  static_cast<std::uint32_t>(m));
+    expect_once(s.poll(msgs), msgs, "write_with_imm");
+    check(s.wait_word() == 6, "write_with_imm: server check");
+  }
+}
+
+// Phase 5: RDMA READ of the server's pattern; the client checks.
+void reads(side& s, std::size_t phase) {
+  if (s.server) {
+    fill(s, area, phase);
+    s.link.send_word(7);
+    check(s.wait_word() == 8, "read: sync");
+  } else {
+    (void)s.wait_word();
+    std::memset(s.buf.data(), 0, area);
+    for (std::size_t m = 0; m < msgs; ++m)
+      s.post_send(wr_opcode::rdma_read, m, m * msg_size, msg_size, s.peer.addr + area + m * msg_size);
+    expect_once(s.poll(msgs), msgs, "read");
+    for (std::size_t m = 0; m < msgs; ++m) check(region_ok(s, 0, phase, m), "read: bytes of message " + std::to_string(m));
+    s.link.send_word(8);
+  }
+}
+
+// Phase 6: atomics execute exactly once.
+void atomics(side& s) {
+  constexpr std::size_t n = 100;
+  if (s.server) {
+    std::memset(s.buf.data(), 0, 16);
+    s.link.send_word(9);
+    check(s.wait_word() == 10, "atomic: sync");
+    std::uint64_t counter, swapped;
+    std::memcpy(&counter, s.buf.data(), 8);
+    std::memcpy(&swapped, s.buf.data() + 8, 8);
+    check(counter == n, "fetch_and_add applied " + std::to_string(counter) + " times, not " + std::to_string(n));
+    check(swapped == 0xFEED, "compare_and_swap result");
+    s.link.send_word(11);
+  } else {
+    (void)s.wait_word();
+    for (std::size_t i = 0; i < n; ++i)
+      s.post_send(wr_opcode::atomic_fetch_and_add, i, area + 8 * i, 8, s.peer.addr, 0, 1);
+    expect_once(s.poll(n), n, "fetch_and_add");
+    std::set<std::uint64_t> olds;
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint64_t v;
+      std::memcpy(&v, s.buf.data() + area + 8 * i, 8);
+      olds.insert(v);
+    }
+    check(olds.size() == n && *olds.rbegin() == n - 1, "fetch_and_add old values");
+    s.post_send(wr_opcode::atomic_cmp_and_swp, 1000, area, 8, s.peer.addr + 8, 0, 0, 0xFEED);
+    expect_once(s.poll(1), 1, "compare_and_swap");
+    s.link.send_word(10);
+    check(s.wait_word() == 11, "atomic: server check");
+  }
+}
+
+// Phase 7: a SEND meets no receive (RNR NAK), then one is posted.
+void rnr(side& s, std::size_t phase) {
+  if (s.server) {
+    s.link.send_word(12);
+    // Keep the engine running (it must answer with RNR NAKs) while the
+    // receive queue stays empty for a while.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(30);
+    while (std::chrono::steady_clock::now() < until) s.c.poll({});
+    s.post_recv(77, 0, msg_size);
+    auto wcs = s.poll(1);
+    check(wcs[0].status == wc_status::success && wcs[0].wr_id == 77, "rnr: receive");
+    check(region_ok(s, 0, phase, 0), "rnr: bytes");
+    check(s.dev.counters().rnr_naks_sent >= 1, "rnr: no RNR NAK was sent");
+    s.link.send_word(13);
+  } else {
+    fill(s, area, phase);
+    (void)s.wait_word();
+    s.post_send(wr_opcode::send, 1, area, msg_size);
+    expect_once(s.poll(1), 1, "rnr send");
+    check(s.wait_word() == 13, "rnr: server check");
+  }
+}
+
+}  // namespace
+
+namespace {
+const averbs::device* counters_at_exit = nullptr;
+}
+
+int main(int argc, char** argv) {
+  std::string addr, host, faults;
+  std::uint16_t oob_port = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "peer: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--addr") addr = value();
+    else if (a == "--oob-port") oob_port = static_cast<std::uint16_t>(std::atoi(value().c_str()));
+    else if (a == "--connect") host = value();
+    else if (a == "--faults") faults = value();
+    else {
+      std::fprintf(stderr, "peer: unknown option %s\n", a.c_str());
+      return 2;
+    }
+  }
+  try {
+    soft_device_options o;
+    o.name = "peer";
+    const auto colon = addr.rfind(':');
+    if (!addr.empty() && addr.front() == '[') {  // [v6]:port
+      const auto close = addr.find(']');
+      o.address = addr.substr(1, close - 1);
+      if (close + 2 < addr.size()) o.port = static_cast<std::uint16_t>(std::atoi(addr.c_str() + close + 2));
+    } else if (colon != std::string::npos && addr.find(':') == colon) {
+      o.address = addr.substr(0, colon);
+      o.port = static_cast<std::uint16_t>(std::atoi(addr.c_str() + colon + 1));
+    } else {
+      o.address = addr;
+    }
+    o.faults = faults;
+    soft_device sdev(o);
+    context ctx;
+    side s;
+    s.server = host.empty();
+    s.dev = open_device(ctx, "peer");
+    counters_at_exit = &s.dev;
+    s.p = s.dev.alloc_pd();
+    s.c = s.dev.create_cq(1024);
+    qp_init_attr ia;
+    ia.send_cq = s.c;
+    ia.recv_cq = s.c;
+    ia.cap = {256, 256, 1, 1, 0};
+    s.q = s.p.create_qp(ia);
+    s.buf.assign(2 * area, std::byte{0});
+    s.m = s.p.reg_mr(s.buf.data(), s.buf.size(),
+                     access_local_write | access_remote_write | access_remote_read | access_remote_atomic);
+    qp_attr at;
+    at.state = qp_state::init;
+    at.port_num = 1;
+    at.qp_access_flags = access_local_write | access_remote_write | access_remote_read | access_remote_atomic;
+    s.q.modify(at, qp_attr_state | qp_attr_pkey_index | qp_attr_port | qp_attr_access_flags);
+    const peer_info me{s.q.num(), 0x123456, s.dev.query_gid(1, 0), s.m.rkey(), s.addr(0), s.buf.size()};
+    if (s.server) {
+      oob l = oob::listen(o.address, oob_port);
+      std::printf("listening\n");
+      std::fflush(stdout);
+      s.link = l.accept(std::chrono::seconds(60));
+      s.peer = s.link.recv_info();
+      s.link.send_info(me);
+    } else {
+      s.link = oob::connect(host, oob_port, std::chrono::seconds(30));
+      s.link.send_info(me);
+      s.peer = s.link.recv_info();
+    }
+    at = {};
+    at.state = qp_state::rtr;
+    at.path_mtu = mtu::mtu_1024;
+    at.dest_qp_num = s.peer.qpn;
+    at.rq_psn = s.peer.psn;
+    at.max_dest_rd_atomic = 16;
+    at.min_rnr_timer = 4;  // 40 us
+    at.ah.is_global = true;
+    at.ah.grh.dgid = s.peer.g;
+    s.q.modify(at, qp_attr_state | qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn | qp_attr_rq_psn |
+                       qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer);
+    at = {};
+    at.state = qp_state::rts;
+    at.sq_psn = me.psn;
+    at.timeout = 10;  // 4 ms
+    at.retry_cnt = 7;
+    at.rnr_retry = 7;
+    at.max_rd_atomic = 16;
+    s.q.modify(at, qp_attr_state | qp_attr_sq_psn | qp_attr_timeout | qp_attr_retry_cnt | qp_attr_rnr_retry |
+                       qp_attr_max_qp_rd_atomic);
+    s.link.send_word(0);
+    (void)s.link.recv_word();
+
+    sends(s, 1, false);
+    sends(s, 2, true);
+    writes(s, 3);
+    writes_imm(s, 4);
+    reads(s, 5);
+    atomics(s);
+    rnr(s, 7);
+    const device_counters c = s.dev.counters();
+    std::printf("%s: all checks passed (%llu packets sent, %llu retransmits, %llu icrc errors, %llu dropped)\n",
+                s.server ? "server" : "client", static_cast<unsigned long long>(c.packets_sent),
+                static_cast<unsigned long long>(c.retransmits), static_cast<unsigned long long>(c.icrc_errors),
+                static_cast<unsigned long long>(c.dropped));
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "peer (%s): %s\n", host.empty() ? "server" : "client", e.what());
+    if (counters_at_exit != nullptr) {
+      const device_counters c = counters_at_exit->counters();
+      std::fprintf(stderr,
+                   "  counters: sent %llu received %llu retransmits %llu rnr_naks sent %llu received %llu "
+                   "seq_naks %llu dups %llu dropped %llu icrc %llu\n",
+                   (unsigned long long)c.packets_sent, (unsigned long long)c.packets_received,
+                   (unsigned long long)c.retransmits, (unsigned long long)c.rnr_naks_sent,
+                   (unsigned long long)c.rnr_naks_received, (unsigned long long)c.seq_naks_sent,
+                   (unsigned long long)c.duplicates_received, (unsigned long long)c.dropped,
+                   (unsigned long long)c.icrc_errors);
+    }
+    return 1;
+  }
+}

@@ -1,0 +1,110 @@
+// SPDX-License-Identifier: MIT
+// Child processes for multi-process tests: spawn with a pipe on stdout,
+// wait for a readiness line, reap with a deadline (killed if late).
+#pragma once
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace averbs::test {
+
+class child {
+ public:
+  explicit child(const std::vector<std::string>& argv) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    if (posix_spawnp(&pid_, args[0], &fa, nullptr, args.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(fds[1]);
+    out_ = fds[0];
+  }
+  ~child() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (out_ >= 0) ::close(out_);
+  }
+  bool started() const { return pid_ > 0; }
+
+  /// Reads stdout until a line equal to `line` (true) or EOF/deadline.
+  bool wait_for_line(const std::string& line, std::chrono::milliseconds timeout) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      for (auto nl = buf_.find('\n'); nl != std::string::npos; nl = buf_.find('\n')) {
+        const std::string l = buf_.substr(0, nl);
+        buf_.erase(0, nl + 1);
+        output_ += l + "\n";
+        if (l == line) return true;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      pollfd p{out_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) != 1) return false;
+      char b[256];
+      const ssize_t n = ::read(out_, b, sizeof b);
+      if (n <= 0) return false;
+      buf_.append(b, static_cast<std::size_t>(n));
+    }
+  }
+
+  /// Waits for exit; returns the exit status, or -1 if killed at the deadline.
+  int wait(std::chrono::milliseconds timeout) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      drain();
+      int st = 0;
+      const pid_t r = ::waitpid(pid_, &st, WNOHANG);
+      if (r == pid_) {
+        reaped_ = true;
+        drain();
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      }
+      if (std::chrono::steady_clock::now() > until) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, nullptr, 0);
+        reaped_ = true;
+        return -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  const std::string& output() const { return output_; }
+
+ private:
+  void drain() {
+    pollfd p{out_, POLLIN, 0};
+    while (::poll(&p, 1, 0) == 1) {
+      char b[256];
+      const ssize_t n = ::read(out_, b, sizeof b);
+      if (n <= 0) break;
+      output_.append(b, static_cast<std::size_t>(n));
+    }
+  }
+  pid_t pid_ = -1;
+  int out_ = -1;
+  bool reaped_ = false;
+  std::string buf_, output_;
+};
+
+/// Runs a shell command; true on exit status 0.
+inline bool sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
+
+}  // namespace averbs::test

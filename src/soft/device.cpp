@@ -3,12 +3,16 @@
 // packets, the loopback link and the run loop.
 #include "soft/engine.hpp"
 #include "soft/links.hpp"
+#include "wire/cm.hpp"
 
 #include <averbs/error.hpp>
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
+#include <net/if.h>
 #include <netinet/in.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/timerfd.h>
@@ -52,6 +56,44 @@ std::vector<gid> host_gids() {
   if (v4.empty()) v4.push_back(gid::from_ipv4(0x7F000001));
   v4.insert(v4.end(), v6.begin(), v6.end());
   return v4;
+}
+
+// The MTU of the interface that holds `addr`, or 0 if none does.
+unsigned interface_mtu(const gid& addr) {
+  unsigned mtu = 0;
+  ifaddrs* ifa = nullptr;
+  if (::getifaddrs(&ifa) != 0) return 0;
+  for (ifaddrs* i = ifa; i != nullptr && mtu == 0; i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) continue;
+    gid g;
+    if (i->ifa_addr->sa_family == AF_INET)
+      g = gid::from_ipv4(ntohl(reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr));
+    else if (i->ifa_addr->sa_family == AF_INET6)
+      std::memcpy(g.raw.data(), &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr, 16);
+    else
+      continue;
+    if (!(g == addr)) continue;
+    const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) break;
+    ifreq req{};
+    std::strncpy(req.ifr_name, i->ifa_name, IFNAMSIZ - 1);
+    if (::ioctl(fd, SIOCGIFMTU, &req) == 0 && req.ifr_mtu > 0) mtu = static_cast<unsigned>(req.ifr_mtu);
+    ::close(fd);
+  }
+  ::freeifaddrs(ifa);
+  return mtu;
+}
+
+// The largest IB MTU whose packets fit a link MTU, as rxe chooses it: the
+// link must also carry the IP, UDP, BTH and extension headers and the ICRC.
+mtu ib_mtu_for(unsigned link_mtu) {
+  constexpr unsigned headers = 40 + 8 + 12 + 28 + 4;  // IPv6, UDP, BTH, RETH+AtomicETH-sized, ICRC
+  const unsigned room = link_mtu > headers ? link_mtu - headers : 0;
+  if (room >= 4096) return mtu::mtu_4096;
+  if (room >= 2048) return mtu::mtu_2048;
+  if (room >= 1024) return mtu::mtu_1024;
+  if (room >= 512) return mtu::mtu_512;
+  return mtu::mtu_256;
 }
 
 void write_one(int fd) noexcept {
@@ -226,7 +268,15 @@ void device::watch_fd(int fd) {
 device::device(const device_config& cfg)
     : name_(cfg.name),
       clock_(cfg.clock != nullptr ? cfg.clock : &steady_clock::instance()),
-      node_guid_(cfg.node_guid != 0 ? cfg.node_guid : (fnv1a(cfg.name) | 0x0200000000000000ull)),
+      // A UDP device's GUID also names its address, so two processes that
+      // each call their device "udp0" still differ (the CM keys
+      // connections by CA GUID).
+      node_guid_(cfg.node_guid != 0 ? cfg.node_guid
+                                    : ((fnv1a(cfg.name + (cfg.address.is_zero() ? std::string()
+                                                                               : "@" + cfg.address.to_string() + ":" +
+                                                                                     std::to_string(cfg.port))) &
+                                        0x00FFFFFFFFFFFFFFull) |
+                                       0x0200000000000000ull)),
       gids_(!cfg.address.is_zero() ? std::vector<gid>{cfg.address}
             : cfg.gids.empty()    ? host_gids()
                                   : cfg.gids) {
@@ -244,6 +294,7 @@ device::device(const device_config& cfg)
   try {
     watch_fd(timer_fd_);
     if (!cfg.address.is_zero()) {
+      if (const unsigned m = interface_mtu(cfg.address); m != 0) active_mtu_ = ib_mtu_for(m);
       base_link_ = std::make_unique<udp_link>(*this, cfg);
       busy_poll_ = true;  // waits spin on the socket before sleeping on it
       ack_defer_ = true;
@@ -257,6 +308,8 @@ device::device(const device_config& cfg)
   }
   link_ = base_link_.get();
   if (cfg.faults.any()) set_faults(cfg.faults);
+  gsi_ = make_cm_agent(*this);
+  gsi_psn_ = static_cast<std::uint32_t>(node_guid_) & wire::psn_mask;
   clock_->subscribe(*this);
   keys_.resize(1);  // key index 0 is never used: lkey 0 is invalid
   pds_.resize(1);
@@ -270,7 +323,9 @@ device::~device() {
     std::lock_guard lock(lock_);
     flush_acks();  // held acknowledgements are owed to the peers
     link_->flush();
+    gsi_.reset();
   }
+  graveyard_.clear();
   clock_->unsubscribe(*this);
   faults_.reset();
   base_link_.reset();
@@ -320,7 +375,7 @@ std::error_code device::query_port(std::uint8_t port, port_attr& out) const {
   out = port_attr{};
   out.state = port_state_;
   out.max_mtu = mtu::mtu_4096;
-  out.active_mtu = mtu::mtu_4096;
+  out.active_mtu = active_mtu_;
   out.gid_tbl_len = limits::gid_table_len;
   out.port_cap_flags = 0x00010000 /* IBV_PORT_CM_SUP */ | 0x04000000 /* IP_BASED_GIDS */;
   out.max_msg_sz = limits::max_msg_size;
@@ -872,22 +927,25 @@ bool device::post_cqe(cq_t* cq, const work_completion& wc, bool solicited) noexc
 }
 
 std::size_t device::poll_cq(cq_t* cq, std::span<work_completion> out) {
-  std::lock_guard lock(lock_);
-  // A program that only polls must still see its timers fire; reading the
-  // clock on every poll would cost more than the poll, so look every 32nd.
-  if ((++polls_ & 31) == 0 && armed_deadline_ != clock::time_point::max() && clock_->now() >= armed_deadline_)
-    run_timers();
-  link_->poll();
-  run();
-  std::uint32_t c = cq->q.consumer();
-  const std::uint32_t p = cq->q.producer();
   std::size_t n = 0;
-  while (n < out.size() && c != p) {
-    std::memcpy(&out[n], cq->q.at(c), sizeof(work_completion));
-    ++c;
-    ++n;
+  {
+    std::lock_guard lock(lock_);
+    // A program that only polls must still see its timers fire; reading the
+    // clock on every poll would cost more than the poll, so look every 32nd.
+    if ((++polls_ & 31) == 0 && armed_deadline_ != clock::time_point::max() && clock_->now() >= armed_deadline_)
+      run_timers();
+    link_->poll();
+    run();
+    std::uint32_t c = cq->q.consumer();
+    const std::uint32_t p = cq->q.producer();
+    while (n < out.size() && c != p) {
+      std::memcpy(&out[n], cq->q.at(c), sizeof(work_completion));
+      ++c;
+      ++n;
+    }
+    cq->q.release(c);
   }
-  cq->q.release(c);
+  drain_released();
   return n;
 }
 
@@ -1075,6 +1133,7 @@ void device::fatal() {
   std::lock_guard lock(lock_);
   fatal_ = true;
   port_state_ = port_state::down;
+  gsi_->on_fatal();  // first: its requests end with device_removed, not a reset
   for (auto& q : qps_)
     if (q != nullptr && q->state != qp_state::reset && q->state != qp_state::err) qp_to_error(q.get());
   for (auto& c : cqs_)
@@ -1113,16 +1172,105 @@ void device::run_timers() noexcept {
 }
 
 void device::progress() noexcept {
-  std::unique_lock lock(lock_, std::try_to_lock);
-  if (!lock.owns_lock()) return;
-  // A timerfd is readable only once its deadline passed, so the clock says
-  // when to look; a manual clock's eventfd rings on every change and is
-  // always drained.
-  if (!clock_->is_real_time() ||
-      (armed_deadline_ != clock::time_point::max() && clock_->now() >= armed_deadline_))
-    run_timers();
-  link_->poll();
-  run();
+  {
+    std::unique_lock lock(lock_, std::try_to_lock);
+    if (!lock.owns_lock()) return;
+    // A timerfd is readable only once its deadline passed, so the clock says
+    // when to look; a manual clock's eventfd rings on every change and is
+    // always drained.
+    if (!clock_->is_real_time() ||
+        (armed_deadline_ != clock::time_point::max() && clock_->now() >= armed_deadline_))
+      run_timers();
+    link_->poll();
+    run();
+  }
+  drain_released();
+}
+
+bool device::schedule_timer(clock::time_point when, detail::timer_fn fn, void* arg,
+                            const detail::timer_payload& p) noexcept {
+  try {
+    if (timers_.schedule(when, fn, arg, p)) rearm_timer_fd();
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+void device::release_later(std::shared_ptr<void> obj) noexcept {
+  if (obj == nullptr) return;
+  try {
+    graveyard_.push_back(std::move(obj));
+    graveyard_full_.store(true, std::memory_order_release);
+  } catch (...) {
+    // Out of memory: keep the object (leak) rather than deadlock.
+    new std::shared_ptr<void>(std::move(obj));
+  }
+}
+
+void device::drain_released() noexcept {
+  if (!graveyard_full_.load(std::memory_order_acquire)) return;
+  std::vector<std::shared_ptr<void>> v;
+  {
+    std::lock_guard lock(lock_);
+    v.swap(graveyard_);
+    graveyard_full_.store(false, std::memory_order_relaxed);
+  }
+  v.clear();  // destructors may take the lock again
+}
+
+mtu device::active_mtu() const noexcept { return active_mtu_; }
+
+// ---------------------------------------------------------------------------
+// QP1: management datagrams
+
+void device::receive_gsi(packet* p) noexcept {
+  // Only well-formed CM carriers reach the agent: UD SEND_ONLY with the GSI
+  // Q_Key and a whole 256-byte MAD (IBTA 13.4.2; rxe drops the rest).
+  std::array<std::byte, wire::cm::mad_size> mad;
+  if (p->hdr.bth.opcode != static_cast<std::uint8_t>(wire::opcode::ud_send_only) ||
+      p->hdr.deth.qkey != wire::gsi_qkey || p->payload_len != mad.size()) {
+    ++counters_.dropped;
+    return;
+  }
+  std::size_t off = 0;
+  for (std::uint8_t i = 0; i < p->nsegs; ++i) {
+    std::memcpy(mad.data() + off, p->segs[i].p, p->segs[i].len);
+    off += p->segs[i].len;
+  }
+  gsi_->on_mad({p->src, p->dst, p->hdr.deth.src_qp, p->hop_limit, p->tclass, std::span(mad)});
+}
+
+void device::send_mad(const gid& src, const gid& dst, std::uint32_t dqpn, std::span<const std::byte> mad,
+                      std::uint8_t hop_limit, std::uint8_t traffic_class) noexcept {
+  packet* p = alloc_packet();
+  if (p == nullptr || mad.size() > packet::buffer_size) {
+    if (p != nullptr) free_packet(p);
+    ++counters_.dropped;
+    return;
+  }
+  p->hdr.bth = wire::bth{};
+  p->hdr.bth.opcode = static_cast<std::uint8_t>(wire::opcode::ud_send_only);
+  p->hdr.bth.dest_qp = dqpn;
+  p->hdr.bth.psn = gsi_psn_;
+  gsi_psn_ = (gsi_psn_ + 1) & wire::psn_mask;
+  p->hdr.deth.qkey = wire::gsi_qkey;
+  p->hdr.deth.src_qp = wire::cm::gsi_qpn;
+  std::memcpy(p->buf, mad.data(), mad.size());
+  p->segs[0] = {p->buf, static_cast<std::uint32_t>(mad.size())};
+  p->nsegs = 1;
+  p->payload_len = static_cast<std::uint32_t>(mad.size());
+  p->src = src;
+  p->dst = dst;
+  p->sport = wire::udp_source_port(0, wire::cm::gsi_qpn, dqpn);
+  p->hop_limit = hop_limit;
+  p->tclass = traffic_class;
+  p->op = &wire::info(p->hdr.bth.opcode);
+  p->hdr.bth.pad = wire::pad_for(p->payload_len);
+  p->header_len = static_cast<std::uint8_t>(wire::encode(p->hdr, p->header));
+  transmit(p);
+  // Management traffic does not wait behind a burst of data.
+  link_->flush();
 }
 
 void device::on_clock_changed() noexcept { write_one(timer_fd_); }
@@ -1168,6 +1316,11 @@ void device::run() noexcept {
         continue;
       }
       const std::uint32_t qpn = p->hdr.bth.dest_qp;
+      if (qpn == wire::cm::gsi_qpn) {
+        receive_gsi(p);
+        free_packet(p);
+        continue;
+      }
       qp_t* qp = nullptr;
       if (qpn >= limits::qpn_base && qpn - limits::qpn_base < qps_.size())
         qp = qps_[qpn - limits::qpn_base].get();

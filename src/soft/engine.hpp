@@ -23,6 +23,7 @@
 #pragma once
 
 #include "core/timer_queue.hpp"
+#include "soft/gsi.hpp"
 #include "soft/limits.hpp"
 #include "soft/memory.hpp"
 #include "soft/ring.hpp"
@@ -34,6 +35,7 @@
 #include <averbs/verbs/types.hpp>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -210,6 +212,7 @@ struct qp_t {
   qp_state state = qp_state::reset;
   bool released = false;
   bool sq_sig_all = false;
+  void* cm = nullptr;  // the connection manager drives this QP (gsi_agent::on_qp)
   pd_t* pd = nullptr;
   cq_t* scq = nullptr;
   cq_t* rcq = nullptr;
@@ -445,6 +448,8 @@ class device final : public progress_source, public clock_listener {
   };
   std::error_code create_qp(pd_t* pd, const qp_init& init, qp_t*& out);
   std::error_code modify_qp(qp_t* qp, const qp_attr& attr, std::uint32_t mask);
+  /// Same, with lock() held (the connection manager).
+  std::error_code modify_qp_locked(qp_t* qp, const qp_attr& attr, std::uint32_t mask);
   std::error_code query_qp(qp_t* qp, qp_attr& out, qp_cap& init_cap);
   qp_state state_of(qp_t* qp) const;
   /// Flushes the QP's work (wr_flush_err, once each) and frees it.
@@ -471,6 +476,30 @@ class device final : public progress_source, public clock_listener {
   void set_port_state(port_state s);
   /// Raises DEVICE_FATAL, moves every QP to error, fails parked requests.
   void fatal();
+
+  // --- QP1 (general services) -----------------------------------------------------
+  // Everything here needs lock() held.
+  /// The agent that owns QP1 (the connection manager).
+  gsi_agent& gsi() noexcept { return *gsi_; }
+  std::uint64_t node_guid() const noexcept { return node_guid_; }
+  bool removed() const noexcept { return fatal_; }
+  const std::vector<gid>& gid_table() const noexcept { return gids_; }
+  mtu active_mtu() const noexcept;
+  /// Sends one 256-byte MAD from QP1 to `dqpn` at `dst` (UD SEND_ONLY,
+  /// Q_Key 0x80010000), ahead of queued data.
+  void send_mad(const gid& src, const gid& dst, std::uint32_t dqpn, std::span<const std::byte> mad,
+                std::uint8_t hop_limit, std::uint8_t traffic_class) noexcept;
+  /// Adds a timer on the device's clock (runs with lock() held).
+  bool schedule_timer(clock::time_point when, detail::timer_fn fn, void* arg,
+                      const detail::timer_payload& p) noexcept;
+  /// Keeps `obj` alive until lock() is next released by the engine, and
+  /// releases it then: user-side handles whose destructor takes the lock
+  /// must not die while it is held.
+  void release_later(std::shared_ptr<void> obj) noexcept;
+  /// Releases what release_later() kept.  Call without the lock.
+  void drain_released() noexcept;
+  /// Runs the engine to quiescence (after the CM queued packets or work).
+  void kick() noexcept { run(); }
 
   // --- the link ----------------------------------------------------------------
   /// Sets the faults injected on the outgoing link.
@@ -505,6 +534,8 @@ class device final : public progress_source, public clock_listener {
 
   // Must hold lock_ for everything below.
   void run() noexcept;
+  void destroy_qp_locked(qp_t* qp) noexcept;
+  void receive_gsi(packet* p) noexcept;
   void schedule_requester(qp_t* qp) noexcept;
   void requester(qp_t* qp) noexcept;
   bool send_packet_of(qp_t* qp, std::uint32_t index) noexcept;
@@ -564,6 +595,7 @@ class device final : public progress_source, public clock_listener {
   std::uint64_t node_guid_;
   std::vector<gid> gids_;
   port_state port_state_ = port_state::active;
+  mtu active_mtu_ = mtu::mtu_4096;  // from the interface MTU of a UDP device
   bool fatal_ = false;  // the device was removed
   direct_memory direct_;
   memory_access* mem_ = &direct_;
@@ -623,6 +655,12 @@ class device final : public progress_source, public clock_listener {
   void run_timers() noexcept;
 
   device_counters counters_{};
+
+  // QP1.
+  std::unique_ptr<gsi_agent> gsi_;
+  std::uint32_t gsi_psn_ = 0;
+  std::vector<std::shared_ptr<void>> graveyard_;
+  std::atomic<bool> graveyard_full_{false};
 };
 
 /// Implemented by the verbs layer: the engine objects behind public handles

@@ -180,6 +180,10 @@ std::error_code device::create_qp(pd_t* pd, const qp_init& init, qp_t*& out) {
 
 std::error_code device::modify_qp(qp_t* qp, const qp_attr& a, std::uint32_t mask) {
   std::lock_guard lock(lock_);
+  return modify_qp_locked(qp, a, mask);
+}
+
+std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32_t mask) {
   constexpr std::uint32_t known = (qp_attr_dest_qpn << 1) - 1;
   if ((mask & ~known) != 0) return err(errc::invalid_argument);
   const qp_state cur = qp->state;
@@ -352,6 +356,7 @@ void device::qp_to_error(qp_t* qp) noexcept {
   flush_qp(qp);
   // IBTA 11.6.3.3: a QP attached to an SRQ reports its last WQE.
   if (qp->srq != nullptr) raise_event(event_type::qp_last_wqe_reached, qp->qpn);
+  if (qp->cm != nullptr) gsi_->on_qp(qp, qp_note::error);
 }
 
 void device::flush_qp(qp_t* qp) noexcept {
@@ -441,7 +446,16 @@ void device::complete_wqes(qp_t* qp) noexcept {
 // Destroy
 
 std::error_code device::destroy_qp(qp_t* qp) {
-  std::lock_guard lock(lock_);
+  {
+    std::lock_guard lock(lock_);
+    destroy_qp_locked(qp);
+  }
+  drain_released();
+  return {};
+}
+
+void device::destroy_qp_locked(qp_t* qp) noexcept {
+  if (qp->cm != nullptr) gsi_->on_qp(qp, qp_note::destroyed);
   // An acknowledgement still held for this QP goes out first: the peer's
   // work arrived, and it must learn so.
   if (qp->resp.ack_pending) {
@@ -500,7 +514,6 @@ std::error_code device::destroy_qp(qp_t* qp) {
     free_pds_.push_back(pd->handle);
     --live_pds_;
   }
-  return {};
 }
 
 // ---------------------------------------------------------------------------

@@ -1,15 +1,19 @@
 // SPDX-License-Identifier: MIT
 // averbs perf: perftest's latency and bandwidth tests on an averbs device.
 #include "averbs/commands.hpp"
+#include "perf/connect.hpp"
 #include "perf/perf.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <string>
+#include <thread>
 
 namespace averbs::cli {
 
@@ -21,7 +25,7 @@ int help() {
       "Runs one of perftest's tests with both ends in this process on one device\n"
       "(the loopback link) and prints perftest's columns.\n\n"
       "  --test TEST        send_lat, send_bw, write_lat, write_bw, read_lat, read_bw,\n"
-      "                     atomic_lat, atomic_bw\n"
+      "                     atomic_lat, atomic_bw, connect\n"
       "  -d, --ib-dev DEV   device (default: embedded)\n"
       "  -s, --size BYTES   message size (default 2 for latency, 65536 for bandwidth,\n"
       "                     8 for atomics)\n"
@@ -37,6 +41,11 @@ int help() {
       "      --faults SPEC  inject faults on the device's link, e.g. drop=0.01,seed=3\n"
       "      --no-icrc      do not check received ICRCs (peers whose IPv4 ID we\n"
       "                     cannot see: rxe, NICs)\n\n"
+      "connect: -n N RC connections through the connection manager, pipelined\n"
+      "(--window W in flight, default 256), then --sync S more one at a time\n"
+      "(default min(N, 10000)); prints conn/s for both and memory per QP.  Each\n"
+      "pipelined connection carries one SEND unless --no-verify.  The CM port is\n"
+      "the -p port.\n\n"
       "Two processes, two devices (perftest's server/client): with a device bound\n"
       "to an address, `averbs perf --test T` waits for a client and\n"
       "`averbs perf --test T HOST` connects to the server at HOST.  Devices come\n"
@@ -57,10 +66,103 @@ bool parse_mtu(long v, mtu& out) {
 
 }  // namespace
 
+namespace {
+
+std::string ip_text(const gid& g) {
+  if (g.is_ipv4_mapped())
+    return std::to_string(g.raw[12]) + "." + std::to_string(g.raw[13]) + "." + std::to_string(g.raw[14]) + "." +
+           std::to_string(g.raw[15]);
+  return g.to_string();
+}
+
+// --test connect.  Loopback devices run the server on a second thread with
+// its own context; network devices run one end per process.
+int run_connect(const perf::options& o, perf::connect_options co, const std::string& host) {
+  context ctx;
+  device dev = open_device(ctx, o.device);
+  const bool remote = dev.udp_port() != 0;
+  const gid own = dev.query_gid(1, 0);
+  co.device = o.device;
+  co.oob_port = o.oob_port;
+  if (!remote && !host.empty()) {
+    std::fprintf(stderr, "averbs perf: device '%s' has no network link; give it an address (--addr)\n",
+                 o.device.c_str());
+    return 2;
+  }
+  std::printf("---------------------------------------------------------------------------------------\n");
+  std::printf("                    Connection setup (IB CM over QP1, RC)\n");
+  std::printf(" Device         : %s\n", o.device.c_str());
+  if (!remote) {
+    co.server = {own, o.oob_port};
+    std::atomic<bool> stop{false};
+    std::size_t accepted = 0, received = 0;
+    std::exception_ptr server_error;
+    std::thread server([&] {
+      try {
+        context sctx;
+        accepted = perf::serve_connections(sctx, co, &stop, nullptr, &received);
+      } catch (...) {
+        server_error = std::current_exception();
+      }
+    });
+    perf::connect_stats st;
+    try {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the listener binds
+      st = perf::run_connections(ctx, co);
+    } catch (...) {
+      stop = true;
+      server.join();
+      throw;
+    }
+    stop = true;
+    server.join();
+    if (server_error) std::rethrow_exception(server_error);
+    std::printf(" Both ends in this process (loopback link); memory counts both QPs of a connection\n");
+    std::printf("---------------------------------------------------------------------------------------\n");
+    perf::print_connect_header();
+    st.bytes_per_qp /= 2;
+    perf::print_connect(st);
+    std::printf(" server: %zu accepted, %zu SENDs received\n", accepted, received);
+    std::printf("---------------------------------------------------------------------------------------\n");
+    return st.failed == 0 && (!co.verify || st.verified == st.connections) ? 0 : 1;
+  }
+  if (host.empty()) {
+    co.server = {own, o.oob_port};
+    perf::oob l = perf::oob::listen(ip_text(own), o.oob_port);
+    std::printf(" Server at %s, waiting for the client\n", co.server.to_string().c_str());
+    std::fflush(stdout);
+    perf::oob link = l.accept(std::chrono::minutes(10));
+    std::size_t received = 0;
+    const std::size_t accepted = perf::serve_connections(ctx, co, nullptr, &link, &received);
+    std::printf(" server: %zu accepted, %zu SENDs received\n", accepted, received);
+    std::printf("---------------------------------------------------------------------------------------\n");
+    return 0;
+  }
+  gid server_ip;
+  if (!gid::parse(host, server_ip)) {
+    std::fprintf(stderr, "averbs perf: '%s' is not an IP address\n", host.c_str());
+    return 2;
+  }
+  co.server = {server_ip, o.oob_port};
+  perf::oob link = perf::oob::connect(host, o.oob_port, std::chrono::seconds(30));
+  (void)link.recv_word();  // the server listens
+  std::printf(" Client of %s\n", co.server.to_string().c_str());
+  std::printf("---------------------------------------------------------------------------------------\n");
+  const perf::connect_stats st = perf::run_connections(ctx, co);
+  link.send_word(2);  // done
+  perf::print_connect_header();
+  perf::print_connect(st);
+  std::printf("---------------------------------------------------------------------------------------\n");
+  return st.failed == 0 && (!co.verify || st.verified == st.connections) ? 0 : 1;
+}
+
+}  // namespace
+
 int cmd_perf(std::span<char* const> args) {
   perf::options o;
-  bool have_test = false, named_device = false, icrc = true;
+  bool have_test = false, named_device = false, icrc = true, connect_test = false;
   std::string host, addr, faults;
+  perf::connect_options co;
   for (std::size_t i = 0; i < args.size(); ++i) {
     const std::string a = args[i];
     auto value = [&]() -> std::string {
@@ -82,7 +184,12 @@ int cmd_perf(std::span<char* const> args) {
     };
     if (a == "-h" || a == "--help") return help();
     if (a == "--test") {
-      if (!perf::parse_test(value(), o.test)) {
+      const std::string t = value();
+      if (t == "connect") {
+        connect_test = have_test = true;
+        continue;
+      }
+      if (!perf::parse_test(t, o.test)) {
         std::fprintf(stderr, "averbs perf: unknown test '%s'\n", args[i]);
         return 2;
       }
@@ -132,6 +239,16 @@ int cmd_perf(std::span<char* const> args) {
         std::fprintf(stderr, "averbs perf: outstanding reads must be 1..128\n");
         return 2;
       }
+    } else if (a == "-w" || a == "--window") {
+      co.window = static_cast<std::size_t>(number());
+      if (co.window < 1) {
+        std::fprintf(stderr, "averbs perf: window must be at least 1\n");
+        return 2;
+      }
+    } else if (a == "--sync") {
+      co.sync_connections = static_cast<std::size_t>(number());
+    } else if (a == "--no-verify") {
+      co.verify = false;
     } else if (!a.empty() && a[0] != '-' && host.empty()) {
       host = a;
     } else {
@@ -162,6 +279,10 @@ int cmd_perf(std::span<char* const> args) {
     } else if (!faults.empty()) {
       std::fprintf(stderr, "averbs perf: --faults needs --addr (or AVERBS_FAULTS with AVERBS_DEVICES)\n");
       return 2;
+    }
+    if (connect_test) {
+      co.connections = o.iters != 0 ? o.iters : 1000;
+      return run_connect(o, co, host);
     }
     context ctx;
     const bool lat = perf::is_latency(o.test);

@@ -1262,7 +1262,7 @@ void device::send_mad(const gid& src, const gid& dst, std::uint32_t dqpn, std::s
   p->payload_len = static_cast<std::uint32_t>(mad.size());
   p->src = src;
   p->dst = dst;
-  p->sport = wire::udp_source_port(0, wire::cm::gsi_qpn, dqpn);
+  p->sport = wire::ud_source_port(wire::cm::gsi_qpn);
   p->hop_limit = hop_limit;
   p->tclass = traffic_class;
   p->op = &wire::info(p->hdr.bth.opcode);

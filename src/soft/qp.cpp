@@ -288,7 +288,8 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
         qp->comp.retry_left = qp->retry_cnt;
         qp->comp.rnr_left = qp->rnr_retry;
         const std::uint32_t remote = qp->type == qp_type::ud ? qp->qpn : qp->dest_qpn;
-        qp->sport = wire::udp_source_port(qp->av.grh.flow_label, qp->qpn, remote);
+        qp->sport = qp->type == qp_type::ud ? wire::ud_source_port(qp->qpn)
+                                            : wire::udp_source_port(qp->av.grh.flow_label, qp->qpn, remote);
         if (qp->type == qp_type::ud) qp->sgid = gids_.empty() ? gid{} : gids_[0];
       }
       qp->sq_draining = false;

@@ -539,7 +539,7 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
     p->dst = ah->attr.grh.dgid;
     p->hop_limit = ah->attr.grh.hop_limit;
     p->tclass = ah->attr.grh.traffic_class;
-    p->sport = wire::udp_source_port(ah->attr.grh.flow_label, qp->qpn, w->remote_qpn);
+    p->sport = qp->sport;  // rxe: per QP, not per destination
   }
   const auto& inf = wire::info(opc);
   if ((inf.headers & wire::hdr_reth) != 0) p->hdr.reth = {w->remote_addr, w->rkey, w->length};
@@ -1011,12 +1011,13 @@ void device::send_read_responses(qp_t* qp, std::uint32_t from_psn, std::byte* ho
     const std::uint32_t len = std::min(mtu, length - off);
     p->payload_len = len;
     if (len != 0) {
-      if (host != nullptr) {
-        p->segs[0] = {host + off, len};
-      } else {
-        mem_->read(addr + off, p->buf, len);
-        p->segs[0] = {p->buf, len};
-      }
+      // A snapshot, not a reference: the responder's memory may change
+      // (a WRITE later in this pass, the application) before the batch
+      // leaves, and the response must carry what the READ saw, under an
+      // ICRC computed over the same bytes.
+      if (host != nullptr) std::memcpy(p->buf, host + off, len);
+      else mem_->read(addr + off, p->buf, len);
+      p->segs[0] = {p->buf, len};
       p->nsegs = 1;
     }
     finish_packet(qp, p);

@@ -75,7 +75,10 @@ udp_link::udp_link(device& d, const device_config& cfg)
       set_int(fd_, IPPROTO_UDP, UDP_NO_CHECK6_RX, 1);
       set_int(fd_, IPPROTO_UDP, UDP_NO_CHECK6_TX, 1);
       set_int(fd_, IPPROTO_IPV6, IPV6_V6ONLY, 1);
+      // rxe sends flow label 0; without this the kernel invents one.
+      set_int(fd_, IPPROTO_IPV6, IPV6_AUTOFLOWLABEL, 0);
     } else {
+      set_int(fd_, SOL_SOCKET, SO_NO_CHECK, 1);  // UDP checksum 0, as rxe
       // DF on an unconnected socket: the kernel writes IPv4 ID 0, which the
       // ICRC covers (P1).
       if (set_int(fd_, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO) != 0) fail("IP_MTU_DISCOVER");

@@ -282,6 +282,13 @@ std::size_t build_ip_udp(const ip_udp_params& p, std::size_t transport_len,
 /// offset by 0xC000.
 std::uint16_t udp_source_port(std::uint32_t flow_label, std::uint32_t lqpn, std::uint32_t rqpn) noexcept;
 
+/// rxe's UDP source port of a UD QP (and QP1), fixed when the QP is made:
+/// 0xC000 + the QP number hashed to 14 bits (hash_32: multiply by the
+/// 32-bit golden ratio, keep the top bits).
+constexpr std::uint16_t ud_source_port(std::uint32_t qpn) noexcept {
+  return static_cast<std::uint16_t>(0xC000 | (((qpn * 0x61C88647u) >> (32 - 14)) & 0x3FFF));
+}
+
 // ---------------------------------------------------------------------------
 // AETH syndromes (IBTA 9.7.5.1.1).
 

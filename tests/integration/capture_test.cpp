@@ -1,0 +1,705 @@
+// SPDX-License-Identifier: MIT
+// External checks of the wire (docs/wire.md): capture_traffic puts every
+// opcode averbs sends on the wire, with ACKs, RNR NAKs and NAKs, while
+// dumpcap captures the test's own addresses and ports; then
+//   - tshark, with the RoCEv2 dissector on the test's port and the payload
+//     heuristics off (shared/reference/roce.md section 4), decodes every
+//     packet without a malformed packet or an expert warning (over IPv6
+//     but for the zero UDP checksum rxe sends too), and sees every opcode,
+//     ACK, RNR NAK and NAK syndrome;
+//   - the fields rxe chooses are rxe's: UDP source port from the QP numbers,
+//     IPv4 ID 0 with DF, IPv6 flow label 0, UDP checksum 0, pad count, BTH
+//     MigReq and TVer 0, P_Key 0xFFFF;
+//   - tests/tools/icrc_check.py, an ICRC implementation independent of
+//     ours, verifies the ICRC of every RoCE packet tshark decoded.
+// Over IPv4 (loopback addresses) and IPv6 (a network namespace, root
+// only), each through the raw socket and through the bound socket.
+// Skips (with the reason) when tshark or dumpcap is missing or capturing
+// on the loopback interface is not permitted.  The capture is removed when
+// the test passes and kept (its path printed) when it fails or when
+// AVERBS_KEEP_CAPTURE is set.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace averbs::test {
+namespace {
+
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+// --- environment ----------------------------------------------------------------
+
+std::string find_in_path(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path != nullptr ? path : "/usr/bin:/bin");
+  std::string dir;
+  while (std::getline(dirs, dir, ':')) {
+    const std::string p = (dir.empty() ? "." : dir) + "/" + name;
+    if (::access(p.c_str(), X_OK) == 0) return p;
+  }
+  return {};
+}
+
+std::uint32_t fnv1a(const std::string& s) {
+  std::uint32_t h = 2166136261u;
+  for (const char c : s) h = (h ^ static_cast<unsigned char>(c)) * 16777619u;
+  return h;
+}
+
+std::string current_test_name() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  return std::string(info->test_suite_name()) + "." + info->name();
+}
+
+// Ports and addresses of this test in this process: from the test name and
+// the pid, so the test can run beside itself (two build trees, ctest -j).
+// The last octet (10 and up) is one no other integration test uses.
+// Ports stay below the ephemeral range and apart from test_port()'s.
+std::uint16_t roce_port() {
+  return static_cast<std::uint16_t>(10000 + fnv1a(current_test_name()) % 3000 * 3);
+}
+std::string loopback_address(int which) {
+  const std::uint32_t id = fnv1a(current_test_name()) ^ static_cast<std::uint32_t>(::getpid()) * 2654435761u;
+  return "127." + std::to_string(1 + id % 250) + "." + std::to_string((id >> 8) % 256) + "." +
+         std::to_string(10 + which);
+}
+
+bool shell(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
+
+// Runs `cmd` through the shell (stderr to `err_file`), with a deadline;
+// returns the exit status (-1 if it could not run) and its stdout.
+int run_command(const std::string& cmd, const std::string& err_file, std::string& out) {
+  out.clear();
+  FILE* f = ::popen(("timeout -k 5 120 " + cmd + " 2>'" + err_file + "'").c_str(), "r");
+  if (f == nullptr) return -1;
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+  const int st = ::pclose(f);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+std::string read_file(const std::string& path) {
+  std::string s;
+  if (FILE* f = std::fopen(path.c_str(), "r")) {
+    char buf[4096];
+    std::size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+    std::fclose(f);
+  }
+  return s;
+}
+
+// --- child processes ----------------------------------------------------------------
+
+/// A child whose stdout and stderr go to one pipe we read (dumpcap reports
+/// on stderr, capture_traffic on stdout).  Killed if still running when
+/// destroyed.
+class spawned {
+ public:
+  explicit spawned(const std::vector<std::string>& argv) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    if (posix_spawnp(&pid_, args[0], &fa, nullptr, args.data(), environ) != 0) pid_ = -1;
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(fds[1]);
+    out_ = fds[0];
+  }
+  ~spawned() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (out_ >= 0) ::close(out_);
+  }
+  spawned(const spawned&) = delete;
+  spawned& operator=(const spawned&) = delete;
+
+  bool started() const { return pid_ > 0; }
+  bool running() {
+    if (pid_ <= 0 || reaped_) return false;
+    int st = 0;
+    if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+      reaped_ = true;
+      status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      return false;
+    }
+    return true;
+  }
+  /// Reads what is there (waiting up to `wait` for something).
+  void drain(std::chrono::milliseconds wait = 0ms) {
+    pollfd p{out_, POLLIN, 0};
+    int timeout = static_cast<int>(wait.count());
+    while (out_ >= 0 && ::poll(&p, 1, timeout) == 1) {
+      char b[4096];
+      const ssize_t n = ::read(out_, b, sizeof b);
+      if (n <= 0) break;
+      output_.append(b, static_cast<std::size_t>(n));
+      timeout = 0;
+    }
+  }
+  void signal(int sig) const {
+    if (pid_ > 0 && !reaped_) ::kill(pid_, sig);
+  }
+  /// Waits for exit; the exit status, or -1 if killed at the deadline.
+  int wait(std::chrono::milliseconds timeout) {
+    const auto until = clock_type::now() + timeout;
+    while (running()) {
+      drain(5ms);
+      if (clock_type::now() > until) {
+        ::kill(pid_, SIGKILL);
+        ::waitpid(pid_, nullptr, 0);
+        reaped_ = true;
+        status_ = -1;
+      }
+    }
+    drain();
+    return status_;
+  }
+  const std::string& output() const { return output_; }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+  bool reaped_ = false;
+  int status_ = -1;
+  std::string output_;
+};
+
+/// dumpcap's running count of captured packets ("Packets: N", refreshed on
+/// stderr as packets arrive); -1 before the first.
+long dumpcap_count(const std::string& out) {
+  const auto at = out.rfind("Packets: ");
+  if (at == std::string::npos) return -1;
+  return std::strtol(out.c_str() + at + 9, nullptr, 10);
+}
+
+// --- datagrams from the test's own addresses -----------------------------------------
+
+/// Runs `fn` on a thread that joined the network namespace `ns` (sockets it
+/// opens stay there); in this one if `ns` is empty.
+void in_namespace(const std::string& ns, const std::function<void()>& fn) {
+  if (ns.empty()) {
+    fn();
+    return;
+  }
+  std::thread t([&] {
+    const int fd = ::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0 && ::setns(fd, CLONE_NEWNET) == 0) fn();
+    if (fd >= 0) ::close(fd);
+  });
+  t.join();
+}
+
+bool to_sockaddr(const std::string& addr, std::uint16_t port, sockaddr_storage& ss, socklen_t& len) {
+  std::memset(&ss, 0, sizeof ss);
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&ss);
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&ss);
+  if (::inet_pton(AF_INET, addr.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(port);
+    len = sizeof *v4;
+    return true;
+  }
+  if (::inet_pton(AF_INET6, addr.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(port);
+    len = sizeof *v6;
+    return true;
+  }
+  return false;
+}
+
+/// Sends small UDP datagrams from one of the test's addresses to a port
+/// of the other, where a socket takes them (no ICMP): the capture's start
+/// and end markers.
+class marker {
+ public:
+  marker(const std::string& ns, const std::string& from, const std::string& to, std::uint16_t port) {
+    in_namespace(ns, [&] {
+      sockaddr_storage ss;
+      socklen_t len;
+      if (!to_sockaddr(to, port, ss, len)) return;
+      rx_ = ::socket(ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+      if (rx_ < 0 || ::bind(rx_, reinterpret_cast<sockaddr*>(&ss), len) != 0) return;
+      to_ = ss;
+      to_len_ = len;
+      if (!to_sockaddr(from, 0, ss, len)) return;
+      tx_ = ::socket(ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+      if (tx_ >= 0 && ::bind(tx_, reinterpret_cast<sockaddr*>(&ss), len) != 0) {
+        ::close(tx_);
+        tx_ = -1;
+      }
+    });
+  }
+  ~marker() {
+    if (tx_ >= 0) ::close(tx_);
+    if (rx_ >= 0) ::close(rx_);
+  }
+  bool ok() const { return tx_ >= 0 && rx_ >= 0; }
+  void send() const {
+    static const char text[] = "averbs capture marker";
+    (void)::sendto(tx_, text, sizeof text - 1, 0, reinterpret_cast<const sockaddr*>(&to_), to_len_);
+  }
+
+ private:
+  int tx_ = -1, rx_ = -1;
+  sockaddr_storage to_{};
+  socklen_t to_len_ = 0;
+};
+
+// --- what rxe puts on the wire (shared/reference/roce.md 1.4, 1.7) -------------------
+
+/// rdma_get_udp_sport() with flow label 0, as rxe uses it after modify_qp:
+/// written here from the reference, not taken from src/wire.
+std::uint16_t rxe_udp_sport(std::uint32_t lqpn, std::uint32_t rqpn) {
+  std::uint64_t v = std::uint64_t{lqpn} * rqpn;
+  v ^= v >> 20;
+  v ^= v >> 40;
+  const auto fl = static_cast<std::uint32_t>(v & 0xFFFFF);
+  return static_cast<std::uint16_t>(((fl & 0x3FFF) ^ ((fl & 0xFC000) >> 14)) | 0xC000);
+}
+
+/// A UD QP's source port in rxe (rxe_qp_init_req): 0xC000 plus
+/// hash_32(qpn, 14), hash_32 being "multiply by 0x61C88647, keep the top
+/// bits" (include/linux/hash.h).
+std::uint16_t rxe_ud_sport(std::uint32_t qpn) {
+  const std::uint32_t h = (qpn * 0x61C88647u) >> 18;
+  return static_cast<std::uint16_t>(0xC000 + (h & 0x3FFF));
+}
+
+/// BTH plus extension headers of an opcode (IBTA 9.2/9.3 tables); 0 for
+/// opcodes averbs never sends.
+unsigned header_length(unsigned op) {
+  if (op == 0x64) return 20;  // UD SEND Only: DETH
+  if (op == 0x65) return 24;  // + ImmDt
+  if (op >= 0x20 && op <= 0x2B)
+    op -= 0x20;  // UC: as RC
+  else if (op > 0x17)
+    return 0;
+  static constexpr unsigned rc[0x18] = {12, 12, 12, 16, 12, 16, 28, 12, 12, 16, 28, 32,
+                                        28, 16, 12, 16, 16, 16, 24, 40, 40, 0,  16, 16};
+  return rc[op];
+}
+bool carries_payload(unsigned op) { return op != 0x0C && (op < 0x11 || op > 0x14); }
+
+std::string hex(unsigned v) {
+  char b[16];
+  std::snprintf(b, sizeof b, "0x%02x", v);
+  return b;
+}
+
+// --- the test -----------------------------------------------------------------------
+
+enum field : std::size_t {
+  f_frame,
+  f_ip_src,
+  f_ip_dst,
+  f_ip6_src,
+  f_ip6_dst,
+  f_ip_id,
+  f_ip_df,
+  f_ip6_flow,
+  f_sport,
+  f_dport,
+  f_udp_len,
+  f_udp_sum,
+  f_opcode,
+  f_mig,
+  f_pad,
+  f_tver,
+  f_pkey,
+  f_destqp,
+  f_syndrome,
+  f_malformed,
+  f_severity,
+  f_expert,
+  f_count
+};
+constexpr const char* field_names[f_count] = {"frame.number",
+                                              "ip.src",
+                                              "ip.dst",
+                                              "ipv6.src",
+                                              "ipv6.dst",
+                                              "ip.id",
+                                              "ip.flags.df",
+                                              "ipv6.flow",
+                                              "udp.srcport",
+                                              "udp.dstport",
+                                              "udp.length",
+                                              "udp.checksum",
+                                              "infiniband.bth.opcode",
+                                              "infiniband.bth.m",
+                                              "infiniband.bth.padcnt",
+                                              "infiniband.bth.tver",
+                                              "infiniband.bth.p_key",
+                                              "infiniband.bth.destqp",
+                                              "infiniband.aeth.syndrome",
+                                              "_ws.malformed",
+                                              "_ws.expert.severity",
+                                              "_ws.expert.message"};
+
+// Payload heuristics that claim arbitrary SEND payloads (roce.md 4).
+constexpr const char* heuristics[] = {
+    "rpcrdma_infiniband", "smb_direct_infiniband", "iser_infiniband", "smcr_infiniband", "lnet_ib",
+    "sdp_infiniband",     "fc_infiniband",         "eth_over_ib",     "nvme_rdma"};
+
+constexpr unsigned expert_warn = 0x00600000;  // PI_WARN; PI_ERROR is 0x00800000
+
+unsigned long num(const std::string& s) { return std::strtoul(s.c_str(), nullptr, 0); }
+
+class capture : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    tshark_ = find_in_path("tshark");
+    dumpcap_ = find_in_path("dumpcap");
+    python_ = find_in_path("python3");
+    if (tshark_.empty() || dumpcap_.empty())
+      GTEST_SKIP() << "tshark and dumpcap are needed (scripts/install-deps.sh installs them)";
+    if (python_.empty()) GTEST_SKIP() << "python3 is needed for tests/tools/icrc_check.py";
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ = std::string(tmp != nullptr && *tmp != 0 ? tmp : "/tmp") + "/averbs_capture_XXXXXX";
+    ASSERT_NE(::mkdtemp(templ.data()), nullptr) << std::strerror(errno);
+    dir_ = templ;
+  }
+  void TearDown() override {
+    if (!ns_.empty()) shell("ip netns del " + ns_);
+    if (dir_.empty()) return;
+    if (HasFailure() || std::getenv("AVERBS_KEEP_CAPTURE") != nullptr) {
+      std::printf("capture kept in %s\n", dir_.c_str());
+      return;
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  struct options {
+    std::string addr_a, addr_b;
+    bool raw = true;  // let the devices send through a raw socket
+    bool v6 = false;
+    std::string scenario = "every_opcode";  // capture_traffic --scenario
+  };
+
+  /// Captures one capture_traffic run and checks the capture.
+  void capture_and_check(const options& o) {
+    const std::uint16_t port = roce_port();
+    const std::uint16_t start_port = port + 1, end_port = port + 2;
+    const std::string file = dir_ + "/traffic.pcapng";
+    const std::string filter = "udp and host " + o.addr_a + " and host " + o.addr_b + " and (port " +
+                               std::to_string(port) + " or port " + std::to_string(start_port) + " or port " +
+                               std::to_string(end_port) + ")";
+    std::vector<std::string> prefix;
+    if (!ns_.empty()) prefix = {"ip", "netns", "exec", ns_};
+
+    // 1. Capture, and wait until packets are really being captured: send
+    //    start markers until dumpcap counts one.
+    marker start(ns_, o.addr_a, o.addr_b, start_port), end(ns_, o.addr_a, o.addr_b, end_port);
+    ASSERT_TRUE(start.ok() && end.ok()) << "cannot bind marker sockets on " << o.addr_a << " / " << o.addr_b;
+    std::vector<std::string> dargv = prefix;
+    dargv.insert(dargv.end(), {dumpcap_, "-i", "lo", "-B", "32", "-f", filter, "-w", file});
+    spawned dumpcap(dargv);
+    ASSERT_TRUE(dumpcap.started()) << "cannot run " << dumpcap_;
+    const auto capture_deadline = clock_type::now() + 20s;
+    while (dumpcap_count(dumpcap.output()) < 1) {
+      if (!dumpcap.running()) {
+        dumpcap.drain();
+        const std::string& why = dumpcap.output();
+        if (why.find("ermission") != std::string::npos || why.find("not permitted") != std::string::npos)
+          GTEST_SKIP() << "cannot capture on lo here: " << why;
+        FAIL() << "dumpcap exited: " << why;
+      }
+      ASSERT_LT(clock_type::now(), capture_deadline)
+          << "dumpcap captured no start marker: " << dumpcap.output();
+      start.send();
+      dumpcap.drain(50ms);
+    }
+
+    // 2. The traffic.
+    std::vector<std::string> targv = prefix;
+    targv.insert(targv.end(), {AVERBS_CAPTURE_TRAFFIC, "--addr", o.addr_a, "--peer", o.addr_b, "--port",
+                               std::to_string(port)});
+    if (!o.raw) targv.push_back("--no-raw");
+    targv.insert(targv.end(), {"--scenario", o.scenario});
+    spawned traffic(targv);
+    ASSERT_TRUE(traffic.started());
+    const int status = traffic.wait(120s);
+    ASSERT_EQ(status, 0) << "capture_traffic failed:\n" << traffic.output();
+
+    // 3. End marker, then stop once dumpcap has written everything: the
+    //    ring hands packets over within its 250 ms timeout, so a count
+    //    unchanged for a second means it is all in.
+    end.send();
+    long last = -2;
+    auto stable_since = clock_type::now();
+    const auto stop_deadline = clock_type::now() + 30s;
+    while (clock_type::now() - stable_since < 1s && clock_type::now() < stop_deadline) {
+      dumpcap.drain(100ms);
+      const long n = dumpcap_count(dumpcap.output());
+      if (n != last) {
+        last = n;
+        stable_since = clock_type::now();
+      }
+    }
+    dumpcap.signal(SIGINT);
+    ASSERT_EQ(dumpcap.wait(30s), 0) << dumpcap.output();
+    const std::string& stats = dumpcap.output();
+    const auto rd = stats.find("Packets received/dropped");
+    ASSERT_NE(rd, std::string::npos) << stats;
+    const auto slash = stats.find('/', stats.find("': ", rd));
+    ASSERT_NE(slash, std::string::npos) << stats;
+    EXPECT_EQ(std::strtol(stats.c_str() + slash + 1, nullptr, 10), 0) << "dumpcap dropped packets: " << stats;
+
+    // 4. Decode.  A tshark without one of the heuristics refuses to
+    //    disable it ("No such protocol X, can't disable"): drop it, retry.
+    std::vector<std::string> heur(std::begin(heuristics), std::end(heuristics));
+    std::string cmd, out, err;
+    for (;;) {
+      cmd = "'" + tshark_ + "' -n -r '" + file + "' -o infiniband.rroce.port:" + std::to_string(port);
+      for (const auto& h : heur) cmd += " --disable-heuristic " + h;
+      cmd += " -T fields -E separator=/t -E occurrence=a -E aggregator=,";
+      for (const char* f : field_names) cmd += std::string(" -e ") + f;
+      const int tshark_status = run_command(cmd, dir_ + "/tshark.err", out);
+      if (tshark_status == 0) break;
+      err = read_file(dir_ + "/tshark.err");
+      const auto it = std::find_if(heur.begin(), heur.end(), [&](const std::string& h) {
+        return err.find("No such protocol " + h + ",") != std::string::npos;
+      });
+      ASSERT_NE(it, heur.end()) << cmd << "\n" << err;
+      heur.erase(it);
+    }
+
+    check_decoded(out, o, port, start_port, end_port, traffic.output());
+
+    // 5. The independent ICRC check of every RoCE packet.
+    std::string icrc_out;
+    const int icrc_status = run_command("'" + python_ + "' '" + std::string(AVERBS_ICRC_CHECK) + "' --port " +
+                                            std::to_string(port) + " '" + file + "'",
+                                        dir_ + "/icrc.err", icrc_out);
+    EXPECT_EQ(icrc_status, 0) << icrc_out << read_file(dir_ + "/icrc.err");
+    EXPECT_EQ(icrc_out.find("checked " + std::to_string(roce_frames_) + " packets, 0 bad"), 0u)
+        << "tshark decoded " << roce_frames_ << " RoCE packets; icrc_check.py says:\n"
+        << icrc_out;
+  }
+
+  void check_decoded(const std::string& out, const options& o, std::uint16_t port, std::uint16_t start_port,
+                     std::uint16_t end_port, const std::string& traffic_out) {
+    // Expected UDP source ports, by (destination address, destination QP).
+    // Connected QPs: rxe's rdma_get_udp_sport() of the QP numbers, the same
+    // both ways.  UD: the port rxe hashes from the sending QP's number when
+    // it creates the QP.  Through the bound socket every packet leaves from
+    // the RoCE port.
+    const bool raw = o.raw && can_send_raw(o.v6);
+    std::map<std::pair<std::string, unsigned>, int> sport;
+    std::map<std::pair<std::string, unsigned>, std::set<unsigned>> seen_sports;
+    std::istringstream lines(traffic_out);
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream w(line);
+      std::string tag, kind;
+      unsigned qa = 0, qb = 0;
+      if (!(w >> tag >> kind >> qa >> qb) || tag != "qp") continue;
+      const bool ud = kind == "ud";
+      sport[{o.addr_b, qb}] = !raw ? port : ud ? rxe_ud_sport(qa) : rxe_udp_sport(qa, qb);
+      sport[{o.addr_a, qa}] = !raw ? port : ud ? rxe_ud_sport(qb) : rxe_udp_sport(qb, qa);
+    }
+    const bool every_opcode = o.scenario == "every_opcode";
+    ASSERT_EQ(sport.size(), every_opcode ? 10u : 2u) << "capture_traffic names its QP pairs:\n"
+                                                     << traffic_out;
+
+    std::set<unsigned> opcodes, syndromes;
+    std::size_t start_markers = 0, end_markers = 0, problems = 0;
+    std::ostringstream report;
+    auto problem = [&](const std::vector<std::string>& f, const std::string& what) {
+      if (++problems <= 20)
+        report << "frame " << f[f_frame] << " (opcode " << f[f_opcode] << "): " << what << "\n";
+    };
+    std::istringstream in(out);
+    for (std::string line; std::getline(in, line);) {
+      std::vector<std::string> f;
+      std::istringstream cells(line);
+      for (std::string c; std::getline(cells, c, '\t');) f.push_back(c);
+      f.resize(f_count);
+      const unsigned dport = static_cast<unsigned>(num(f[f_dport]));
+      if (dport == start_port || dport == end_port) {
+        ++(dport == start_port ? start_markers : end_markers);
+        continue;
+      }
+      if (dport != port) {
+        problem(f, "not to the RoCE port: " + line);
+        continue;
+      }
+      ++roce_frames_;
+      if (!f[f_malformed].empty()) problem(f, "malformed: " + f[f_expert]);
+      std::stringstream sev(f[f_severity]), msg(f[f_expert]);
+      for (std::string s, m; std::getline(sev, s, ',');) {
+        std::getline(msg, m, ',');
+        // rxe sends UDP checksum 0 over IPv6 too, which Wireshark calls
+        // illegal (RFC 6935 allows it for tunnels): the one expected error.
+        if (num(s) >= expert_warn && !(o.v6 && m == "Illegal checksum value (0)"))
+          problem(f, "expert info: " + m);
+      }
+      if (f[f_opcode].empty()) {
+        problem(f, "no BTH decoded");
+        continue;
+      }
+      const unsigned op = static_cast<unsigned>(num(f[f_opcode]));
+      opcodes.insert(op);
+      if (!f[f_syndrome].empty()) syndromes.insert(static_cast<unsigned>(num(f[f_syndrome])));
+
+      // The IP and UDP fields rxe chooses.
+      if (o.v6) {
+        if (raw && num(f[f_ip6_flow]) != 0) problem(f, "IPv6 flow label " + f[f_ip6_flow] + " (rxe sends 0)");
+      } else {
+        if (num(f[f_ip_id]) != 0) problem(f, "IPv4 ID " + f[f_ip_id] + " (the ICRC assumes 0)");
+        if (f[f_ip_df] != "1") problem(f, "IPv4 DF not set");
+      }
+      const std::string dst = o.v6 ? f[f_ip6_dst] : f[f_ip_dst];
+      const std::pair<std::string, unsigned> flow{dst, static_cast<unsigned>(num(f[f_destqp]))};
+      const auto it = sport.find(flow);
+      const auto sp = static_cast<unsigned>(num(f[f_sport]));
+      seen_sports[flow].insert(sp);
+      if (it == sport.end())
+        problem(f, "to an unknown QP " + f[f_destqp] + " at " + dst);
+      else if (sp != static_cast<unsigned>(it->second))
+        problem(f, "UDP source port " + f[f_sport] + ", expected " + std::to_string(it->second));
+      // Over IPv4 the bound-socket path leaves the checksum to the kernel.
+      if ((o.v6 || raw) && num(f[f_udp_sum]) != 0)
+        problem(f, "UDP checksum " + f[f_udp_sum] + " (rxe sends 0)");
+
+      // BTH fields and the pad: payload + pad is a multiple of 4.
+      if (f[f_mig] != "0") problem(f, "BTH MigReq set (rxe sends 0)");
+      if (num(f[f_tver]) != 0) problem(f, "TVer " + f[f_tver]);
+      if (num(f[f_pkey]) != 0xFFFF) problem(f, "P_Key " + f[f_pkey]);
+      const unsigned hl = header_length(op);
+      const unsigned pad = static_cast<unsigned>(num(f[f_pad]));
+      const long area = static_cast<long>(num(f[f_udp_len])) - 8 - static_cast<long>(hl) - 4;
+      if (hl == 0)
+        problem(f, "opcode " + hex(op) + " is not one averbs sends");
+      else if (area < 0)
+        problem(f, "shorter than its headers");
+      else if (!carries_payload(op) && (area != 0 || pad != 0))
+        problem(f, "payload or pad after a payload-less opcode");
+      else if (area % 4 != 0 || pad > area)
+        problem(f, "pad count " + std::to_string(pad) + " for payload+pad " + std::to_string(area));
+    }
+    EXPECT_EQ(problems, 0u) << problems << " problems in the capture, the first ones:\n" << report.str();
+    for (const auto& [flow, ports] : seen_sports)
+      EXPECT_EQ(ports.size(), 1u) << "QP " << flow.second << " at " << flow.first
+                                  << ": several UDP source ports";
+    EXPECT_GE(start_markers, 1u);
+    EXPECT_EQ(end_markers, 1u) << "the end marker is missing: packets may be missing too";
+
+    if (!every_opcode) return;
+
+    // Every opcode averbs sends (roce.md 1.4: RC, UC, UD; CNP is only received).
+    std::set<unsigned> expected;
+    for (unsigned op = 0x00; op <= 0x14; ++op) expected.insert(op);
+    for (unsigned op : {0x16u, 0x17u, 0x64u, 0x65u}) expected.insert(op);
+    for (unsigned op = 0x20; op <= 0x2B; ++op) expected.insert(op);
+    std::string missing;
+    for (unsigned op : expected)
+      if (opcodes.count(op) == 0) missing += " " + hex(op);
+    EXPECT_TRUE(missing.empty()) << "opcodes not seen:" << missing;
+
+    // ACK (credits invalid, as rxe), RNR NAK (timer 1), PSN sequence
+    // error, invalid request and remote access error NAKs.
+    for (unsigned syn : {0x1Fu, 0x21u, 0x60u, 0x61u, 0x62u})
+      EXPECT_EQ(syndromes.count(syn), 1u) << "no AETH syndrome " << hex(syn);
+    for (unsigned syn : syndromes)
+      EXPECT_TRUE(syn == 0x1F || syn == 0x21 || (syn >= 0x60 && syn <= 0x62))
+          << "unexpected syndrome " << hex(syn);
+  }
+
+  /// Whether capture_traffic's devices get their raw socket (the same
+  /// privilege check: CAP_NET_RAW).
+  static bool can_send_raw(bool v6) {
+    const int fd = ::socket(v6 ? AF_INET6 : AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW);
+    if (fd < 0) return false;
+    ::close(fd);
+    return true;
+  }
+
+  std::string tshark_, dumpcap_, python_, dir_, ns_;
+  std::size_t roce_frames_ = 0;
+};
+
+TEST_F(capture, every_opcode_over_ipv4_decodes_cleanly_with_rxe_fields_and_valid_icrc) {
+  capture_and_check({loopback_address(0), loopback_address(1), true, false});
+}
+
+// Without a raw socket (no CAP_NET_RAW, or raw_send off) packets leave
+// through the bound socket: source port = the RoCE port, and the kernel
+// writes the IPv4 ID (0 with DF on an unconnected socket) the ICRC covers.
+TEST_F(capture, every_opcode_through_the_bound_socket_decodes_cleanly_with_valid_icrc) {
+  capture_and_check({loopback_address(0), loopback_address(1), false, false});
+}
+
+// A READ followed by a WRITE to the same memory: the READ responses carry
+// a snapshot of the memory taken when the READ executed, so a WRITE run
+// before the batch leaves cannot change the bytes under their ICRC (this
+// was a defect: the responses referenced the memory).
+TEST_F(capture, read_followed_by_a_write_to_the_same_memory_keeps_every_icrc_valid) {
+  capture_and_check({loopback_address(0), loopback_address(1), true, false, "read_then_write"});
+}
+
+// IPv6 needs two addresses of our own: a network namespace whose lo has them.
+class capture_v6 : public capture {
+ protected:
+  void SetUp() override {
+    capture::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    if (::geteuid() != 0) GTEST_SKIP() << "the IPv6 capture runs in a network namespace: needs root";
+    const std::string ns = "avb_cap" + std::to_string(::getpid()) + "_" + std::to_string(roce_port());
+    if (!shell("ip netns add " + ns)) GTEST_SKIP() << "ip netns add failed here";
+    ns_ = ns;
+    ASSERT_TRUE(shell("ip -n " + ns + " link set lo up"));
+    ASSERT_TRUE(shell("ip -n " + ns + " addr add " + a + "/128 dev lo nodad"));
+    ASSERT_TRUE(shell("ip -n " + ns + " addr add " + b + "/128 dev lo nodad"));
+  }
+  const std::string a = "fd42:ca97::a", b = "fd42:ca97::b";
+};
+
+TEST_F(capture_v6, every_opcode_over_ipv6_decodes_cleanly_with_rxe_fields_and_valid_icrc) {
+  capture_and_check({a, b, true, true});
+}
+
+// The kernel labels the flows of an ordinary IPv6 socket
+// (net.ipv6.auto_flowlabels); the ICRC masks the label.
+TEST_F(capture_v6, every_opcode_over_ipv6_through_the_bound_socket_decodes_cleanly_with_valid_icrc) {
+  capture_and_check({a, b, false, true});
+}
+
+}  // namespace
+}  // namespace averbs::test

@@ -1,0 +1,375 @@
+// SPDX-License-Identifier: MIT
+// The connection manager between two devices on their own loopback
+// addresses, over real UDP: connections through a lossy, duplicating,
+// reordering link; a peer that comes back with the same CA GUID (stale
+// connection); garbage on QP1; a peer that disappears.
+#include "udp_pair.hpp"
+#include "wire/cm.hpp"
+#include "wire/roce.hpp"
+
+#include <averbs/cm.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <random>
+
+using namespace std::chrono_literals;
+
+namespace averbs::test {
+namespace {
+
+class cm_udp : public ::testing::Test {
+ protected:
+  struct side {
+    std::unique_ptr<soft_device> sdev;
+    device dev;
+    pd p;
+    cq c;
+    gid ip;
+    std::string name;
+  };
+  void make(side& s, int which, const std::string& faults = "") {
+    soft_device_options o;
+    s.name = "cm" + std::to_string(which) + "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    o.name = s.name;
+    o.address = test_address(which);
+    o.port = test_port();
+    o.faults = faults;
+    s.sdev = std::make_unique<soft_device>(o);
+    s.dev = open_device(ctx, o.name);
+    s.p = s.dev.alloc_pd();
+    s.c = s.dev.create_cq(8192);
+    gid::parse(o.address, s.ip);
+  }
+  qp make_qp(side& s) {
+    qp_init_attr ia;
+    ia.send_cq = ia.recv_cq = s.c;
+    ia.cap = {4, 4, 1, 1, 0};
+    return s.p.create_qp(ia);
+  }
+  static cm::conn_params fast() {
+    cm::conn_params p;
+    p.cm_response_timeout = 12;  // 17 ms
+    p.max_cm_retries = 15;
+    p.ack_timeout = 12;
+    return p;
+  }
+  // Sends one message from `from` to `to` (a receive is posted first) and
+  // waits for both completions.
+  void exchange(side& sf, const qp& from, side& st, const qp& to) {
+    std::vector<std::byte> b(16, std::byte{0x42}), r(16);
+    mr mb = sf.p.reg_mr(b.data(), b.size(), access_local_write);
+    mr mrr = st.p.reg_mr(r.data(), r.size(), access_local_write);
+    const sge rs{reinterpret_cast<std::uintptr_t>(r.data()), 16, mrr.lkey()};
+    const sge ss{reinterpret_cast<std::uintptr_t>(b.data()), 16, mb.lkey()};
+    ASSERT_FALSE(to.post_recv(recv_wr{1, &rs, 1}));
+    send_wr w;
+    w.sg_list = &ss;
+    w.num_sge = 1;
+    w.flags = send_signaled;
+    ASSERT_FALSE(from.post_send(w));
+    int got = 0;
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (got < 2 && std::chrono::steady_clock::now() < until) {
+      work_completion wc[4];
+      for (side* s : {&sf, &st}) {
+        const std::size_t n = s->c.poll(wc);
+        for (std::size_t i = 0; i < n; ++i, ++got) EXPECT_EQ(wc[i].status, wc_status::success);
+      }
+    }
+    EXPECT_EQ(got, 2);
+    EXPECT_EQ(r, b);
+  }
+
+  context ctx;
+};
+
+TEST_F(cm_udp, connect_exchange_disconnect) {
+  side a, b;
+  make(a, 0);
+  make(b, 1);
+  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
+  qp qa = make_qp(a), qb = make_qp(b);
+  cm::connector c(a.dev);
+  auto got = l.async_get_request(use_request);
+  auto conn = c.async_connect(qa, {b.ip, 7471}, {}, use_request);
+  cm::connection_request req = got.get();
+  EXPECT_EQ(req.peer.ip, a.ip);
+  cm::connector passive = req.conn;
+  passive.accept(qb);
+  conn.get();
+  exchange(a, qa, b, qb);
+  exchange(b, qb, a, qa);
+  auto notified = passive.async_notify_disconnect(use_request);
+  c.disconnect();
+  notified.get();
+  EXPECT_EQ(qb.state(), qp_state::err);
+}
+
+TEST_F(cm_udp, connections_survive_a_lossy_duplicating_reordering_link) {
+  side a, b;
+  make(a, 0, "drop=0.05,dup=0.05,reorder=0.05,seed=11");
+  make(b, 1, "drop=0.05,dup=0.05,reorder=0.05,seed=12");
+  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
+  constexpr int n = 200;
+  completion_port port(ctx);
+  std::vector<cm::connector> active(n), passive;
+  std::vector<qp> qa(n), qb;
+  for (int i = 0; i < n; ++i) {
+    qa[i] = make_qp(a);
+    active[i] = cm::connector(a.dev);
+    active[i].async_connect(qa[i], {b.ip, 7471}, {}, fast(), bind_port(port, i));
+  }
+  for (int i = 0; i < 32; ++i) l.async_get_request(bind_port(port, 1000));
+  int connected = 0, accepted = 0;
+  completion_entry e[32];
+  const auto until = std::chrono::steady_clock::now() + 60s;
+  while ((connected < n || accepted < n) && std::chrono::steady_clock::now() < until) {
+    const std::size_t k = port.get(e, 100ms);
+    for (std::size_t j = 0; j < k; ++j) {
+      ASSERT_FALSE(e[j].error()) << "key " << e[j].key() << ": " << e[j].error().message();
+      if (e[j].key() == 1000) {
+        l.async_get_request(bind_port(port, 1000));
+        passive.push_back(e[j].result<cm::connection_request>()->conn);
+        qb.push_back(make_qp(b));
+        passive.back().async_accept(qb.back(), {}, fast(), bind_port(port, 2000));
+      } else if (e[j].key() == 2000) {
+        ++accepted;
+      } else {
+        ++connected;
+      }
+    }
+  }
+  ASSERT_EQ(connected, n);
+  ASSERT_EQ(accepted, n);
+  for (int i = 0; i < n; ++i) EXPECT_EQ(active[i].state(), cm::conn_state::established);
+  // Every pair works: the first few carry a message each way.
+  for (int i = 0; i < 8; ++i) {
+    const cm::address peer = passive[i].peer_address();
+    const auto it = std::find_if(active.begin(), active.end(),
+                                 [&](const cm::connector& c) { return c.local_address() == peer; });
+    ASSERT_NE(it, active.end());
+    exchange(a, qa[it - active.begin()], b, qb[i]);
+  }
+  EXPECT_GT(a.dev.counters().dropped + b.dev.counters().dropped, 0u);
+}
+
+TEST_F(cm_udp, a_peer_that_comes_back_meets_a_stale_connection_rejection) {
+  side a, b;
+  make(a, 0);
+  make(b, 1);
+  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
+  cm::connector passive;
+  qp qb = make_qp(b);
+  std::uint32_t old_qpn = 0;
+  {
+    qp qa = make_qp(a);
+    old_qpn = qa.num();
+    cm::connector c(a.dev);
+    auto got = l.async_get_request(use_request);
+    auto conn = c.async_connect(qa, {b.ip, 7471}, {}, use_request);
+    passive = got.get().conn;
+    passive.accept(qb, {}, fast());
+    conn.get();
+    // The peer's device vanishes without a word (a crash: removed first,
+    // so dropping the handles after sends nothing), then comes back at the
+    // same address: same CA GUID, and its first QP has the same number as
+    // before.
+    a.sdev.reset();
+    c = {};
+    qa = {};
+  }
+  a.c = {};
+  a.p = {};
+  a.dev = {};
+  soft_device_options o;
+  o.name = a.name;
+  o.address = test_address(0);
+  o.port = test_port();
+  a.sdev = std::make_unique<soft_device>(o);
+  a.dev = open_device(ctx, o.name);
+  a.p = a.dev.alloc_pd();
+  a.c = a.dev.create_cq(64);
+  qp qa = make_qp(a);
+  ASSERT_EQ(qa.num(), old_qpn);
+  auto notified = passive.async_notify_disconnect(use_request);
+  cm::connector c(a.dev);
+  std::error_code ec;
+  c.connect(qa, {b.ip, 7471}, {}, fast(), ec);
+  EXPECT_EQ(ec, errc::connection_rejected);
+  EXPECT_EQ(c.reject_reason(), 10);  // stale connection
+  // The old connection was torn down: the listener's side heard of it.
+  notified.get(ec);
+  EXPECT_EQ(ec, errc::connection_reset);
+  EXPECT_EQ(qb.state(), qp_state::err);
+  // Once its timewait is over, the same QP connects.
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  auto got = l.async_get_request(use_request);
+  for (;;) {
+    cm::connector retry(a.dev);
+    std::error_code e2;
+    auto conn = retry.async_connect(qa, {b.ip, 7471}, {}, fast(), use_request);
+    if (got.wait_for(200ms)) {
+      cm::connector p2 = got.get().conn;
+      qp qb2 = make_qp(b);
+      p2.accept(qb2);
+      conn.get();
+      exchange(a, qa, b, qb2);
+      break;
+    }
+    conn.get(e2);
+    ASSERT_EQ(e2, errc::connection_rejected);
+    ASSERT_LT(std::chrono::steady_clock::now(), until);
+  }
+}
+
+// Sends raw RoCEv2 datagrams to QP1 of a device: valid carrier headers,
+// then a MAD that is anything at all.
+class raw_sender {
+ public:
+  raw_sender(const std::string& from, const std::string& to, std::uint16_t port) {
+    fd_ = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_in src{};
+    src.sin_family = AF_INET;
+    ::inet_pton(AF_INET, from.c_str(), &src.sin_addr);
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&src), sizeof src);
+    dst_.sin_family = AF_INET;
+    dst_.sin_port = htons(port);
+    ::inet_pton(AF_INET, to.c_str(), &dst_.sin_addr);
+  }
+  ~raw_sender() { ::close(fd_); }
+  void send(std::span<const std::byte> mad, std::uint32_t src_qp = 1, std::uint32_t qkey = wire::gsi_qkey) {
+    wire::transport_headers h;
+    h.bth.opcode = static_cast<std::uint8_t>(wire::opcode::ud_send_only);
+    h.bth.dest_qp = 1;
+    h.bth.pkey = 0xFFFF;
+    h.bth.pad = wire::pad_for(mad.size());
+    h.deth = {qkey, src_qp};
+    std::vector<std::byte> pkt(64 + mad.size() + 8);
+    const std::size_t hl = wire::encode(h, pkt);
+    std::memcpy(pkt.data() + hl, mad.data(), mad.size());
+    const std::size_t len = hl + mad.size() + h.bth.pad + 4;  // ICRC not checked by the receiver here
+    ::sendto(fd_, pkt.data(), len, 0, reinterpret_cast<sockaddr*>(&dst_), sizeof dst_);
+  }
+
+ private:
+  int fd_ = -1;
+  sockaddr_in dst_{};
+};
+
+TEST_F(cm_udp, garbage_on_qp1_leaves_the_cm_working) {
+  side b;
+  soft_device_options o;
+  b.name = "cmg_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  o.name = b.name;
+  o.address = test_address(1);
+  o.port = test_port();
+  o.check_icrc = false;  // the raw sender does not compute ICRCs
+  b.sdev = std::make_unique<soft_device>(o);
+  b.dev = open_device(ctx, o.name);
+  b.p = b.dev.alloc_pd();
+  b.c = b.dev.create_cq(64);
+  gid::parse(o.address, b.ip);
+  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
+  auto parked = l.async_get_request(use_request);
+
+  raw_sender raw(test_address(0), test_address(1), o.port);
+  std::mt19937 rng(5);
+  namespace wcm = wire::cm;
+  std::array<std::byte, wcm::mad_size> mad;
+  auto header = [&](wcm::attr a) {
+    // A valid CM header for `a`, then random bytes.
+    for (auto& x : mad) x = static_cast<std::byte>(rng());
+    wcm::rtu dummy;
+    wcm::mad_header h;
+    h.attr_id = a;
+    wcm::encode(h, dummy, std::span<std::byte, wcm::mad_size>(mad));
+    mad[16] = static_cast<std::byte>(static_cast<std::uint16_t>(a) >> 8);
+    mad[17] = static_cast<std::byte>(static_cast<std::uint16_t>(a));
+    for (std::size_t i = 24; i < mad.size(); ++i) mad[i] = static_cast<std::byte>(rng());
+  };
+  const wcm::attr attrs[] = {wcm::attr::req, wcm::attr::rep, wcm::attr::rtu, wcm::attr::rej, wcm::attr::mra,
+                             wcm::attr::dreq, wcm::attr::drep, wcm::attr::sidr_req, wcm::attr::sidr_rep,
+                             wcm::attr::lap, wcm::attr::apr, wcm::attr::class_port_info};
+  for (int round = 0; round < 200; ++round) {
+    for (wcm::attr a : attrs) {
+      header(a);
+      raw.send(mad);
+    }
+    // Wholly random MADs, short ones, long ones, wrong Q_Key or source QP.
+    for (auto& x : mad) x = static_cast<std::byte>(rng());
+    raw.send(mad);
+    raw.send(std::span(mad).first(rng() % 256));
+    raw.send(mad, 5);
+    raw.send(mad, 1, 0x1234);
+    if (round % 20 == 0) ctx.poll();
+  }
+  // A REQ that parses but names an absurd path: REJ or nothing, no crash.
+  {
+    wcm::req r;
+    r.local_comm_id = 77;
+    r.service_id = wcm::service_id(wcm::port_space::tcp, 7471);
+    r.local_qpn = 0xFFFFFF;
+    r.path_mtu = 15;
+    r.transport_type = 2;
+    wcm::encode(wcm::mad_header{}, r, std::span<std::byte, wcm::mad_size>(mad));
+    raw.send(mad);
+  }
+  for (int i = 0; i < 50; ++i) ctx.poll();
+  EXPECT_FALSE(parked.ready()) << "garbage must not become a connection request";
+
+  // A real peer still connects.
+  side a;
+  make(a, 0);
+  qp qa = make_qp(a), qb = make_qp(b);
+  cm::connector c(a.dev);
+  auto conn = c.async_connect(qa, {b.ip, 7471}, {}, use_request);
+  cm::connector passive = parked.get().conn;
+  passive.accept(qb);
+  conn.get();
+}
+
+TEST_F(cm_udp, a_vanished_peer_resets_the_connection) {
+  side a, b;
+  make(a, 0);
+  make(b, 1);
+  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
+  qp qa = make_qp(a), qb = make_qp(b);
+  cm::connector c(a.dev);
+  auto got = l.async_get_request(use_request);
+  auto conn = c.async_connect(qa, {b.ip, 7471}, {}, fast(), use_request);
+  cm::connector passive = got.get().conn;
+  passive.accept(qb, {}, fast());
+  conn.get();
+  auto notified = passive.async_notify_disconnect(use_request);
+  // a's device is removed (as its process dying would): no DREQ.
+  a.sdev.reset();
+  c = {};
+  qa = {};
+  a.c = {};
+  a.p = {};
+  a.dev = {};
+  std::vector<std::byte> buf(8);
+  mr m = b.p.reg_mr(buf.data(), buf.size(), access_local_write);
+  const sge s{reinterpret_cast<std::uintptr_t>(buf.data()), 8, m.lkey()};
+  send_wr w;
+  w.sg_list = &s;
+  w.num_sge = 1;
+  w.flags = send_signaled;
+  ASSERT_FALSE(qb.post_send(w));
+  std::error_code ec;
+  ASSERT_TRUE(notified.wait_for(30s));
+  notified.get(ec);
+  EXPECT_EQ(ec, errc::connection_reset);
+  work_completion wc[2];
+  ASSERT_EQ(b.c.poll(wc), 1u);
+  EXPECT_EQ(wc[0].status, wc_status::retry_exc_err);
+  // Disconnecting now still completes (the DREQ goes unanswered).
+  passive.disconnect();
+}
+
+}  // namespace
+}  // namespace averbs::test

@@ -144,6 +144,7 @@ void manager::complete(waiter& w, const std::error_code& ec, void* result) noexc
   averbs::detail::complete_request(*w.ctx, w.id, ec, result);
   context_release(*w.ctx);
   w = {};
+  dev_.yield_pass();  // the waiter may be the thread running this pass
 }
 
 void manager::index_qpn(conn& c) noexcept {
@@ -245,7 +246,7 @@ void manager::on_timer(std::uint32_t id, std::uint64_t gen) noexcept {
         --c.retries_left;
         ++stats_.retransmits;
         resend(c);
-        const std::uint8_t t = c.st == state::rep_sent ? c.peer_cm_timeout : c.params.cm_response_timeout;
+        const std::uint8_t t = c.st == state::rep_sent ? c.peer_rep_timeout : c.params.cm_response_timeout;
         arm(c, wcm::cm_timeout(t));
         return;
       }
@@ -711,6 +712,7 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
   c.peer_rnr = r.rnr_retry_count;
   c.peer_ack_timeout = r.primary.local_ack_timeout;
   c.peer_cm_timeout = r.remote_cm_response_timeout;
+  c.peer_rep_timeout = r.local_cm_response_timeout;
   c.peer_max_retries = r.max_cm_retries;
   try {
     c.pdata = bytes_of(r.private_data, wcm::ip_header_size);
@@ -879,7 +881,7 @@ void manager::on_mra(const soft::mad_in& m) noexcept {
   }
   // The peer is alive but slow: wait its service time before resending.
   c.mra_timeout = r.service_timeout;
-  const std::uint8_t t = for_rep ? c.peer_cm_timeout : c.params.cm_response_timeout;
+  const std::uint8_t t = for_rep ? c.peer_rep_timeout : c.params.cm_response_timeout;
   arm(c, wcm::cm_timeout(r.service_timeout) + wcm::cm_timeout(t));
 }
 
@@ -1102,6 +1104,7 @@ void manager::deliver(listen_t& l) noexcept {
     req.remote_qpn = c->remote_qpn;
     const bool taken = averbs::detail::complete_request(*g.w.ctx, g.w.id, {}, &req);
     context_release(*g.w.ctx);
+    dev_.yield_pass();
     if (!taken) {
       // Cancelled at this very moment: the request goes back in line.
       g.spare->c = nullptr;
@@ -1334,7 +1337,7 @@ void manager::connect(connector_obj& o, soft::qp_t* qp, const address& to, std::
     r.primary.local_gid = to_wire(src);
     r.primary.remote_gid = to_wire(to.ip);
     r.primary.hop_limit = c.hop_limit;
-    r.primary.subnet_local = true;
+    r.primary.subnet_local = c.hop_limit <= 1;  // as ib_cm: routed (LIDs 0xFFFF) unless one hop
     r.primary.local_ack_timeout = p.ack_timeout;
     wcm::encode(ih, std::span<std::byte>(r.private_data));
     std::memcpy(r.private_data.data() + wcm::ip_header_size, pdata.data(), pdata.size());
@@ -1398,7 +1401,7 @@ void manager::accept(conn* cp, soft::qp_t* qp, std::span<const std::byte> pdata,
   context_add_ref(*w.ctx);
   c.op = w;
   send(c, c.tid, r, true);
-  arm(c, wcm::cm_timeout(c.peer_cm_timeout));
+  arm(c, wcm::cm_timeout(c.peer_rep_timeout));
 }
 
 std::error_code manager::reject(conn* cp, std::span<const std::byte> pdata) noexcept {

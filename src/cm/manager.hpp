@@ -93,7 +93,8 @@ struct conn {
   std::uint8_t peer_retry = 7;
   std::uint8_t peer_rnr = 7;
   std::uint8_t peer_ack_timeout = 14;
-  std::uint8_t peer_cm_timeout = 16;   // how long the peer allows us to answer
+  std::uint8_t peer_cm_timeout = 16;   // how long the peer allows us to answer its REQ
+  std::uint8_t peer_rep_timeout = 16;  // how long the peer may take to answer our REP
   std::uint8_t peer_max_retries = 10;
   std::uint8_t mra_timeout = 0;        // service timeout of an MRA received
   gid peer_gid{};                      // REQ primary local GID (the peer's port)

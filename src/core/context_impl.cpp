@@ -9,6 +9,7 @@
 #include <sys/timerfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -436,6 +437,8 @@ std::size_t context_impl::poll() noexcept {
   epoll_event evs[16];
   const int n = ::epoll_wait(ep_, evs, 16, 0);
   std::size_t worked = 0;
+  progress_source* done[16];
+  int ndone = 0;
   for (int i = 0; i < n; ++i) {
     void* tag = evs[i].data.ptr;
     if (tag == &timer_tag) {
@@ -443,11 +446,17 @@ std::size_t context_impl::poll() noexcept {
     } else if (tag == &deferred_tag) {
       drain_deferred();
     } else {
-      static_cast<progress_source*>(tag)->progress();
+      auto* src = static_cast<progress_source*>(tag);
+      src->progress();
+      done[ndone++] = src;
     }
     ++worked;
   }
-  for (progress_source* s : busy_sources_) s->progress();
+  // Busy-polled sources run once per poll, whether or not their
+  // descriptor was ready (one pass each: the waiter checks its target in
+  // between).
+  for (progress_source* s : busy_sources_)
+    if (std::find(done, done + ndone, s) == done + ndone) s->progress();
   return worked;
 }
 

@@ -185,6 +185,12 @@ void device::receive_locked(packet* p) {
   rx_tail_ = p;
 }
 
+void device::receive_front_locked(packet* p) {
+  p->next = rx_head_;
+  rx_head_ = p;
+  if (rx_tail_ == nullptr) rx_tail_ = p;
+}
+
 void device::receive(packet* p) {
   std::lock_guard lock(lock_);
   p->own_payload();
@@ -291,17 +297,26 @@ device::device(const device_config& cfg)
     ::close(ep_);
     throw std::system_error(errno, std::system_category(), "soft device timer");
   }
+  pending_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (pending_fd_ < 0) {
+    ::close(timer_fd_);
+    ::close(ep_);
+    throw std::system_error(errno, std::system_category(), "soft device eventfd");
+  }
   try {
     watch_fd(timer_fd_);
+    watch_fd(pending_fd_);
     if (!cfg.address.is_zero()) {
       if (const unsigned m = interface_mtu(cfg.address); m != 0) active_mtu_ = ib_mtu_for(m);
       base_link_ = std::make_unique<udp_link>(*this, cfg);
       busy_poll_ = true;  // waits spin on the socket before sleeping on it
       ack_defer_ = true;
+      yield_ = true;
     } else {
       base_link_ = std::make_unique<loopback_link>(*this);
     }
   } catch (...) {
+    ::close(pending_fd_);
     ::close(timer_fd_);
     ::close(ep_);
     throw;
@@ -329,6 +344,7 @@ device::~device() {
   clock_->unsubscribe(*this);
   faults_.reset();
   base_link_.reset();
+  ::close(pending_fd_);
   ::close(timer_fd_);
   ::close(ep_);
 }
@@ -934,7 +950,7 @@ std::size_t device::poll_cq(cq_t* cq, std::span<work_completion> out) {
     // clock on every poll would cost more than the poll, so look every 32nd.
     if ((++polls_ & 31) == 0 && armed_deadline_ != clock::time_point::max() && clock_->now() >= armed_deadline_)
       run_timers();
-    link_->poll();
+    poll_link();
     run();
     std::uint32_t c = cq->q.consumer();
     const std::uint32_t p = cq->q.producer();
@@ -1181,10 +1197,30 @@ void device::progress() noexcept {
     if (!clock_->is_real_time() ||
         (armed_deadline_ != clock::time_point::max() && clock_->now() >= armed_deadline_))
       run_timers();
-    link_->poll();
+    if (pending_signaled_) {
+      std::uint64_t v;
+      while (::read(pending_fd_, &v, sizeof v) < 0 && errno == EINTR) {
+      }
+      pending_signaled_ = false;
+    }
+    poll_link();
     run();
   }
   drain_released();
+}
+
+void device::poll_link() noexcept {
+  // New data waits in the socket while older work is queued (a pass that
+  // ended on its budget): the queue stays short, the kernel buffers the
+  // rest.  Management datagrams are read regardless.
+  if (rx_head_ == nullptr) link_->poll();
+  else link_->poll_priority();
+}
+
+void device::signal_pending() noexcept {
+  if (pending_signaled_) return;
+  pending_signaled_ = true;
+  write_one(pending_fd_);
 }
 
 bool device::schedule_timer(clock::time_point when, detail::timer_fn fn, void* arg,
@@ -1268,9 +1304,12 @@ void device::send_mad(const gid& src, const gid& dst, std::uint32_t dqpn, std::s
   p->op = &wire::info(p->hdr.bth.opcode);
   p->hdr.bth.pad = wire::pad_for(p->payload_len);
   p->header_len = static_cast<std::uint8_t>(wire::encode(p->hdr, p->header));
-  transmit(p);
+  ++counters_.packets_sent;
+  counters_.bytes_sent += p->payload_len;
+  if (link_->wants_icrc()) compute_icrc(p);
+  else p->has_icrc = false;
   // Management traffic does not wait behind a burst of data.
-  link_->flush();
+  link_->send_urgent(p);
 }
 
 void device::on_clock_changed() noexcept { write_one(timer_fd_); }
@@ -1300,7 +1339,32 @@ void device::run() noexcept {
   running_ = true;
   const bool held_before = acks_held_;
   const std::uint64_t sent_before = counters_.packets_sent;
+  const auto started = yield_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  yield_now_ = false;
+  std::uint32_t tick = 0;
   for (;;) {
+    // Management datagrams do not wait for a long pass to end, and a
+    // network device's pass ends after a few tens of microseconds, so the
+    // thread driving it returns to what it waits for (a CM completion,
+    // say) while a bulk transfer keeps the queues full.  The rest of the
+    // work stays queued and the progress descriptor says so.
+    ++tick;
+    if (yield_ && tick > 1) {
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_priority_poll_ > priority_interval) {
+        last_priority_poll_ = now;
+        link_->poll_priority();
+      }
+      if (now - started > pass_budget || yield_now_) {
+        if (!ack_ready_.empty()) {
+          flush_acks();
+          acks_held_ = false;
+        }
+        link_->flush();
+        if (rx_head_ != nullptr || req_head_ != nullptr) signal_pending();
+        break;
+      }
+    }
     if (rx_head_ != nullptr) {
       packet* p = rx_head_;
       rx_head_ = p->next;

@@ -339,11 +339,20 @@ class link {
   /// the end of the current run (`flush()`); a link that keeps a packet
   /// longer must call `own_payload()`.
   virtual void send(packet* p) noexcept = 0;
+  /// Sends at once, ahead of anything batched (management datagrams).
+  virtual void send_urgent(packet* p) noexcept {
+    send(p);
+    flush();
+  }
   /// The run is ending: push out anything batched.
   virtual void flush() noexcept {}
   /// Moves what has arrived into the device's receive queue; returns the
   /// number of packets.
   virtual std::size_t poll() noexcept { return 0; }
+  /// Moves waiting management datagrams (QP1) to the front of the receive
+  /// queue; cheap when there are none.  Called between packets of a long
+  /// engine pass.
+  virtual std::size_t poll_priority() noexcept { return 0; }
   /// True if the device must compute ICRCs for this link.
   virtual bool wants_icrc() const noexcept { return false; }
   /// The UDP ports the packet will carry on the wire (for the ICRC).
@@ -498,8 +507,16 @@ class device final : public progress_source, public clock_listener {
   void release_later(std::shared_ptr<void> obj) noexcept;
   /// Releases what release_later() kept.  Call without the lock.
   void drain_released() noexcept;
-  /// Runs the engine to quiescence (after the CM queued packets or work).
-  void kick() noexcept { run(); }
+  /// Ends the current engine pass early: a request completed, and the
+  /// thread driving the engine may be the one waiting for it.
+  void yield_pass() noexcept { yield_now_ = true; }
+  /// Lets the engine handle what the CM queued: the in-process link
+  /// delivers into this device's receive queue, which needs a pass; a
+  /// network link has sent already, and a pass here would only delay the
+  /// caller behind queued data.
+  void kick() noexcept {
+    if (!yield_) run();
+  }
 
   // --- the link ----------------------------------------------------------------
   /// Sets the faults injected on the outgoing link.
@@ -511,6 +528,8 @@ class device final : public progress_source, public clock_listener {
   void watch_fd(int fd);
   /// A packet arrived from the link (takes ownership).  Must hold lock_.
   void receive_locked(packet* p);
+  /// Same, ahead of everything queued (management datagrams).
+  void receive_front_locked(packet* p);
   void receive(packet* p);
   packet* alloc_packet() noexcept;
   void free_packet(packet* p) noexcept;
@@ -618,6 +637,17 @@ class device final : public progress_source, public clock_listener {
   // loopback sendmsg costs microseconds).  A timer sends them if nothing
   // runs meanwhile.
   bool ack_defer_ = false;
+  // A network device's engine pass yields after this long (see run()).
+  static constexpr std::chrono::microseconds pass_budget{10};
+  // ... and reads the management socket at least this often.
+  static constexpr std::chrono::microseconds priority_interval{4};
+  std::chrono::steady_clock::time_point last_priority_poll_{};
+  bool yield_now_ = false;
+  bool yield_ = false;
+  int pending_fd_ = -1;          // readable while queued work waits for a pass
+  bool pending_signaled_ = false;
+  void poll_link() noexcept;
+  void signal_pending() noexcept;
   bool acks_held_ = false;
   bool ack_timer_pending_ = false;
   std::uint32_t polls_ = 0;

@@ -23,6 +23,7 @@ class fault_link final : public link {
   void send(packet* p) noexcept override;
   void flush() noexcept override;
   std::size_t poll() noexcept override { return inner_.poll(); }
+  std::size_t poll_priority() noexcept override { return inner_.poll_priority(); }
   bool wants_icrc() const noexcept override { return inner_.wants_icrc(); }
   std::uint16_t wire_src_port(const packet& p) const noexcept override { return inner_.wire_src_port(p); }
   std::uint16_t wire_dst_port() const noexcept override { return inner_.wire_dst_port(); }
@@ -45,18 +46,25 @@ class fault_link final : public link {
   bool timer_pending_ = false;
 };
 
-/// RoCEv2 over UDP: one socket bound to the device's address and port
-/// receives; sending uses a raw socket (so each QP's UDP source port is
+/// RoCEv2 over UDP: sockets bound to the device's address and port
+/// receive; sending uses a raw socket (so each QP's UDP source port is
 /// rxe's entropy and the IPv4 ID is 0, as the ICRC assumes) when the
 /// process may open one, else the bound socket.  Batched with sendmmsg and
 /// recvmmsg.
+///
+/// Management datagrams keep their priority: two sockets share the address
+/// in a SO_REUSEPORT group whose classic BPF program sends every packet for
+/// QP1 to the second, so a MAD never queues behind a burst of data, and the
+/// engine reads that socket first and between packets of a long run.
 class udp_link final : public link {
  public:
   udp_link(device& d, const device_config& cfg);
   ~udp_link() override;
   void send(packet* p) noexcept override;
+  void send_urgent(packet* p) noexcept override;
   void flush() noexcept override;
   std::size_t poll() noexcept override;
+  std::size_t poll_priority() noexcept override;
   bool wants_icrc() const noexcept override { return true; }
   std::uint16_t wire_src_port(const packet& p) const noexcept override { return raw_fd_ >= 0 ? p.sport : port_; }
   std::uint16_t wire_dst_port() const noexcept override { return port_; }
@@ -64,7 +72,13 @@ class udp_link final : public link {
   bool raw() const noexcept { return raw_fd_ >= 0; }
 
  private:
-  static constexpr std::size_t batch = 32;
+  // A sendmmsg of loopback datagrams runs each through the receiver's
+  // stack: 16 of 4 KiB take tens of microseconds, the granularity of an
+  // engine pass.
+  static constexpr std::size_t batch = 8;
+  /// Reads up to `rounds` batches from `fd` into the device's receive
+  /// queue (at its front for the management socket).
+  std::size_t receive(int fd, int rounds, bool front) noexcept;
   struct tx_slot {
     packet* p;
     std::array<std::byte, 48> ip_udp;  // raw sends only
@@ -73,16 +87,20 @@ class udp_link final : public link {
     std::size_t iov_count;
     sockaddr_storage to;
   };
+  bool prepare(tx_slot& s, packet* p) noexcept;
+  void transmit(tx_slot* slots, std::size_t count) noexcept;
 
   device& dev_;
   bool v6_ = false;
   int fd_ = -1;
+  int gsi_fd_ = -1;  // QP1's datagrams (-1: they arrive on fd_)
   int raw_fd_ = -1;
   std::uint16_t port_;
   gid local_;
   bool check_icrc_;
   std::array<tx_slot, batch> tx_{};
   std::size_t tx_count_ = 0;
+  tx_slot urgent_{};
   std::array<packet*, batch> rx_{};
   std::array<sockaddr_storage, batch> rx_from_{};
 };

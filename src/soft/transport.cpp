@@ -396,7 +396,9 @@ void device::requester(qp_t* qp) noexcept {
   if (qp->state != qp_state::rts && qp->state != qp_state::sqd) return;
   if (qp->comp.rnr_waiting) return;
   const std::uint32_t mask = qp->sq.size() - 1;
-  for (int budget = 64; budget > 0; --budget) {
+  // A network device sends a few packets per turn, so a pass can end on
+  // its time budget soon after (see run()).
+  for (int budget = yield_ ? 8 : 64; budget > 0; --budget) {
     const std::uint32_t i = qp->req.wqe_index;
     if (i == qp->sq.producer()) return;
     send_state& st = qp->sq_state[i & mask];
@@ -1148,6 +1150,10 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
       }
       --qp->comp.rnr_left;
     }
+    // The responder answered: the timeouts counted so far were not a dead
+    // peer.  (Without this, a long RNR phase on a lossy link adds up its
+    // occasional lost SEND or NAK into retry_exc_err.)
+    qp->comp.retry_left = qp->retry_cnt;
     disarm_timers(qp);
     qp->comp.rnr_waiting = true;
     schedule_qp_timer(qp, clock_->now() + std::chrono::nanoseconds(wire::rnr_timer_ns(syn & 0x1F)), true);

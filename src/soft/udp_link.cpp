@@ -2,6 +2,7 @@
 #include "soft/links.hpp"
 
 #include <arpa/inet.h>
+#include <linux/filter.h>
 #include <netinet/ip.h>
 #include <netinet/udp.h>
 #include <sys/socket.h>
@@ -59,6 +60,19 @@ bool from_sockaddr(const sockaddr_storage& ss, gid& g, std::uint16_t& port) {
 
 int set_int(int fd, int level, int opt, int v) { return ::setsockopt(fd, level, opt, &v, sizeof v); }
 
+// The reuseport group's selector: it sees the UDP payload (the BTH) and
+// answers the index of the socket that gets the datagram: 1 (the
+// management socket) when the destination QP (BTH bytes 5-7) is QP1, else
+// 0.  A datagram too short to hold a BTH makes the load fail, which
+// answers 0.
+constexpr sock_filter gsi_selector[] = {
+    BPF_STMT(BPF_LD | BPF_W | BPF_ABS, 4),            // A = BTH bytes 4..7
+    BPF_STMT(BPF_ALU | BPF_AND | BPF_K, 0x00FFFFFF),  // the destination QP
+    BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 1, 0, 1),
+    BPF_STMT(BPF_RET | BPF_K, 1),
+    BPF_STMT(BPF_RET | BPF_K, 0),
+};
+
 [[noreturn]] void fail(const char* what) { throw std::system_error(errno, std::system_category(), what); }
 
 }  // namespace
@@ -88,7 +102,40 @@ udp_link::udp_link(device& d, const device_config& cfg)
     sockaddr_storage ss;
     socklen_t len;
     to_sockaddr(local_, port_, ss, len);
+    // The address must be free: a probe without SO_REUSEPORT finds any
+    // holder (another device, rxe) before our group forms.
+    {
+      const int probe = ::socket(af, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+      if (probe < 0) fail("socket");
+      if (v6_) set_int(probe, IPPROTO_IPV6, IPV6_V6ONLY, 1);
+      const int r = ::bind(probe, reinterpret_cast<sockaddr*>(&ss), len);
+      const int e = errno;
+      ::close(probe);
+      if (r != 0) {
+        errno = e;
+        fail("bind");
+      }
+    }
+    // The management socket joins the group second (index 1).
+    const bool steer = set_int(fd_, SOL_SOCKET, SO_REUSEPORT, 1) == 0;
     if (::bind(fd_, reinterpret_cast<sockaddr*>(&ss), len) != 0) fail("bind");
+    if (steer) {
+      gsi_fd_ = ::socket(af, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      sock_fprog prog{static_cast<unsigned short>(std::size(gsi_selector)), const_cast<sock_filter*>(gsi_selector)};
+      bool ok = gsi_fd_ >= 0 && set_int(gsi_fd_, SOL_SOCKET, SO_REUSEPORT, 1) == 0;
+      if (ok && v6_) {
+        set_int(gsi_fd_, IPPROTO_UDP, UDP_NO_CHECK6_RX, 1);
+        set_int(gsi_fd_, IPPROTO_IPV6, IPV6_V6ONLY, 1);
+      }
+      ok = ok && ::bind(gsi_fd_, reinterpret_cast<sockaddr*>(&ss), len) == 0;
+      ok = ok && ::setsockopt(fd_, SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &prog, sizeof prog) == 0;
+      if (!ok && gsi_fd_ >= 0) {
+        // Without the selector the group would spread data over both
+        // sockets: keep one.
+        ::close(gsi_fd_);
+        gsi_fd_ = -1;
+      }
+    }
     if (cfg.raw_send) {
       raw_fd_ = ::socket(af, SOCK_RAW | SOCK_NONBLOCK | SOCK_CLOEXEC, IPPROTO_RAW);
       if (raw_fd_ >= 0 && v6_ && set_int(raw_fd_, IPPROTO_IPV6, IPV6_HDRINCL, 1) != 0) {
@@ -106,8 +153,10 @@ udp_link::udp_link(device& d, const device_config& cfg)
       }
     }
     dev_.watch_fd(fd_);
+    if (gsi_fd_ >= 0) dev_.watch_fd(gsi_fd_);
   } catch (...) {
     if (raw_fd_ >= 0) ::close(raw_fd_);
+    if (gsi_fd_ >= 0) ::close(gsi_fd_);
     ::close(fd_);
     throw;
   }
@@ -118,11 +167,11 @@ udp_link::~udp_link() {
   for (packet* p : rx_)
     if (p != nullptr) dev_.free_packet(p);
   if (raw_fd_ >= 0) ::close(raw_fd_);
+  if (gsi_fd_ >= 0) ::close(gsi_fd_);
   ::close(fd_);
 }
 
-void udp_link::send(packet* p) noexcept {
-  tx_slot& s = tx_[tx_count_];
+bool udp_link::prepare(tx_slot& s, packet* p) noexcept {
   s.p = p;
   std::size_t n = 0;
   if (raw_fd_ >= 0) {
@@ -138,7 +187,7 @@ void udp_link::send(packet* p) noexcept {
     if (hl == 0) {
       ++dev_.counters_.dropped;  // mixed address families: no route
       dev_.free_packet(p);
-      return;
+      return false;
     }
     s.iov[n++] = {s.ip_udp.data(), hl};
   }
@@ -152,14 +201,29 @@ void udp_link::send(packet* p) noexcept {
   socklen_t len;
   to_sockaddr(p->dst, raw_fd_ >= 0 ? 0 : port_, s.to, len);
   s.iov_count = n;
+  return true;
+}
+
+void udp_link::send(packet* p) noexcept {
+  if (!prepare(tx_[tx_count_], p)) return;
   if (++tx_count_ == batch) flush();
 }
 
+void udp_link::send_urgent(packet* p) noexcept {
+  // Ahead of the data batched so far: its own sendmmsg, now.
+  if (prepare(urgent_, p)) transmit(&urgent_, 1);
+}
+
 void udp_link::flush() noexcept {
-  if (tx_count_ == 0) return;
+  transmit(tx_.data(), tx_count_);
+  tx_count_ = 0;
+}
+
+void udp_link::transmit(tx_slot* slots, std::size_t count) noexcept {
+  if (count == 0) return;
   std::array<mmsghdr, batch> msgs{};
-  for (std::size_t i = 0; i < tx_count_; ++i) {
-    tx_slot& s = tx_[i];
+  for (std::size_t i = 0; i < count; ++i) {
+    tx_slot& s = slots[i];
     msghdr& m = msgs[i].msg_hdr;
     m.msg_name = &s.to;
     m.msg_namelen = s.to.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
@@ -169,8 +233,8 @@ void udp_link::flush() noexcept {
   const int fd = raw_fd_ >= 0 ? raw_fd_ : fd_;
   std::size_t sent = 0;
   int spins = 0;
-  while (sent < tx_count_) {
-    const int r = ::sendmmsg(fd, msgs.data() + sent, static_cast<unsigned>(tx_count_ - sent), 0);
+  while (sent < count) {
+    const int r = ::sendmmsg(fd, msgs.data() + sent, static_cast<unsigned>(count - sent), 0);
     if (r > 0) {
       sent += static_cast<std::size_t>(r);
       continue;
@@ -181,13 +245,19 @@ void udp_link::flush() noexcept {
     dev_.counters_.dropped += 1;
     ++sent;
   }
-  for (std::size_t i = 0; i < tx_count_; ++i) dev_.free_packet(tx_[i].p);
-  tx_count_ = 0;
+  for (std::size_t i = 0; i < count; ++i) dev_.free_packet(slots[i].p);
 }
 
 std::size_t udp_link::poll() noexcept {
+  std::size_t total = gsi_fd_ >= 0 ? receive(gsi_fd_, 1, true) : 0;
+  return total + receive(fd_, 4, false);
+}
+
+std::size_t udp_link::poll_priority() noexcept { return gsi_fd_ >= 0 ? receive(gsi_fd_, 1, true) : 0; }
+
+std::size_t udp_link::receive(int fd, int rounds, bool front) noexcept {
   std::size_t total = 0;
-  for (int round = 0; round < 4; ++round) {
+  for (int round = 0; round < rounds; ++round) {
     std::array<mmsghdr, batch> msgs{};
     std::array<iovec, batch> iov{};
     for (std::size_t i = 0; i < batch; ++i) {
@@ -199,7 +269,7 @@ std::size_t udp_link::poll() noexcept {
       msgs[i].msg_hdr.msg_name = &rx_from_[i];
       msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage);
     }
-    const int r = ::recvmmsg(fd_, msgs.data(), batch, MSG_DONTWAIT, nullptr);
+    const int r = ::recvmmsg(fd, msgs.data(), batch, MSG_DONTWAIT, nullptr);
     if (r <= 0) return total;
     for (int i = 0; i < r; ++i) {
       packet* p = rx_[i];
@@ -237,7 +307,8 @@ std::size_t udp_link::poll() noexcept {
       p->sport = from_port;
       p->has_icrc = false;
       rx_[i] = nullptr;
-      dev_.receive_locked(p);
+      if (front) dev_.receive_front_locked(p);
+      else dev_.receive_locked(p);
       ++total;
     }
     if (static_cast<std::size_t>(r) < batch) return total;

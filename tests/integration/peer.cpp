@@ -7,7 +7,8 @@
 // empty receive queue (RNR, then delivered).  Exit status 0 means every
 // check passed; anything else prints why.
 //
-//   peer --addr A[:port] --oob-port T [--connect HOST] [--faults SPEC] [--ipv6]
+//   peer --addr A[:port] --oob-port T [--connect HOST] [--faults SPEC]
+// (A may be IPv4 or IPv6: "[v6]:port" or a bare v6 address.)
 #include "perf/oob.hpp"
 
 #include <averbs/verbs.hpp>
@@ -350,7 +351,7 @@ int main(int argc, char** argv) {
     at = {};
     at.state = qp_state::rts;
     at.sq_psn = me.psn;
-    at.timeout = 10;  // 4 ms
+    at.timeout = 12;  // 17 ms: a loaded 2-core CI box may stall a process that long
     at.retry_cnt = 7;
     at.rnr_retry = 7;
     at.max_rd_atomic = 16;

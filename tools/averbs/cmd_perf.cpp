@@ -40,7 +40,8 @@ int help() {
       "                     address A, RoCEv2 UDP port P (4791)\n"
       "      --faults SPEC  inject faults on the device's link, e.g. drop=0.01,seed=3\n"
       "      --no-icrc      do not check received ICRCs (peers whose IPv4 ID we\n"
-      "                     cannot see: rxe, NICs)\n\n"
+      "                     cannot see: rxe, NICs)\n"
+      "      --counters     print the device's packet counters at the end\n\n"
       "connect: -n N RC connections through the connection manager, pipelined\n"
       "(--window W in flight, default 256), then --sync S more one at a time\n"
       "(default min(N, 10000)); prints conn/s for both and memory per QP.  Each\n"
@@ -73,6 +74,17 @@ std::string ip_text(const gid& g) {
     return std::to_string(g.raw[12]) + "." + std::to_string(g.raw[13]) + "." + std::to_string(g.raw[14]) + "." +
            std::to_string(g.raw[15]);
   return g.to_string();
+}
+
+void print_counters(const device_counters& c) {
+  std::printf(" packets sent %llu, received %llu; retransmitted %llu; duplicates received %llu;\n"
+              " sequence NAKs sent %llu; RNR NAKs sent %llu, received %llu; dropped %llu; ICRC errors %llu\n",
+              static_cast<unsigned long long>(c.packets_sent), static_cast<unsigned long long>(c.packets_received),
+              static_cast<unsigned long long>(c.retransmits),
+              static_cast<unsigned long long>(c.duplicates_received),
+              static_cast<unsigned long long>(c.seq_naks_sent), static_cast<unsigned long long>(c.rnr_naks_sent),
+              static_cast<unsigned long long>(c.rnr_naks_received), static_cast<unsigned long long>(c.dropped),
+              static_cast<unsigned long long>(c.icrc_errors));
 }
 
 // --test connect.  Loopback devices run the server on a second thread with
@@ -149,7 +161,7 @@ int run_connect(const perf::options& o, perf::connect_options co, const std::str
   std::printf(" Client of %s\n", co.server.to_string().c_str());
   std::printf("---------------------------------------------------------------------------------------\n");
   const perf::connect_stats st = perf::run_connections(ctx, co);
-  link.send_word(2);  // done
+  link.send_word(std::max<std::uint64_t>(st.connections + st.sync_connections, 1));  // done: how many
   perf::print_connect_header();
   perf::print_connect(st);
   std::printf("---------------------------------------------------------------------------------------\n");
@@ -160,7 +172,7 @@ int run_connect(const perf::options& o, perf::connect_options co, const std::str
 
 int cmd_perf(std::span<char* const> args) {
   perf::options o;
-  bool have_test = false, named_device = false, icrc = true, connect_test = false;
+  bool have_test = false, named_device = false, icrc = true, connect_test = false, show_counters = false;
   std::string host, addr, faults;
   perf::connect_options co;
   for (std::size_t i = 0; i < args.size(); ++i) {
@@ -210,6 +222,8 @@ int cmd_perf(std::span<char* const> args) {
       faults = value();
     } else if (a == "--no-icrc") {
       icrc = false;
+    } else if (a == "--counters") {
+      show_counters = true;
     } else if (a == "-s" || a == "--size") {
       o.size = static_cast<std::size_t>(number());
       if (o.size == 0 || o.size > (8u << 20)) {
@@ -266,13 +280,14 @@ int cmd_perf(std::span<char* const> args) {
       soft_device_options so;
       so.name = named_device ? o.device : "udp0";
       o.device = so.name;
-      const auto colon = addr.rfind(':');
-      if (colon != std::string::npos && addr.find(':') == colon) {  // v4:port
-        so.port = static_cast<std::uint16_t>(std::atoi(addr.c_str() + colon + 1));
-        so.address = addr.substr(0, colon);
-      } else {
-        so.address = addr;
+      // "a.b.c.d[:port]", "[v6]:port" or a bare IPv6 address.
+      cm::address a;
+      if (!cm::address::parse(addr, a) || a.is_any()) {
+        std::fprintf(stderr, "averbs perf: --addr '%s' is not an address[:port]\n", addr.c_str());
+        return 2;
       }
+      so.address = ip_text(a.ip);
+      if (a.port != 0) so.port = a.port;
       so.faults = faults;
       so.check_icrc = icrc;
       own = std::make_unique<soft_device>(so);
@@ -313,6 +328,7 @@ int cmd_perf(std::span<char* const> args) {
         std::fflush(stdout);
       }
       perf::print_rule();
+      if (show_counters) print_counters(open_device(ctx, o.device).counters());
       return 0;
     }
     perf::loopback_run run(ctx, o);
@@ -324,6 +340,7 @@ int cmd_perf(std::span<char* const> args) {
       std::fflush(stdout);
     }
     perf::print_rule();
+    if (show_counters) print_counters(open_device(ctx, o.device).counters());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "averbs perf: %s\n", e.what());
     return 1;

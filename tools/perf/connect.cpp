@@ -67,14 +67,19 @@ std::size_t serve_connections(context& ctx, const connect_options& o, const std:
   if (oob_link != nullptr) oob_link->send_word(1);  // ready
 
   std::size_t accepted = 0, got = 0;
+  std::uint64_t expected = 0;
+  auto finish_by = std::chrono::steady_clock::time_point::max();
   completion_entry e[64];
   work_completion wc[64];
   for (;;) {
     if (stop != nullptr && stop->load(std::memory_order_acquire)) break;
-    if (oob_link != nullptr && oob_link->readable()) {
-      oob_link->recv_word();  // done
-      break;
+    if (oob_link != nullptr && expected == 0 && oob_link->readable()) {
+      // The client is done: it says how many connections it established.
+      // The last accepts complete when their RTUs arrive: wait for them.
+      expected = oob_link->recv_word();
+      finish_by = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     }
+    if (expected != 0 && (accepted >= expected || std::chrono::steady_clock::now() > finish_by)) break;
     const std::size_t n = port.get(e, std::chrono::milliseconds(1));
     for (std::size_t i = 0; i < n; ++i) {
       const std::uint64_t key = e[i].key();

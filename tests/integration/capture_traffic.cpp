@@ -11,15 +11,19 @@
 // checked; exit status 0 means the exchange went as planned.
 //
 //   capture_traffic --addr A --peer B --port P [--no-raw]
-//                   [--scenario every_opcode|read_then_write]
+//                   [--scenario every_opcode|read_then_write|cm]
 //
 // (`read_then_write`: only an RDMA READ followed by a WRITE to the memory
-// it reads, twenty times; see the capture test.)
+// it reads, twenty times; see the capture test.  `cm`: the connection
+// manager's MADs on QP1, see exchange::cm_exchanges.)
 //
 // Prints one `qp <kind> <qpn at A> <qpn at B>` line per queue pair (the
-// capture test derives the UDP source ports from them), then `done`.
+// capture test derives the UDP source ports from them), `cm ...` lines
+// saying what the CM exchanges were (below), then `done`.
+#include <averbs/cm.hpp>
 #include <averbs/verbs.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -27,6 +31,8 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <system_error>
+#include <type_traits>
 #include <vector>
 
 using namespace averbs;
@@ -109,6 +115,142 @@ class exchange {
       for (const auto& wc : wcs) check(wc.status == wc_status::success, "read then write: status");
     }
     settle(std::chrono::milliseconds(5));
+  }
+
+  // The connection manager between A (active) and B (passive), every
+  // exchange on QP1 once, each line printed after it completed:
+  //  - RC connect/accept with private data both ways, the listener holding
+  //    the request past half the requester's CM response timeout so that
+  //    B sends MRA; a few SENDs; A disconnects (DREQ, DREP):
+  //      cm connect <service port> <QPN at A> <QPN at B> <A's rdma_cm port>
+  //                 <A's first PSN> <B's first PSN> <path MTU enum>
+  //  - a connect to a port nobody listens on (REJ "invalid service ID"):
+  //      cm refused <service port> <QPN at A> <A's rdma_cm port>
+  //  - a connect B's application rejects with private data (REJ
+  //    "consumer defined"):
+  //      cm rejected <service port> <QPN at A> <A's rdma_cm port>
+  //  - UD service resolution (SIDR_REQ, SIDR_REP) and a datagram:
+  //      cm sidr <service port> <QPN at A> <QPN at B> <A's rdma_cm port> <Q_Key>
+  // Private data: the text of the message's name ("averbs REQ" ...), the
+  // capture test looks for it.
+  void cm_exchanges() {
+    cm::conn_params params;
+    params.cm_response_timeout = 12;  // 16.8 ms: B sends MRA after 8.4 ms
+    params.max_cm_retries = 15;
+    const cm::address rc_service{b_.g, 7471}, nobody{b_.g, 7472}, rejecting{b_.g, 7473},
+        ud_service{b_.g, 7474};
+    cm::listener rc_listener = cm::listen(b_.dev, rc_service);
+    cm::listener reject_listener = cm::listen(b_.dev, rejecting);
+    cm::listener ud_listener = cm::listen(b_.dev, ud_service, 16, cm::port_space::udp);
+
+    // Connect, MRA, accept.
+    qp_pair rc{create(a_, qp_type::rc), create(b_, qp_type::rc)};
+    cm::connector active(a_.dev);
+    auto got = rc_listener.async_get_request(use_request);
+    auto connecting = active.async_connect(rc.a, rc_service, text("averbs REQ"), params, use_request);
+    cm::connection_request req = finish(got, "cm: connection request");
+    check(text_of(req.private_data, 10) == "averbs REQ", "cm: REQ private data");
+    check(req.remote_qpn == rc.a.num(), "cm: REQ QPN");
+    // The application takes its time.  B's CM sends MRA once half the
+    // requester's response timeout (8.4 ms) has passed since the REQ
+    // arrived, and A then waits the MRA's service timeout (seconds)
+    // instead of resending.  Driving progress for 30 ms after the request
+    // was delivered makes the MRA certain, however this thread is
+    // scheduled; a late one only costs a retransmitted REQ, which B takes
+    // as a duplicate (the capture test allows for it).
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(30);
+    while (std::chrono::steady_clock::now() < until) ctx_.poll();
+    check(!connecting.ready(), "cm: the connect completed before the accept");
+    cm::connector passive = req.conn;
+    auto accepting = passive.async_accept(rc.b, text("averbs REP"), params, use_request);
+    const cm::connect_result result = finish(connecting, "cm: connect");
+    finish(accepting, "cm: accept");
+    check(text_of(result.private_data, 10) == "averbs REP", "cm: REP private data");
+    check(result.remote_qpn == rc.b.num(), "cm: REP QPN");
+    const qp_attr qa = rc.a.query(), qb = rc.b.query();
+    check(qa.dest_qp_num == rc.b.num() && qb.dest_qp_num == rc.a.num(), "cm: QPs connected to each other");
+    check(qa.sq_psn == qb.rq_psn && qb.sq_psn == qa.rq_psn, "cm: PSNs exchanged");
+    std::printf("qp rc_cm %u %u\n", rc.a.num(), rc.b.num());
+    std::printf("cm connect %u %u %u %u %u %u %u\n", unsigned{rc_service.port}, rc.a.num(), rc.b.num(),
+                unsigned{active.local_address().port}, qa.sq_psn, qb.sq_psn,
+                static_cast<unsigned>(qa.path_mtu));
+    std::fflush(stdout);
+    sends(rc, wr_opcode::send, {16, 300, 1000}, "cm: send over the connection");
+
+    // Disconnect: A sends DREQ, B answers DREP; both end in timewait.
+    auto notified = passive.async_notify_disconnect(use_request);
+    auto disconnecting = active.async_disconnect(use_request);
+    finish(disconnecting, "cm: disconnect");
+    finish(notified, "cm: disconnect notification");
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (active.state() == cm::conn_state::disconnecting ||
+           passive.state() == cm::conn_state::disconnecting) {
+      check(std::chrono::steady_clock::now() < deadline, "cm: no DREP");
+      ctx_.poll();
+    }
+
+    // Nobody listens: REJ "invalid service ID".
+    {
+      qp q = create(a_, qp_type::rc);
+      cm::connector c(a_.dev);
+      auto r = c.async_connect(q, nobody, text("averbs REQ"), params, use_request);
+      check(finish_with_error(r, "cm: connect to nobody") == errc::connection_refused,
+            "cm: connect to nobody is refused");
+      check(c.reject_reason() == 8, "cm: REJ reason " + std::to_string(c.reject_reason()) + ", expected 8");
+      std::printf("cm refused %u %u %u\n", unsigned{nobody.port}, q.num(), unsigned{c.local_address().port});
+    }
+
+    // The application rejects: REJ "consumer defined" with its data.
+    {
+      qp q = create(a_, qp_type::rc);
+      cm::connector c(a_.dev);
+      auto g = reject_listener.async_get_request(use_request);
+      auto r = c.async_connect(q, rejecting, text("averbs REQ"), params, use_request);
+      cm::connection_request rq = finish(g, "cm: request to reject");
+      auto rejected = rq.conn.async_reject(text("averbs REJ"), use_request);
+      finish(rejected, "cm: reject");
+      check(finish_with_error(r, "cm: rejected connect") == errc::connection_rejected,
+            "cm: the rejected connect fails with connection_rejected");
+      check(c.reject_reason() == 28, "cm: REJ reason " + std::to_string(c.reject_reason()) + ", expected 28");
+      check(text_of(c.private_data(), 10) == "averbs REJ", "cm: REJ private data");
+      std::printf("cm rejected %u %u %u\n", unsigned{rejecting.port}, q.num(),
+                  unsigned{c.local_address().port});
+    }
+
+    // UD service resolution, then a datagram to the service.
+    {
+      qp_pair ud{create(a_, qp_type::ud), create(b_, qp_type::ud)};
+      cm::connector c(a_.dev);
+      auto g = ud_listener.async_get_request(use_request);
+      auto r = c.async_connect(ud.a, ud_service, text("averbs SIDR_REQ"), params, use_request);
+      cm::connection_request rq = finish(g, "cm: SIDR request");
+      check(rq.type == qp_type::ud && text_of(rq.private_data, 15) == "averbs SIDR_REQ", "cm: SIDR_REQ data");
+      auto accepted = rq.conn.async_accept(ud.b, text("averbs SIDR_REP"), params, use_request);
+      finish(accepted, "cm: SIDR accept");
+      const cm::connect_result res = finish(r, "cm: SIDR connect");
+      check(res.remote_qpn == ud.b.num() && text_of(res.private_data, 15) == "averbs SIDR_REP",
+            "cm: SIDR_REP fields");
+      std::printf("qp ud_cm %u %u\n", ud.a.num(), ud.b.num());
+      std::printf("cm sidr %u %u %u %u %u\n", unsigned{ud_service.port}, ud.a.num(), ud.b.num(),
+                  unsigned{c.local_address().port}, res.remote_qkey);
+      std::fflush(stdout);
+      ah h = a_.p.create_ah(c.peer_ah());
+      post_recv(ud.b, b_, 950, 0, 40 + 200);
+      sge g2{a_.src(), 200, a_.m.lkey()};
+      send_wr w;
+      w.wr_id = 950;
+      w.sg_list = &g2;
+      w.num_sge = 1;
+      w.flags = send_signaled;
+      w.ah = &h;
+      w.remote_qpn = res.remote_qpn;
+      w.remote_qkey = res.remote_qkey;
+      if (auto ec = ud.a.post_send(w)) throw std::runtime_error("cm: ud post_send: " + ec.message());
+      expect(a_, 1, wc_opcode::send, "cm: datagram to the resolved service");
+      auto wc = expect(b_, 1, wc_opcode::recv, "cm: datagram received")[0];
+      check(wc.byte_len == 40 + 200 && wc.src_qp == ud.a.num(), "cm: datagram fields");
+    }
+    std::fflush(stdout);
   }
 
  private:
@@ -200,6 +342,38 @@ class exchange {
     }
     std::printf("qp ud %u %u\n", pr.a.num(), pr.b.num());
     return pr;
+  }
+
+  static std::vector<std::byte> text(const char* s) {
+    std::vector<std::byte> v(std::strlen(s));
+    std::memcpy(v.data(), s, v.size());
+    return v;
+  }
+  static std::string text_of(const std::vector<std::byte>& v, std::size_t n) {
+    return std::string(reinterpret_cast<const char*>(v.data()), std::min(n, v.size()));
+  }
+  // Waits (driving both devices) up to 20 s for a request that must succeed.
+  template <class T>
+  static T finish(request<T>& r, const char* what) {
+    check(r.wait_for(std::chrono::seconds(20)), std::string(what) + ": no completion in 20 s");
+    std::error_code ec;
+    if constexpr (std::is_void_v<T>) {
+      r.get(ec);
+      check(!ec, std::string(what) + ": " + ec.message());
+    } else {
+      T v = r.get(ec);
+      check(!ec, std::string(what) + ": " + ec.message());
+      return v;
+    }
+  }
+  // The same for one that must fail: its error.
+  template <class T>
+  static std::error_code finish_with_error(request<T>& r, const char* what) {
+    check(r.wait_for(std::chrono::seconds(20)), std::string(what) + ": no completion in 20 s");
+    std::error_code ec;
+    r.get(ec);
+    check(static_cast<bool>(ec), std::string(what) + ": succeeded");
+    return ec;
   }
 
   static qp create(const endpoint& e, qp_type t) {
@@ -506,10 +680,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (addr_a.empty() || addr_b.empty() || (scenario != "every_opcode" && scenario != "read_then_write")) {
+  if (addr_a.empty() || addr_b.empty() ||
+      (scenario != "every_opcode" && scenario != "read_then_write" && scenario != "cm")) {
     std::fprintf(stderr,
                  "usage: capture_traffic --addr A --peer B [--port P] [--no-raw] "
-                 "[--scenario every_opcode|read_then_write]\n");
+                 "[--scenario every_opcode|read_then_write|cm]\n");
     return 2;
   }
   try {
@@ -517,6 +692,8 @@ int main(int argc, char** argv) {
     try {
       if (scenario == "every_opcode")
         x.run();
+      else if (scenario == "cm")
+        x.cm_exchanges();
       else
         x.read_then_write();
     } catch (...) {

@@ -343,7 +343,7 @@ void manager::send_rej(conn& c, wcm::msg_ref what, wcm::rej_reason why, std::spa
     for (int i = 0; i < 8; ++i) r.ari[i] = static_cast<std::byte>(g >> (56 - 8 * i));
     r.reject_info_length = 8;
   }
-  std::memcpy(r.private_data.data(), pdata.data(), std::min(pdata.size(), r.private_data.size()));
+  std::copy_n(pdata.begin(), std::min(pdata.size(), r.private_data.size()), r.private_data.begin());
   send(c, c.tid, r, false);
 }
 
@@ -389,7 +389,7 @@ void manager::send_sidr_rep(conn& c, wcm::sidr_status s, std::span<const std::by
     r.qpn = c.qp->qpn;
     r.qkey = c.qp->qkey;
   }
-  std::memcpy(r.private_data.data(), pdata.data(), std::min(pdata.size(), r.private_data.size()));
+  std::copy_n(pdata.begin(), std::min(pdata.size(), r.private_data.size()), r.private_data.begin());
   send(c, c.tid, r, true);  // kept: a duplicate SIDR_REQ gets it again
 }
 
@@ -1313,7 +1313,7 @@ void manager::connect(connector_obj& o, soft::qp_t* qp, const address& to, std::
     r.request_id = c.local_id;
     r.service_id = wcm::service_id(wcm::port_space::udp, to.port);
     wcm::encode(ih, std::span<std::byte>(r.private_data));
-    std::memcpy(r.private_data.data() + wcm::ip_header_size, pdata.data(), pdata.size());
+    std::copy(pdata.begin(), pdata.end(), r.private_data.begin() + wcm::ip_header_size);
     c.st = state::sidr_sent;
     send(c, c.tid, r, true);
   } else {
@@ -1340,7 +1340,7 @@ void manager::connect(connector_obj& o, soft::qp_t* qp, const address& to, std::
     r.primary.subnet_local = c.hop_limit <= 1;  // as ib_cm: routed (LIDs 0xFFFF) unless one hop
     r.primary.local_ack_timeout = p.ack_timeout;
     wcm::encode(ih, std::span<std::byte>(r.private_data));
-    std::memcpy(r.private_data.data() + wcm::ip_header_size, pdata.data(), pdata.size());
+    std::copy(pdata.begin(), pdata.end(), r.private_data.begin() + wcm::ip_header_size);
     c.st = state::req_sent;
     send(c, c.tid, r, true);
   }
@@ -1394,7 +1394,7 @@ void manager::accept(conn* cp, soft::qp_t* qp, std::span<const std::byte> pdata,
   r.rnr_retry_count = p.rnr_retry_count;
   r.srq = qp->srq != nullptr;
   r.local_ca_guid = dev_.node_guid();
-  std::memcpy(r.private_data.data(), pdata.data(), pdata.size());
+  std::copy(pdata.begin(), pdata.end(), r.private_data.begin());
   c.st = state::rep_sent;
   c.retries_left = c.peer_max_retries;
   index_qpn(c);

@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <string_view>
 
 namespace averbs {
@@ -50,6 +52,77 @@ std::shared_ptr<device_entry> make_entry(const soft_device_options& o) {
   return e;
 }
 
+// "a.b.c.d", "a.b.c.d:port", "[v6]:port" or a bare IPv6 address.
+void split_address(const std::string& text, soft_device_options& o, const std::string& where) {
+  std::string addr = text;
+  std::uint16_t port = 4791;
+  auto parse_port = [&](const std::string& p) {
+    char* end = nullptr;
+    const long v = std::strtol(p.c_str(), &end, 10);
+    if (p.empty() || *end != '\0' || v < 1 || v > 65535) bad_option(where + ": bad port '" + p + "'");
+    return static_cast<std::uint16_t>(v);
+  };
+  if (!addr.empty() && addr.front() == '[') {
+    const auto close = addr.find(']');
+    if (close == std::string::npos) bad_option(where + ": bad address '" + addr + "'");
+    if (close + 1 < addr.size()) {
+      if (addr[close + 1] != ':') bad_option(where + ": bad address '" + addr + "'");
+      port = parse_port(addr.substr(close + 2));
+    }
+    addr = addr.substr(1, close - 1);
+  } else if (std::count(addr.begin(), addr.end(), ':') == 1) {
+    port = parse_port(addr.substr(addr.find(':') + 1));
+    addr = addr.substr(0, addr.find(':'));
+  }
+  o.address = addr;
+  o.port = port;
+}
+
+// The device configuration file: $AVERBS_CONFIG, else /etc/averbs/devices.conf.
+// One device per line, '#' starts a comment:
+//
+//   # name   address[:port]     options
+//   udp0     127.0.0.2:4791     faults=drop=0.01,seed=3  icrc=1  raw=1
+//   v6dev    [fd00::1]:4791
+//
+// Options: faults=SPEC (as AVERBS_FAULTS), icrc=0|1 (check received
+// ICRCs), raw=0|1 (send through a raw socket when permitted).
+bool from_config_file(const std::string& name, soft_device_options& o, std::vector<std::string>* names) {
+  const char* env = std::getenv("AVERBS_CONFIG");
+  const std::string path = env != nullptr ? env : "/etc/averbs/devices.conf";
+  std::ifstream in(path);
+  if (!in) {
+    if (env != nullptr && names == nullptr) bad_option("AVERBS_CONFIG: cannot read '" + path + "'");
+    return false;
+  }
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    if (const auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+    std::istringstream words(line);
+    std::string dev, addr;
+    if (!(words >> dev)) continue;
+    const std::string where = path + ":" + std::to_string(n);
+    if (!(words >> addr)) bad_option(where + ": '" + dev + "' needs an address");
+    if (names != nullptr) {
+      names->push_back(dev);
+      continue;
+    }
+    if (dev != name) continue;
+    o.name = dev;
+    split_address(addr, o, where);
+    for (std::string opt; words >> opt;) {
+      const auto eq = opt.find('=');
+      const std::string key = opt.substr(0, eq), value = eq == std::string::npos ? "" : opt.substr(eq + 1);
+      if (key == "faults") o.faults = value;
+      else if (key == "icrc" && (value == "0" || value == "1")) o.check_icrc = value == "1";
+      else if (key == "raw" && (value == "0" || value == "1")) o.raw_send = value == "1";
+      else bad_option(where + ": unknown option '" + opt + "' (faults=, icrc=0|1, raw=0|1)");
+    }
+    return true;
+  }
+  return false;
+}
+
 // AVERBS_DEVICES="name@address[:port],...": devices a program finds by name
 // without creating them itself (the tools, unmodified applications).
 // AVERBS_FAULTS and AVERBS_ICRC=0 apply to all of them.
@@ -63,21 +136,8 @@ bool from_environment(const std::string& name, soft_device_options& o) {
     rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
     const auto at = item.find('@');
     if (at == std::string_view::npos || item.substr(0, at) != name) continue;
-    std::string addr(item.substr(at + 1));
-    std::uint16_t port = 4791;
-    // "[v6]:port", "v4:port", or a bare address.
-    if (!addr.empty() && addr.front() == '[') {
-      const auto close = addr.find(']');
-      if (close == std::string::npos) bad_option("AVERBS_DEVICES: bad address '" + addr + "'");
-      if (close + 1 < addr.size() && addr[close + 1] == ':') port = static_cast<std::uint16_t>(std::stoi(addr.substr(close + 2)));
-      addr = addr.substr(1, close - 1);
-    } else if (std::count(addr.begin(), addr.end(), ':') == 1) {
-      port = static_cast<std::uint16_t>(std::stoi(addr.substr(addr.find(':') + 1)));
-      addr = addr.substr(0, addr.find(':'));
-    }
     o.name = name;
-    o.address = addr;
-    o.port = port;
+    split_address(std::string(item.substr(at + 1)), o, "AVERBS_DEVICES");
     if (const char* f = std::getenv("AVERBS_FAULTS")) o.faults = f;
     if (const char* c = std::getenv("AVERBS_ICRC")) o.check_icrc = std::string(c) != "0";
     return true;
@@ -98,8 +158,9 @@ std::shared_ptr<device_entry> find_device(const std::string& name) {
     r.devices.emplace(n, e);
     return e;
   }
+  // The environment names devices ahead of the configuration file.
   soft_device_options o;
-  if (from_environment(n, o)) {
+  if (from_environment(n, o) || from_config_file(n, o, nullptr)) {
     auto e = make_entry(o);
     r.devices.emplace(n, e);
     return e;
@@ -142,6 +203,18 @@ std::vector<std::string> device_names() {
         } catch (...) {
         }
       }
+    }
+  }
+  std::vector<std::string> configured;
+  try {
+    soft_device_options unused;
+    from_config_file("", unused, &configured);
+  } catch (...) {
+  }
+  for (const std::string& n : configured) {
+    try {
+      find_device(n);
+    } catch (...) {
     }
   }
   registry& r = reg();

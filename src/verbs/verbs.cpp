@@ -142,6 +142,9 @@ void start_open_device(context& ctx, const std::string& name, completer<device> 
       }
     }
     c.complete({}, handle_access::make<device>(std::move(obj)));
+  } catch (const std::system_error& e) {
+    // A configuration that names the device wrongly, an address in use.
+    c.fail(e.code());
   } catch (...) {
     c.fail(err(errc::no_resources));
   }

@@ -2,6 +2,13 @@
 // RoCEv2 over real UDP sockets between two devices of one process.
 #include "udp_pair.hpp"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+
 namespace averbs::test {
 namespace {
 
@@ -34,6 +41,50 @@ TEST_F(udp, rc_send_write_read_over_udp) {
   EXPECT_EQ(std::memcmp(a.buf.data(), b.buf.data(), 100000), 0);
   EXPECT_GT(a.dev.counters().packets_sent, 90u);
   EXPECT_EQ(b.dev.counters().icrc_errors, 0u);
+}
+
+}  // namespace
+}  // namespace averbs::test
+
+namespace averbs::test {
+namespace {
+
+// Devices named in the configuration file ($AVERBS_CONFIG) open by name,
+// bound to their address and port, with their options.
+TEST(device_config, devices_come_from_the_configuration_file) {
+  const std::string addr = test_address(0);
+  const std::uint16_t port = test_port();
+  const std::string path = "/tmp/averbs_config_test_" + std::to_string(::getpid()) + ".conf";
+  {
+    std::ofstream f(path);
+    f << "# name  address[:port]  options\n"
+      << "cfg_a   " << addr << ":" << port << "   icrc=0  faults=drop=0.5,seed=1   # a comment\n"
+      << "\n"
+      << "cfg_bad 127.0.0.1:" << port << " colour=red\n"
+      << "cfg_noaddr\n";
+  }
+  ::setenv("AVERBS_CONFIG", path.c_str(), 1);
+  context ctx;
+  device d = open_device(ctx, "cfg_a");
+  EXPECT_EQ(d.udp_port(), port);
+  gid g;
+  gid::parse(addr, g);
+  EXPECT_EQ(d.gids(), std::vector<gid>{g});
+  EXPECT_EQ(d.query_gid(1, 0), g);
+  const auto names = list_devices();
+  EXPECT_NE(std::find(names.begin(), names.end(), "cfg_a"), names.end());
+  std::error_code ec;
+  open_device(ctx, "cfg_bad", ec);
+  EXPECT_EQ(ec, errc::invalid_argument) << ec.message();
+  open_device(ctx, "cfg_noaddr", ec);
+  EXPECT_EQ(ec, errc::invalid_argument) << ec.message();
+  open_device(ctx, "cfg_unknown", ec);
+  EXPECT_EQ(ec, errc::invalid_argument);  // the file is read up to its first bad line
+  ::setenv("AVERBS_CONFIG", "/nonexistent/averbs.conf", 1);
+  open_device(ctx, "cfg_other", ec);
+  EXPECT_EQ(ec, errc::invalid_argument) << "an AVERBS_CONFIG that cannot be read is an error";
+  ::unsetenv("AVERBS_CONFIG");
+  std::remove(path.c_str());
 }
 
 }  // namespace

@@ -50,7 +50,8 @@ int help() {
       "Two processes, two devices (perftest's server/client): with a device bound\n"
       "to an address, `averbs perf --test T` waits for a client and\n"
       "`averbs perf --test T HOST` connects to the server at HOST.  Devices come\n"
-      "from --addr or AVERBS_DEVICES=name@address[:port],...\n");
+      "from --addr, AVERBS_DEVICES=name@address[:port],... or the configuration\n"
+      "file ($AVERBS_CONFIG, else /etc/averbs/devices.conf; see docs/wire.md).\n");
   return 0;
 }
 

@@ -556,6 +556,13 @@ void manager::on_fatal() noexcept {
 // ---------------------------------------------------------------------------
 // Receiving
 
+template <class Msg>
+bool manager::decoded(const soft::mad_in& m, Msg& out) noexcept {
+  if (wcm::decode(m.mad, out) == wcm::mad_error::ok) return true;
+  ++stats_.mads_dropped;
+  return false;
+}
+
 void manager::on_mad(const soft::mad_in& m) noexcept {
   if (fatal_) return;
   ++stats_.mads_received;
@@ -592,10 +599,7 @@ listen_t* manager::find_listener(port_space ps, const gid& ip, std::uint16_t por
 
 void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
   wcm::req r;
-  if (wcm::decode(m.mad, r) != wcm::mad_error::ok) {
-    ++stats_.mads_dropped;
-    return;
-  }
+  if (!decoded(m, r)) return;
   // An answer for a REQ we will not take: REJ to whoever sent it.
   auto refuse = [&](wcm::rej_reason why, const gid* ari = nullptr) {
     wcm::rej j;
@@ -726,10 +730,7 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
 
 void manager::on_rep(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
   wcm::rep r;
-  if (wcm::decode(m.mad, r) != wcm::mad_error::ok) {
-    ++stats_.mads_dropped;
-    return;
-  }
+  if (!decoded(m, r)) return;
   (void)h;
   conn* cp = find(r.remote_comm_id);
   if (cp == nullptr || cp->passive) {
@@ -787,10 +788,7 @@ void manager::on_rep(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
 
 void manager::on_rtu(const soft::mad_in& m) noexcept {
   wcm::rtu r;
-  if (wcm::decode(m.mad, r) != wcm::mad_error::ok) {
-    ++stats_.mads_dropped;
-    return;
-  }
+  if (!decoded(m, r)) return;
   conn* cp = find(r.remote_comm_id);
   if (cp == nullptr || cp->remote_id != r.local_comm_id) {
     ++stats_.mads_dropped;
@@ -810,10 +808,7 @@ void manager::on_rtu(const soft::mad_in& m) noexcept {
 
 void manager::on_rej(const soft::mad_in& m) noexcept {
   wcm::rej r;
-  if (wcm::decode(m.mad, r) != wcm::mad_error::ok) {
-    ++stats_.mads_dropped;
-    return;
-  }
+  if (!decoded(m, r)) return;
   conn* cp = find(r.remote_comm_id);
   if (r.remote_comm_id == 0 && r.reason == static_cast<std::uint16_t>(wcm::rej_reason::timeout) &&
       r.reject_info_length >= 8) {
@@ -863,10 +858,7 @@ void manager::on_rej(const soft::mad_in& m) noexcept {
 
 void manager::on_mra(const soft::mad_in& m) noexcept {
   wcm::mra r;
-  if (wcm::decode(m.mad, r) != wcm::mad_error::ok) {
-    ++stats_.mads_dropped;
-    return;
-  }
+  if (!decoded(m, r)) return;
   conn* cp = find(r.remote_comm_id);
   if (cp == nullptr) {
     ++stats_.mads_dropped;
@@ -887,10 +879,7 @@ void manager::on_mra(const soft::mad_in& m) noexcept {
 
 void manager::on_dreq(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
   wcm::dreq r;
-  if (wcm::decode(m.mad, r) != wcm::mad_error::ok) {
-    ++stats_.mads_dropped;
-    return;
-  }
+  if (!decoded(m, r)) return;
   conn* cp = find(r.remote_comm_id);
   if (cp == nullptr || cp->remote_id != r.local_comm_id ||
       (cp->qpn != 0 && r.remote_qpn != cp->qpn)) {
@@ -931,10 +920,7 @@ void manager::on_dreq(const soft::mad_in& m, const wcm::mad_header& h) noexcept 
 
 void manager::on_drep(const soft::mad_in& m) noexcept {
   wcm::drep r;
-  if (wcm::decode(m.mad, r) != wcm::mad_error::ok) {
-    ++stats_.mads_dropped;
-    return;
-  }
+  if (!decoded(m, r)) return;
   conn* cp = find(r.remote_comm_id);
   if (cp == nullptr || cp->st != state::dreq_sent || cp->remote_id != r.local_comm_id) {
     ++stats_.mads_dropped;
@@ -945,10 +931,7 @@ void manager::on_drep(const soft::mad_in& m) noexcept {
 
 void manager::on_sidr_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
   wcm::sidr_req r;
-  if (wcm::decode(m.mad, r) != wcm::mad_error::ok) {
-    ++stats_.mads_dropped;
-    return;
-  }
+  if (!decoded(m, r)) return;
   // SIDR has no CA GUID: requests are told apart by sender address.
   std::uint64_t src_key;
   std::uint64_t lo;
@@ -1030,10 +1013,7 @@ void manager::on_sidr_req(const soft::mad_in& m, const wcm::mad_header& h) noexc
 
 void manager::on_sidr_rep(const soft::mad_in& m) noexcept {
   wcm::sidr_rep r;
-  if (wcm::decode(m.mad, r) != wcm::mad_error::ok) {
-    ++stats_.mads_dropped;
-    return;
-  }
+  if (!decoded(m, r)) return;
   conn* cp = find(r.request_id);
   if (cp == nullptr || cp->st != state::sidr_sent) {
     ++stats_.mads_dropped;

@@ -179,6 +179,8 @@ class manager final : public soft::gsi_agent {
   };
 
   // Messages.
+  template <class Msg>
+  bool decoded(const soft::mad_in& m, Msg& out) noexcept;  // counts a malformed one
   void on_req(const soft::mad_in& m, const wire::cm::mad_header& h) noexcept;
   void on_rep(const soft::mad_in& m, const wire::cm::mad_header& h) noexcept;
   void on_rtu(const soft::mad_in& m) noexcept;

@@ -28,15 +28,15 @@
 // on the loopback interface is not permitted.  The capture is removed when
 // the test passes and kept (its path printed) when it fails or when
 // AVERBS_KEEP_CAPTURE is set.
+#include "process.hpp"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -55,8 +55,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-extern char** environ;
 
 namespace averbs::test {
 namespace {
@@ -128,87 +126,6 @@ std::string read_file(const std::string& path) {
 }
 
 // --- child processes ----------------------------------------------------------------
-
-/// A child whose stdout and stderr go to one pipe we read (dumpcap reports
-/// on stderr, capture_traffic on stdout).  Killed if still running when
-/// destroyed.
-class spawned {
- public:
-  explicit spawned(const std::vector<std::string>& argv) {
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) return;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    if (posix_spawnp(&pid_, args[0], &fa, nullptr, args.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&fa);
-    ::close(fds[1]);
-    out_ = fds[0];
-  }
-  ~spawned() {
-    if (pid_ > 0 && !reaped_) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    if (out_ >= 0) ::close(out_);
-  }
-  spawned(const spawned&) = delete;
-  spawned& operator=(const spawned&) = delete;
-
-  bool started() const { return pid_ > 0; }
-  bool running() {
-    if (pid_ <= 0 || reaped_) return false;
-    int st = 0;
-    if (::waitpid(pid_, &st, WNOHANG) == pid_) {
-      reaped_ = true;
-      status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      return false;
-    }
-    return true;
-  }
-  /// Reads what is there (waiting up to `wait` for something).
-  void drain(std::chrono::milliseconds wait = 0ms) {
-    pollfd p{out_, POLLIN, 0};
-    int timeout = static_cast<int>(wait.count());
-    while (out_ >= 0 && ::poll(&p, 1, timeout) == 1) {
-      char b[4096];
-      const ssize_t n = ::read(out_, b, sizeof b);
-      if (n <= 0) break;
-      output_.append(b, static_cast<std::size_t>(n));
-      timeout = 0;
-    }
-  }
-  void signal(int sig) const {
-    if (pid_ > 0 && !reaped_) ::kill(pid_, sig);
-  }
-  /// Waits for exit; the exit status, or -1 if killed at the deadline.
-  int wait(std::chrono::milliseconds timeout) {
-    const auto until = clock_type::now() + timeout;
-    while (running()) {
-      drain(5ms);
-      if (clock_type::now() > until) {
-        ::kill(pid_, SIGKILL);
-        ::waitpid(pid_, nullptr, 0);
-        reaped_ = true;
-        status_ = -1;
-      }
-    }
-    drain();
-    return status_;
-  }
-  const std::string& output() const { return output_; }
-
- private:
-  pid_t pid_ = -1;
-  int out_ = -1;
-  bool reaped_ = false;
-  int status_ = -1;
-  std::string output_;
-};
 
 /// dumpcap's running count of captured packets ("Packets: N", refreshed on
 /// stderr as packets arrive); -1 before the first.
@@ -574,7 +491,7 @@ class capture : public ::testing::Test {
     ASSERT_TRUE(start.ok() && end.ok()) << "cannot bind marker sockets on " << o.addr_a << " / " << o.addr_b;
     std::vector<std::string> dargv = prefix;
     dargv.insert(dargv.end(), {dumpcap_, "-i", "lo", "-B", "32", "-f", filter, "-w", file});
-    spawned dumpcap(dargv);
+    child dumpcap(dargv, true);  // dumpcap reports on stderr
     ASSERT_TRUE(dumpcap.started()) << "cannot run " << dumpcap_;
     const auto capture_deadline = clock_type::now() + 20s;
     while (dumpcap_count(dumpcap.output()) < 1) {
@@ -597,7 +514,7 @@ class capture : public ::testing::Test {
                                std::to_string(port)});
     if (!o.raw) targv.push_back("--no-raw");
     targv.insert(targv.end(), {"--scenario", o.scenario});
-    spawned traffic(targv);
+    child traffic(targv, true);
     ASSERT_TRUE(traffic.started());
     const int status = traffic.wait(120s);
     ASSERT_EQ(status, 0) << "capture_traffic failed:\n" << traffic.output();

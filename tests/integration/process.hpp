@@ -21,12 +21,15 @@ namespace averbs::test {
 
 class child {
  public:
-  explicit child(const std::vector<std::string>& argv) {
+  /// Spawns `argv` (PATH searched) with stdout, and stderr too when
+  /// `merge_stderr`, on a pipe this object reads.
+  explicit child(const std::vector<std::string>& argv, bool merge_stderr = false) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) return;
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
     posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
+    if (merge_stderr) posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
@@ -42,7 +45,26 @@ class child {
     }
     if (out_ >= 0) ::close(out_);
   }
+  child(const child&) = delete;
+  child& operator=(const child&) = delete;
+
   bool started() const { return pid_ > 0; }
+
+  /// True while the process runs (reaps it once it has exited).
+  bool running() {
+    if (pid_ <= 0 || reaped_) return false;
+    int st = 0;
+    if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+      reaped_ = true;
+      status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+      return false;
+    }
+    return true;
+  }
+
+  void signal(int sig) const {
+    if (pid_ > 0 && !reaped_) ::kill(pid_, sig);
+  }
 
   /// Reads stdout until a line equal to `line` (true) or EOF/deadline.
   bool wait_for_line(const std::string& line, std::chrono::milliseconds timeout) {
@@ -65,42 +87,43 @@ class child {
     }
   }
 
-  /// Waits for exit; returns the exit status, or -1 if killed at the deadline.
+  /// Reads what is there, waiting up to `wait` for something.
+  void drain(std::chrono::milliseconds wait = std::chrono::milliseconds(0)) {
+    pollfd p{out_, POLLIN, 0};
+    int timeout = static_cast<int>(wait.count());
+    while (out_ >= 0 && ::poll(&p, 1, timeout) == 1) {
+      char b[4096];
+      const ssize_t n = ::read(out_, b, sizeof b);
+      if (n <= 0) break;
+      output_.append(b, static_cast<std::size_t>(n));
+      timeout = 0;
+    }
+  }
+
+  /// Waits for exit; returns the exit status (128 + signal when killed by
+  /// one), or -1 if it was killed at the deadline.
   int wait(std::chrono::milliseconds timeout) {
     const auto until = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      drain();
-      int st = 0;
-      const pid_t r = ::waitpid(pid_, &st, WNOHANG);
-      if (r == pid_) {
-        reaped_ = true;
-        drain();
-        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      }
+    while (running()) {
+      drain(std::chrono::milliseconds(5));
       if (std::chrono::steady_clock::now() > until) {
         ::kill(pid_, SIGKILL);
         ::waitpid(pid_, nullptr, 0);
         reaped_ = true;
-        return -1;
+        status_ = -1;
       }
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
+    drain();
+    return status_;
   }
+  /// Everything read so far (lines `wait_for_line` consumed included).
   const std::string& output() const { return output_; }
 
  private:
-  void drain() {
-    pollfd p{out_, POLLIN, 0};
-    while (::poll(&p, 1, 0) == 1) {
-      char b[256];
-      const ssize_t n = ::read(out_, b, sizeof b);
-      if (n <= 0) break;
-      output_.append(b, static_cast<std::size_t>(n));
-    }
-  }
   pid_t pid_ = -1;
   int out_ = -1;
   bool reaped_ = false;
+  int status_ = -1;
   std::string buf_, output_;
 };
 

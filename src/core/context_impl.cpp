@@ -482,10 +482,13 @@ std::error_code context_impl::wait(wait_target& t, std::chrono::nanoseconds time
       cpu_relax();
       continue;
     }
-    // Block: arm the target and the thread, re-check, then sleep in the
-    // kernel on the progress set, this thread's wake fd and the target's fd.
+    // Block: arm the target and the thread, let busy-polled sources arm
+    // their descriptors, re-check, then sleep in the kernel on the progress
+    // set, this thread's wake fd and the target's fd.
     if (t.arm(ts)) {
       if (ts.arm(alertable)) {
+        sleep_sources(true);
+        poll();
         if (!t.ready()) {
           pollfd fds[3] = {{ep_, POLLIN, 0}, {ts.wake_fd(), POLLIN, 0}, {t.fd(), POLLIN, 0}};
           const nfds_t nfds = t.fd() >= 0 ? 3 : 2;
@@ -498,11 +501,17 @@ std::error_code context_impl::wait(wait_target& t, std::chrono::nanoseconds time
             ::ppoll(fds, nfds, &tsp, nullptr);
           }
         }
+        sleep_sources(false);
         ts.disarm();
       }
       t.disarm();
     }
   }
+}
+
+void context_impl::sleep_sources(bool armed) noexcept {
+  std::shared_lock lock(sources_mu_);
+  for (progress_source* s : busy_sources_) s->sleeping(armed);
 }
 
 // ---------------------------------------------------------------------------
@@ -598,8 +607,12 @@ void context_impl::stop_progress_thread() noexcept {
 
 void context_impl::progress_thread_main() noexcept {
   while (!progress_stop_.load(std::memory_order_acquire)) {
-    pollfd fds[2] = {{ep_, POLLIN, 0}, {progress_stop_fd_, POLLIN, 0}};
-    ::poll(fds, 2, -1);
+    sleep_sources(true);
+    if (poll() == 0) {
+      pollfd fds[2] = {{ep_, POLLIN, 0}, {progress_stop_fd_, POLLIN, 0}};
+      ::poll(fds, 2, -1);
+    }
+    sleep_sources(false);
     poll();
   }
 }

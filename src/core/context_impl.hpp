@@ -117,6 +117,8 @@ class context_impl final : public clock_listener {
   void add_source(progress_source& s, std::error_code& ec) noexcept;
   void remove_source(progress_source& s) noexcept;
   std::size_t poll() noexcept;
+  /// Tells busy-polled sources a thread is about to sleep (true) or woke (false).
+  void sleep_sources(bool armed) noexcept;
   /// Waits (driving progress) until `t` is ready, the timeout passes, or, if
   /// `alertable`, handlers queued for this thread ran (their count goes to
   /// `ran`).  Exceptions thrown by those handlers propagate.

@@ -260,6 +260,23 @@ std::uint16_t device::udp_port() const noexcept {
   return u != nullptr ? u->port() : 0;
 }
 
+void device::watch_fd_while_sleeping(int fd) {
+  std::lock_guard lock(sleep_mu_);
+  sleep_fds_.push_back(fd);
+  if (sleepers_ > 0) watch_fd(fd);
+}
+
+void device::sleeping(bool armed) noexcept {
+  std::lock_guard lock(sleep_mu_);
+  if (armed ? sleepers_++ != 0 : --sleepers_ != 0) return;
+  for (int fd : sleep_fds_) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    ::epoll_ctl(ep_, armed ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, fd, &ev);
+  }
+}
+
 void device::watch_fd(int fd) {
   epoll_event ev{};
   ev.events = EPOLLIN;
@@ -337,6 +354,8 @@ device::~device() {
   {
     std::lock_guard lock(lock_);
     flush_acks();  // held acknowledgements are owed to the peers
+    for (qp_t* qp : lazy_acks_) flush_ack(qp);
+    lazy_acks_.clear();
     link_->flush();
     gsi_.reset();
   }
@@ -1210,11 +1229,19 @@ void device::progress() noexcept {
 }
 
 void device::poll_link() noexcept {
+  // Management datagrams first, but a syscall for them at most every few
+  // microseconds: a latency-bound data path polls far more often.
+  if (yield_) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_priority_poll_ > priority_interval) {
+      last_priority_poll_ = now;
+      link_->poll_priority();
+    }
+  }
   // New data waits in the socket while older work is queued (a pass that
   // ended on its budget): the queue stays short, the kernel buffers the
-  // rest.  Management datagrams are read regardless.
+  // rest.
   if (rx_head_ == nullptr) link_->poll();
-  else link_->poll_priority();
 }
 
 void device::signal_pending() noexcept {

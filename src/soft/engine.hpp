@@ -276,7 +276,8 @@ struct qp_t {
     std::uint32_t psn = 0;        // next expected request PSN
     std::uint32_t msn = 0;
     std::uint8_t last_opcode = 0xFF;  // previous request opcode; 0xFF none
-    bool nak_sent = false;        // one PSN-sequence NAK per gap
+    bool nak_sent = false;        // one PSN-sequence NAK per gap (unless it persists)
+    std::uint32_t nak_count = 0;  // packets seen past the gap since the NAK
     bool drop_msg = false;        // UC: dropping until the next FIRST/ONLY
     bool comm_est = false;        // COMM_EST raised
     // The message in progress.
@@ -292,6 +293,7 @@ struct qp_t {
     std::uint64_t target_addr = 0;
     std::uint32_t last_ack_psn = 0;
     bool ack_pending = false;      // a coalesced ACK waits for the queue to drain
+    bool ack_lazy = false;         // an ACK nobody asked for waits (queue_lazy_ack)
     std::vector<rd_resource> resources;
     std::uint32_t res_head = 0;
   } resp;
@@ -526,6 +528,10 @@ class device final : public progress_source, public clock_listener {
   /// Watches a descriptor of the link: the device's progress descriptor
   /// becomes readable with it.
   void watch_fd(int fd);
+  /// Same, but only while a context sleeps on the device (sleeping()): a
+  /// socket in an epoll set costs a wake-up callback per datagram, which a
+  /// busy-polled data path pays for nothing.
+  void watch_fd_while_sleeping(int fd);
   /// A packet arrived from the link (takes ownership).  Must hold lock_.
   void receive_locked(packet* p);
   /// Same, ahead of everything queued (management datagrams).
@@ -539,6 +545,7 @@ class device final : public progress_source, public clock_listener {
   int native_handle() const noexcept override { return ep_; }
   bool busy_poll() const noexcept override { return busy_poll_; }
   void progress() noexcept override;
+  void sleeping(bool armed) noexcept override;
   void on_clock_changed() noexcept override;
 
  private:
@@ -571,6 +578,8 @@ class device final : public progress_source, public clock_listener {
   void schedule_qp_timer(qp_t* qp, clock::time_point when, bool rnr) noexcept;
   void flush_ack(qp_t* qp) noexcept;
   void flush_acks() noexcept;
+  void queue_lazy_ack(qp_t* qp) noexcept;
+  void on_lazy_ack_timer() noexcept;
   void on_ack_timer() noexcept;
   void on_qp_timer(std::uint32_t qpn, std::uint64_t gen, bool rnr) noexcept;
   void qp_to_error(qp_t* qp) noexcept;
@@ -625,6 +634,9 @@ class device final : public progress_source, public clock_listener {
   std::unique_ptr<link> base_link_;
   std::unique_ptr<link> faults_;
   int ep_ = -1;                   // the progress descriptor: timer + link fds
+  std::mutex sleep_mu_;
+  int sleepers_ = 0;              // contexts asleep on ep_; Must hold sleep_mu_.
+  std::vector<int> sleep_fds_;    // watched only while sleepers_ > 0
   bool busy_poll_ = false;
   packet* rx_head_ = nullptr;
   packet* rx_tail_ = nullptr;
@@ -632,6 +644,9 @@ class device final : public progress_source, public clock_listener {
   qp_t* req_head_ = nullptr;
   qp_t* req_tail_ = nullptr;
   std::vector<qp_t*> ack_ready_;  // QPs with a coalesced ACK to send
+  std::vector<qp_t*> lazy_acks_;  // QPs with an unrequested ACK to send later
+  bool lazy_timer_pending_ = false;
+  static constexpr std::chrono::microseconds lazy_ack_delay{100};
   // Network links hold coalesced ACKs for one engine pass, so they leave in
   // the same batch as the reply the application is about to post (a
   // loopback sendmsg costs microseconds).  A timer sends them if nothing

@@ -459,7 +459,7 @@ void device::destroy_qp_locked(qp_t* qp) noexcept {
   if (qp->cm != nullptr) gsi_->on_qp(qp, qp_note::destroyed);
   // An acknowledgement still held for this QP goes out first: the peer's
   // work arrived, and it must learn so.
-  if (qp->resp.ack_pending) {
+  if (qp->resp.ack_pending || qp->resp.ack_lazy) {
     flush_ack(qp);
     link_->flush();
   }
@@ -481,6 +481,7 @@ void device::destroy_qp_locked(qp_t* qp) noexcept {
     }
   }
   std::erase(ack_ready_, qp);
+  std::erase(lazy_acks_, qp);
   auto drop_cq = [this](cq_t* cq) {
     if (--cq->users == 0 && cq->released) {
       const std::uint32_t i = cq->handle;

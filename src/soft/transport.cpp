@@ -84,8 +84,9 @@ void device::finish_packet(qp_t* qp, packet* p) noexcept {
 // burst (IBTA 9.7.5.1.2: an ACK acknowledges every earlier PSN).  Anything
 // else the responder sends goes after it.
 void device::flush_ack(qp_t* qp) noexcept {
-  if (!qp->resp.ack_pending) return;
+  if (!qp->resp.ack_pending && !qp->resp.ack_lazy) return;
   qp->resp.ack_pending = false;
+  qp->resp.ack_lazy = false;
   packet* p = new_packet(qp, opcode::rc_ack, qp->resp.last_ack_psn);
   if (p == nullptr) return;
   p->hdr.aeth.syndrome = wire::aeth_ack_unlimited;
@@ -96,6 +97,39 @@ void device::flush_ack(qp_t* qp) noexcept {
 void device::flush_acks() noexcept {
   for (qp_t* qp : ack_ready_) flush_ack(qp);
   ack_ready_.clear();
+}
+
+// Packets that did not ask for an ACK are acknowledged lazily on a network
+// link: by the next ACK the QP sends anyway (one covers every earlier
+// PSN), or after `lazy_ack_delay`, well inside any retransmission timeout.
+// A ping-pong of unsignaled sends then costs one datagram per message, not
+// two.
+void device::queue_lazy_ack(qp_t* qp) noexcept {
+  if (qp->resp.ack_pending || qp->resp.ack_lazy) return;
+  try {
+    lazy_acks_.push_back(qp);
+  } catch (...) {
+    qp->resp.ack_pending = true;  // no room to wait: acknowledge with the burst
+    ack_ready_.push_back(qp);
+    return;
+  }
+  qp->resp.ack_lazy = true;
+  if (lazy_timer_pending_) return;
+  lazy_timer_pending_ = true;
+  if (!schedule_timer(clock_->now() + lazy_ack_delay,
+                      [](void* arg, const detail::timer_payload&) noexcept {
+                        static_cast<device*>(arg)->on_lazy_ack_timer();
+                      },
+                      this, {}))
+    on_lazy_ack_timer();
+}
+
+void device::on_lazy_ack_timer() noexcept {
+  lazy_timer_pending_ = false;
+  for (qp_t* qp : lazy_acks_)
+    if (qp->resp.ack_lazy) flush_ack(qp);
+  lazy_acks_.clear();
+  link_->flush();
 }
 
 void device::send_ack(qp_t* qp, std::uint8_t syndrome, std::uint32_t psn) noexcept {
@@ -549,7 +583,17 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
   if ((inf.headers & wire::hdr_ieth) != 0) p->hdr.ieth_rkey = w->imm;
   if (last && (w->flags & send_solicited) != 0) p->hdr.bth.se = true;
   if (qp->type == qp_type::rc) {
-    if (last || ++qp->req.noack_pkts >= limits::max_pkts_per_ack) {
+    // AckReq (IBTA 9.7.5.1.2): on the last packet of a message, as rxe does
+    // -- except that over a network link an unsignaled message leaves it
+    // to the responder's lazy ACK unless the send queue or the PSN window
+    // is half used; and every max_pkts_per_ack packets regardless.
+    bool want = ++qp->req.noack_pkts >= limits::max_pkts_per_ack;
+    if (last && !want) {
+      want = !ack_defer_ || (w->flags & send_signaled) != 0 || qp->sq_sig_all ||
+             qp->sq.producer() - qp->sq.consumer() >= qp->sq.size() / 2 ||
+             ((qp->req.next_psn - qp->comp.psn) & wire::psn_mask) >= limits::max_unacked_psns / 2;
+    }
+    if (want) {
       p->hdr.bth.ack_req = true;
       qp->req.noack_pkts = 0;
     }
@@ -735,9 +779,18 @@ void device::respond(qp_t* qp, packet* p) noexcept {
   if (rc) {
     const std::int32_t d = wire::psn_compare(psn, r.psn);
     if (d > 0) {
-      if (!r.nak_sent) {  // one NAK per gap
+      // One NAK per gap (IBTA 9.7.5.2.3), unless the gap persists: the
+      // PSN right after it arrives again (the requester went back, and its
+      // resend of `r.psn` was lost too), or so many packets came past it
+      // that the NAK itself must have been lost.  Without these a lost NAK
+      // or a lost resend costs a retransmission timeout.  (A packet merely
+      // reordered behind a later one does not count.)
+      const bool again =
+          r.nak_sent && (psn == ((r.psn + 1) & wire::psn_mask) || ++r.nak_count >= 64);
+      if (!r.nak_sent || again) {
         send_ack(qp, wire::aeth_nak(wire::nak_code::psn_sequence_error), r.psn);
         r.nak_sent = true;
+        r.nak_count = 0;
         ++counters_.seq_naks_sent;
       }
       return;
@@ -887,6 +940,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
           // The rest of the message arrives out of sequence now; this NAK
           // answers for it until `psn` comes back.
           r.nak_sent = true;
+          r.nak_count = 0;
         } else {
           r.drop_msg = true;
         }
@@ -934,6 +988,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
         send_ack(qp, wire::aeth_rnr_nak(qp->min_rnr_timer), psn);
         ++counters_.rnr_naks_sent;
         r.nak_sent = true;
+        r.nak_count = 0;
       } else {
         r.drop_msg = true;
       }
@@ -986,11 +1041,16 @@ void device::respond(qp_t* qp, packet* p) noexcept {
   }
   r.last_opcode = p->hdr.bth.opcode;
   r.psn = psn_add(psn, 1);
-  if (rc && p->hdr.bth.ack_req) {
-    r.last_ack_psn = psn;
-    if (!r.ack_pending) {
-      r.ack_pending = true;
-      ack_ready_.push_back(qp);
+  if (rc) {
+    if (p->hdr.bth.ack_req || !ack_defer_) {
+      r.last_ack_psn = psn;
+      if (!r.ack_pending) {
+        r.ack_pending = true;
+        ack_ready_.push_back(qp);
+      }
+    } else if (last) {
+      r.last_ack_psn = psn;
+      queue_lazy_ack(qp);
     }
   }
 }
@@ -1058,8 +1118,9 @@ void device::respond_duplicate(qp_t* qp, packet* p) noexcept {
     }
     return;
   }
-  // SEND/WRITE: acknowledge again (with the last ACKed PSN, never a READ's).
-  if (p->hdr.bth.ack_req) send_ack(qp, wire::aeth_ack_unlimited, r.last_ack_psn);
+  // SEND/WRITE: acknowledge again (with the last ACKed PSN, never a READ's),
+  // asked or not: a duplicate means the requester missed our ACK.
+  send_ack(qp, wire::aeth_ack_unlimited, r.last_ack_psn);
 }
 
 // ---------------------------------------------------------------------------

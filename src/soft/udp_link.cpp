@@ -152,8 +152,8 @@ udp_link::udp_link(device& d, const device_config& cfg)
         }
       }
     }
-    dev_.watch_fd(fd_);
-    if (gsi_fd_ >= 0) dev_.watch_fd(gsi_fd_);
+    dev_.watch_fd_while_sleeping(fd_);
+    if (gsi_fd_ >= 0) dev_.watch_fd_while_sleeping(gsi_fd_);
   } catch (...) {
     if (raw_fd_ >= 0) ::close(raw_fd_);
     if (gsi_fd_ >= 0) ::close(gsi_fd_);
@@ -248,28 +248,29 @@ void udp_link::transmit(tx_slot* slots, std::size_t count) noexcept {
   for (std::size_t i = 0; i < count; ++i) dev_.free_packet(slots[i].p);
 }
 
-std::size_t udp_link::poll() noexcept {
-  std::size_t total = gsi_fd_ >= 0 ? receive(gsi_fd_, 1, true) : 0;
-  return total + receive(fd_, 4, false);
-}
+std::size_t udp_link::poll() noexcept { return receive(fd_, 2, false); }
 
 std::size_t udp_link::poll_priority() noexcept { return gsi_fd_ >= 0 ? receive(gsi_fd_, 1, true) : 0; }
 
 std::size_t udp_link::receive(int fd, int rounds, bool front) noexcept {
   std::size_t total = 0;
+  // The management socket holds a few MADs at most.
+  const unsigned want = front ? 8 : rx_batch;
   for (int round = 0; round < rounds; ++round) {
-    std::array<mmsghdr, batch> msgs{};
-    std::array<iovec, batch> iov{};
-    for (std::size_t i = 0; i < batch; ++i) {
-      if (rx_[i] == nullptr) rx_[i] = dev_.alloc_packet();
-      if (rx_[i] == nullptr) return total;
-      iov[i] = {rx_[i]->buf, packet::buffer_size};
-      msgs[i].msg_hdr.msg_iov = &iov[i];
-      msgs[i].msg_hdr.msg_iovlen = 1;
-      msgs[i].msg_hdr.msg_name = &rx_from_[i];
-      msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage);
+    for (std::size_t i = 0; i < want; ++i) {
+      if (rx_[i] == nullptr) {
+        rx_[i] = dev_.alloc_packet();
+        if (rx_[i] == nullptr) return total;
+        rx_iov_[i] = {rx_[i]->buf, packet::buffer_size};
+        msghdr& h = rx_msgs_[i].msg_hdr;
+        h.msg_iov = &rx_iov_[i];
+        h.msg_iovlen = 1;
+        h.msg_name = &rx_from_[i];
+      }
+      rx_msgs_[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage);  // recvmmsg shrinks it
     }
-    const int r = ::recvmmsg(fd, msgs.data(), batch, MSG_DONTWAIT, nullptr);
+    auto& msgs = rx_msgs_;
+    const int r = ::recvmmsg(fd, msgs.data(), want, MSG_DONTWAIT, nullptr);
     if (r <= 0) return total;
     for (int i = 0; i < r; ++i) {
       packet* p = rx_[i];
@@ -311,7 +312,7 @@ std::size_t udp_link::receive(int fd, int rounds, bool front) noexcept {
       else dev_.receive_locked(p);
       ++total;
     }
-    if (static_cast<std::size_t>(r) < batch) return total;
+    if (static_cast<unsigned>(r) < want) return total;
   }
   return total;
 }

@@ -35,6 +35,7 @@ int help() {
       "  -t, --tx-depth N   send queue depth (default 1 latency, 128 bandwidth)\n"
       "  -I, --inline BYTES inline sends up to this size (default 0)\n"
       "  -o, --outs N       outstanding READs/atomics (default 16)\n"
+      "  -u, --qp-timeout T QP local ACK timeout, 4.096 us * 2^T (default 14, 67 ms)\n"
       "  -p, --port PORT    out-of-band TCP port between the two processes (18515)\n"
       "      --addr A[:P]   create the device (named by -d, default udp0) bound to\n"
       "                     address A, RoCEv2 UDP port P (4791)\n"
@@ -254,6 +255,13 @@ int cmd_perf(std::span<char* const> args) {
         std::fprintf(stderr, "averbs perf: outstanding reads must be 1..128\n");
         return 2;
       }
+    } else if (a == "-u" || a == "--qp-timeout") {
+      const long t = number();
+      if (t < 1 || t > 31) {
+        std::fprintf(stderr, "averbs perf: QP timeout must be 1..31\n");
+        return 2;
+      }
+      o.qp_timeout = static_cast<std::uint8_t>(t);
     } else if (a == "-w" || a == "--window") {
       co.window = static_cast<std::size_t>(number());
       if (co.window < 1) {
@@ -314,7 +322,7 @@ int cmd_perf(std::span<char* const> args) {
     }
     if (two_processes) {
       perf::remote_run run(ctx, o, host, *std::max_element(sizes.begin(), sizes.end()));
-      perf::print_banner(o, o.device);
+      perf::print_banner(o, o.device, true);
       lat ? perf::print_latency_header() : perf::print_bandwidth_header();
       for (std::size_t size : sizes) {
         if (lat) {

@@ -176,7 +176,7 @@ void loopback_run::setup(std::size_t size) {
                        qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer);
     a = {};
     a.state = qp_state::rts;
-    a.timeout = 14;
+    a.timeout = o_.qp_timeout;
     a.retry_cnt = 7;
     a.rnr_retry = 7;
     a.max_rd_atomic = static_cast<std::uint8_t>(o_.outstanding_reads);
@@ -444,7 +444,7 @@ remote_run::remote_run(context& ctx, const options& o, const std::string& host, 
                     qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer);
   a = {};
   a.state = qp_state::rts;
-  a.timeout = 14;
+  a.timeout = o.qp_timeout;
   a.retry_cnt = 7;
   a.rnr_retry = 7;
   a.max_rd_atomic = static_cast<std::uint8_t>(o.outstanding_reads);
@@ -653,7 +653,7 @@ void print_rule() {
   std::printf("---------------------------------------------------------------------------------------\n");
 }
 
-void print_banner(const options& o, const std::string& device_name) {
+void print_banner(const options& o, const std::string& device_name, bool remote) {
   print_rule();
   std::printf("                    %s Test\n", test_name(o.test));
   std::printf(" Dual-port       : OFF\t\tDevice         : %s\n", device_name.c_str());
@@ -662,7 +662,8 @@ void print_banner(const options& o, const std::string& device_name) {
   std::printf(" Mtu             : %u[B]\n", mtu_bytes(o.path_mtu));
   std::printf(" Link type       : Ethernet\n");
   std::printf(" Max inline data : %u[B]\n", o.inline_size);
-  std::printf(" Data ex. method : in-process (loopback link)\n");
+  std::printf(" Data ex. method : %s\n", remote ? "Ethernet (out-of-band TCP), RoCEv2 over UDP between two processes"
+                                                 : "in-process (loopback link)");
   print_rule();
 }
 

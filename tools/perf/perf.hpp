@@ -37,6 +37,7 @@ struct options {
   std::uint32_t cq_mod = 100;
   std::uint32_t inline_size = 0;
   std::uint32_t outstanding_reads = 16;
+  std::uint8_t qp_timeout = 14;    // -u: local ACK timeout, 4.096 us * 2^t
   std::uint16_t oob_port = 18515;  // perftest's default
 };
 
@@ -105,7 +106,7 @@ class remote_run {
 latency_result summarize_latency(std::vector<std::uint64_t> cycles, const cycle_clock& c, std::size_t bytes,
                                  std::size_t iters, double rtt_factor);
 
-void print_banner(const options& o, const std::string& device_name);
+void print_banner(const options& o, const std::string& device_name, bool remote = false);
 void print_latency_header();
 void print_latency(const latency_result& r);
 void print_bandwidth_header();

@@ -41,6 +41,15 @@ class progress_source {
   /// sources whose work does not show on the descriptor (shared rings).
   virtual bool busy_poll() const noexcept { return false; }
 
+  /// For busy-polled sources: called with true before a context sleeps on
+  /// the descriptor and with false once it woke up.  A source whose
+  /// descriptor would cost something on every event while it is polled
+  /// anyway (a socket's wake-up callbacks) can make the descriptor show
+  /// its work only while someone sleeps.  The context polls once more
+  /// after arming, so an event between the last poll and the arming is
+  /// not missed.
+  virtual void sleeping(bool armed) noexcept { (void)armed; }
+
  protected:
   ~progress_source() = default;
 };

@@ -263,18 +263,37 @@ std::uint16_t device::udp_port() const noexcept {
 void device::watch_fd_while_sleeping(int fd) {
   std::lock_guard lock(sleep_mu_);
   sleep_fds_.push_back(fd);
-  if (sleepers_ > 0) watch_fd(fd);
+  if (fds_watched_.load(std::memory_order_relaxed)) watch_fd(fd);
 }
 
 void device::sleeping(bool armed) noexcept {
   std::lock_guard lock(sleep_mu_);
-  if (armed ? sleepers_++ != 0 : --sleepers_ != 0) return;
+  if (!armed) {
+    --sleepers_;
+    return;  // stay watched a while: a thread that slept once may again soon
+  }
+  ++sleepers_;
+  busy_passes_.store(0, std::memory_order_relaxed);
+  if (fds_watched_.load(std::memory_order_relaxed)) return;
   for (int fd : sleep_fds_) {
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = fd;
-    ::epoll_ctl(ep_, armed ? EPOLL_CTL_ADD : EPOLL_CTL_DEL, fd, &ev);
+    ::epoll_ctl(ep_, EPOLL_CTL_ADD, fd, &ev);
   }
+  fds_watched_.store(true, std::memory_order_relaxed);
+}
+
+void device::unwatch_if_busy() noexcept {
+  // Only a data path that keeps polling without anyone sleeping gets here
+  // often; then the sockets leave the epoll set, and their per-datagram
+  // wake-up callbacks with them.
+  if (!fds_watched_.load(std::memory_order_relaxed)) return;
+  if (busy_passes_.fetch_add(1, std::memory_order_relaxed) < 4096) return;
+  std::lock_guard lock(sleep_mu_);
+  if (sleepers_ != 0) return;
+  for (int fd : sleep_fds_) ::epoll_ctl(ep_, EPOLL_CTL_DEL, fd, nullptr);
+  fds_watched_.store(false, std::memory_order_relaxed);
 }
 
 void device::watch_fd(int fd) {
@@ -1229,6 +1248,7 @@ void device::progress() noexcept {
 }
 
 void device::poll_link() noexcept {
+  unwatch_if_busy();
   // Management datagrams first, but a syscall for them at most every few
   // microseconds: a latency-bound data path polls far more often.
   if (yield_) {

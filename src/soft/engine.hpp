@@ -395,6 +395,8 @@ struct device_config {
   /// Send with a raw socket so each QP's UDP source port carries rxe's
   /// entropy (needs CAP_NET_RAW; without it the bound port is used).
   bool raw_send = true;
+  /// UDP GSO for runs of packets (soft_device_options::gso).
+  bool gso = true;
   fault_config faults{};
 };
 
@@ -636,7 +638,10 @@ class device final : public progress_source, public clock_listener {
   int ep_ = -1;                   // the progress descriptor: timer + link fds
   std::mutex sleep_mu_;
   int sleepers_ = 0;              // contexts asleep on ep_; Must hold sleep_mu_.
-  std::vector<int> sleep_fds_;    // watched only while sleepers_ > 0
+  std::vector<int> sleep_fds_;    // watched while someone sleeps, and a while after; Must hold sleep_mu_.
+  std::atomic<bool> fds_watched_{false};
+  std::atomic<std::uint32_t> busy_passes_{0};  // polls since anyone slept
+  void unwatch_if_busy() noexcept;
   bool busy_poll_ = false;
   packet* rx_head_ = nullptr;
   packet* rx_tail_ = nullptr;

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 
 #include <array>
+#include <unordered_map>
 #include <vector>
 
 namespace averbs::soft {
@@ -75,7 +76,7 @@ class udp_link final : public link {
   // A sendmmsg of loopback datagrams runs each through the receiver's
   // stack: 8 of 4 KiB take tens of microseconds, the granularity of an
   // engine pass.  Receiving has no such cost.
-  static constexpr std::size_t batch = 8;
+  static constexpr std::size_t batch = 16;
   static constexpr std::size_t rx_batch = 32;
   /// Reads up to `rounds` batches from `fd` into the device's receive
   /// queue (at its front for the management socket).
@@ -87,9 +88,21 @@ class udp_link final : public link {
     std::array<iovec, packet::max_segs + 3> iov;
     std::size_t iov_count;
     sockaddr_storage to;
+    std::uint32_t transport_len;       // BTH ... pad
+    std::uint16_t sport;
   };
   bool prepare(tx_slot& s, packet* p) noexcept;
   void transmit(tx_slot* slots, std::size_t count) noexcept;
+  void transmit_each(tx_slot* slots, std::size_t count) noexcept;
+  /// Sends slots [0, n) as one UDP GSO datagram; false if the kernel
+  /// refused (the caller sends them one by one).
+  bool transmit_gso(tx_slot* slots, std::size_t n, int fd) noexcept;
+  /// The UDP socket bound to (our address, `sport`) that GSO sends use, or
+  /// -1 when there is none (no raw socket, port taken, too many).
+  int gso_fd(std::uint16_t sport) noexcept;
+  /// Whether an IPv4 ICRC that did not match with ID 0 matches with one of
+  /// the IDs a GSO segment has.
+  bool icrc_matches_segment(std::uint32_t with_id0, std::uint32_t got, std::size_t transport_len) noexcept;
 
   device& dev_;
   bool v6_ = false;
@@ -99,9 +112,17 @@ class udp_link final : public link {
   std::uint16_t port_;
   gid local_;
   bool check_icrc_;
+  bool gso_;
   std::array<tx_slot, batch> tx_{};
   std::size_t tx_count_ = 0;
   tx_slot urgent_{};
+  // UDP GSO: runs of equal-sized packets of one flow leave in one
+  // sendmsg through a UDP socket bound to the flow's source port, so the
+  // kernel routes and builds headers once per run, not per packet.
+  std::unordered_map<std::uint16_t, int> gso_fds_;  // -1: not available
+  static constexpr std::size_t max_gso_fds = 256;
+  wire::ipv4_id_icrc id_icrc_;
+  std::uint16_t rx_id_hint_ = 0;  // the ID the last segment matched
   // Receive slots, set up once; a slot's packet is replaced when taken.
   std::array<packet*, rx_batch> rx_{};
   std::array<sockaddr_storage, rx_batch> rx_from_{};

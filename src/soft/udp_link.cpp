@@ -20,6 +20,9 @@
 #ifndef IPV6_HDRINCL
 #define IPV6_HDRINCL 36
 #endif
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
 
 namespace averbs::soft {
 
@@ -78,7 +81,7 @@ constexpr sock_filter gsi_selector[] = {
 }  // namespace
 
 udp_link::udp_link(device& d, const device_config& cfg)
-    : dev_(d), port_(cfg.port), local_(cfg.address), check_icrc_(cfg.check_icrc) {
+    : dev_(d), port_(cfg.port), local_(cfg.address), check_icrc_(cfg.check_icrc), gso_(cfg.gso) {
   v6_ = !local_.is_ipv4_mapped();
   const int af = v6_ ? AF_INET6 : AF_INET;
   fd_ = ::socket(af, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -166,6 +169,8 @@ udp_link::~udp_link() {
   for (std::size_t i = 0; i < tx_count_; ++i) dev_.free_packet(tx_[i].p);
   for (packet* p : rx_)
     if (p != nullptr) dev_.free_packet(p);
+  for (auto& [sport, fd] : gso_fds_)
+    if (fd >= 0) ::close(fd);
   if (raw_fd_ >= 0) ::close(raw_fd_);
   if (gsi_fd_ >= 0) ::close(gsi_fd_);
   ::close(fd_);
@@ -173,6 +178,8 @@ udp_link::~udp_link() {
 
 bool udp_link::prepare(tx_slot& s, packet* p) noexcept {
   s.p = p;
+  s.sport = p->sport;
+  s.transport_len = p->header_len + p->payload_len + wire::pad_for(p->payload_len);
   std::size_t n = 0;
   if (raw_fd_ >= 0) {
     wire::ip_udp_params ip;
@@ -219,7 +226,123 @@ void udp_link::flush() noexcept {
   tx_count_ = 0;
 }
 
+int udp_link::gso_fd(std::uint16_t sport) noexcept {
+  // Without a raw socket every packet has the RoCE port as source port,
+  // on the receiving socket, which rxe's checksum rule keeps from GSO.
+  if (raw_fd_ < 0 || !gso_) return -1;
+  if (auto it = gso_fds_.find(sport); it != gso_fds_.end()) return it->second;
+  if (gso_fds_.size() >= max_gso_fds) return -1;
+  const int af = v6_ ? AF_INET6 : AF_INET;
+  int fd = ::socket(af, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    bool ok = true;
+    if (v6_) {
+      set_int(fd, IPPROTO_IPV6, IPV6_V6ONLY, 1);
+      set_int(fd, IPPROTO_IPV6, IPV6_AUTOFLOWLABEL, 0);  // flow label 0, as rxe
+    } else {
+      // DF on an unconnected socket: IDs 0, 1, 2 ... for the segments.
+      ok = set_int(fd, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO) == 0;
+    }
+    set_int(fd, SOL_SOCKET, SO_SNDBUF, 4 << 20);
+    set_int(fd, SOL_SOCKET, SO_RCVBUF, 4096);  // it sends; nobody sends to it
+    sockaddr_storage ss;
+    socklen_t len;
+    to_sockaddr(local_, sport, ss, len);
+    // The source port may be some other program's (0xC000-0xFFFF is also
+    // the ephemeral range): then this flow's packets go one by one.
+    if (!ok || ::bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0) {
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  try {
+    gso_fds_.emplace(sport, fd);
+  } catch (...) {
+    if (fd >= 0) ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+bool udp_link::transmit_gso(tx_slot* slots, std::size_t n, int fd) noexcept {
+  // Over IPv4 segment k carries IP ID k, which its ICRC covers; the device
+  // computed every ICRC with ID 0.
+  auto trailer_icrc = [](tx_slot& t) {
+    return std::span<std::byte, 4>(t.trailer.data() + wire::pad_for(t.p->payload_len), 4);
+  };
+  if (!v6_)
+    for (std::size_t k = 1; k < n; ++k)
+      wire::store_icrc(slots[k].p->icrc ^ id_icrc_.delta(slots[k].transport_len, static_cast<std::uint16_t>(k)),
+                       trailer_icrc(slots[k]));
+  std::array<iovec, batch * (packet::max_segs + 2)> iov;
+  std::size_t niov = 0;
+  for (std::size_t k = 0; k < n; ++k)
+    for (std::size_t i = 1; i < slots[k].iov_count; ++i) iov[niov++] = slots[k].iov[i];  // not the raw IP/UDP header
+  sockaddr_storage to = slots[0].to;
+  if (to.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&to)->sin_port = htons(port_);
+  else reinterpret_cast<sockaddr_in6*>(&to)->sin6_port = htons(port_);
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(std::uint16_t))] = {};
+  msghdr m{};
+  m.msg_name = &to;
+  m.msg_namelen = to.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+  m.msg_iov = iov.data();
+  m.msg_iovlen = niov;
+  m.msg_control = control;
+  m.msg_controllen = sizeof control;
+  cmsghdr* c = CMSG_FIRSTHDR(&m);
+  c->cmsg_level = SOL_UDP;
+  c->cmsg_type = UDP_SEGMENT;
+  c->cmsg_len = CMSG_LEN(sizeof(std::uint16_t));
+  const auto seg = static_cast<std::uint16_t>(slots[0].transport_len + wire::icrc_size);
+  std::memcpy(CMSG_DATA(c), &seg, sizeof seg);
+  for (int spins = 0;; ++spins) {
+    if (::sendmsg(fd, &m, 0) >= 0) {
+      for (std::size_t k = 0; k < n; ++k) dev_.free_packet(slots[k].p);
+      ++dev_.counters_.gso_runs;
+      return true;
+    }
+    if (errno == EINTR || ((errno == EAGAIN || errno == ENOBUFS) && spins < 64)) continue;
+    break;
+  }
+  // Refused (no GSO on this route, say): back to ID-0 ICRCs, one by one.
+  if (!v6_)
+    for (std::size_t k = 1; k < n; ++k) wire::store_icrc(slots[k].p->icrc, trailer_icrc(slots[k]));
+  return false;
+}
+
 void udp_link::transmit(tx_slot* slots, std::size_t count) noexcept {
+  // Runs of two or more packets of one flow, all of one size but the last
+  // (which may be shorter), leave as one GSO datagram; the rest one by one,
+  // in order.
+  std::size_t single = 0;  // first slot not sent yet
+  std::size_t i = 0;
+  while (i < count) {
+    const tx_slot& a = slots[i];
+    const std::uint32_t size = a.transport_len;
+    // A GSO datagram carries at most 64 segments and 64 KiB.
+    const std::size_t fit = std::min<std::size_t>(64, 65000 / (size + wire::icrc_size));
+    std::size_t j = i + 1;
+    while (j < count && j - i < fit) {
+      const tx_slot& b = slots[j];
+      if (b.sport != a.sport || b.transport_len > size || b.to.ss_family != a.to.ss_family ||
+          std::memcmp(&b.to, &a.to, sizeof(sockaddr_in6)) != 0)
+        break;
+      ++j;
+      if (b.transport_len < size) break;  // a shorter one ends the run
+    }
+    const int fd = j - i >= 2 ? gso_fd(a.sport) : -1;
+    if (fd >= 0) {
+      transmit_each(slots + single, i - single);
+      if (!transmit_gso(slots + i, j - i, fd)) transmit_each(slots + i, j - i);
+      single = i = j;
+      continue;
+    }
+    i = j;
+  }
+  transmit_each(slots + single, count - single);
+}
+
+void udp_link::transmit_each(tx_slot* slots, std::size_t count) noexcept {
   if (count == 0) return;
   std::array<mmsghdr, batch> msgs{};
   for (std::size_t i = 0; i < count; ++i) {
@@ -292,7 +415,10 @@ std::size_t udp_link::receive(int fd, int rounds, bool front) noexcept {
         ip.src_port = from_port;
         ip.dst_port = port_;
         const std::size_t hl = wire::build_ip_udp(ip, len, hdr);
-        if (hl == 0 || wire::icrc(std::span(hdr.data(), hl), dgram.first(len - wire::icrc_size)) != v.icrc) {
+        const std::uint32_t with_id0 =
+            hl == 0 ? ~v.icrc : wire::icrc(std::span(hdr.data(), hl), dgram.first(len - wire::icrc_size));
+        if (with_id0 != v.icrc &&
+            (hl == 0 || v6_ || !icrc_matches_segment(with_id0, v.icrc, len - wire::icrc_size))) {
           ++dev_.counters_.icrc_errors;
           continue;
         }
@@ -315,6 +441,21 @@ std::size_t udp_link::receive(int fd, int rounds, bool front) noexcept {
     if (static_cast<unsigned>(r) < want) return total;
   }
   return total;
+}
+
+bool udp_link::icrc_matches_segment(std::uint32_t with_id0, std::uint32_t got, std::size_t transport_len) noexcept {
+  // A GSO segment k carries ID k; segments tend to arrive in order, so the
+  // ID after the last match is tried first.
+  constexpr std::uint16_t ids = 63;  // 1 .. 63
+  const std::uint16_t first = rx_id_hint_ < ids ? rx_id_hint_ : 0;  // index of ID rx_id_hint_ + 1
+  for (std::uint16_t n = 0; n < ids; ++n) {
+    const auto k = static_cast<std::uint16_t>(1 + (first + n) % ids);
+    if ((with_id0 ^ id_icrc_.delta(transport_len, k)) == got) {
+      rx_id_hint_ = k;
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace averbs::soft

@@ -46,6 +46,7 @@ std::shared_ptr<device_entry> make_entry(const soft_device_options& o) {
   cfg.port = o.port;
   cfg.check_icrc = o.check_icrc;
   cfg.raw_send = o.raw_send;
+  cfg.gso = o.gso;
   std::string error;
   if (!o.faults.empty() && !soft::parse_faults(o.faults, cfg.faults, error)) bad_option("faults: " + error);
   e->engine = std::make_shared<soft::device>(cfg);
@@ -86,7 +87,8 @@ void split_address(const std::string& text, soft_device_options& o, const std::s
 //   v6dev    [fd00::1]:4791
 //
 // Options: faults=SPEC (as AVERBS_FAULTS), icrc=0|1 (check received
-// ICRCs), raw=0|1 (send through a raw socket when permitted).
+// ICRCs), raw=0|1 (send through a raw socket when permitted), gso=0|1
+// (send runs of packets as UDP GSO datagrams).
 bool from_config_file(const std::string& name, soft_device_options& o, std::vector<std::string>* names) {
   const char* env = std::getenv("AVERBS_CONFIG");
   const std::string path = env != nullptr ? env : "/etc/averbs/devices.conf";
@@ -116,7 +118,8 @@ bool from_config_file(const std::string& name, soft_device_options& o, std::vect
       if (key == "faults") o.faults = value;
       else if (key == "icrc" && (value == "0" || value == "1")) o.check_icrc = value == "1";
       else if (key == "raw" && (value == "0" || value == "1")) o.raw_send = value == "1";
-      else bad_option(where + ": unknown option '" + opt + "' (faults=, icrc=0|1, raw=0|1)");
+      else if (key == "gso" && (value == "0" || value == "1")) o.gso = value == "1";
+      else bad_option(where + ": unknown option '" + opt + "' (faults=, icrc=0|1, raw=0|1, gso=0|1)");
     }
     return true;
   }
@@ -140,6 +143,7 @@ bool from_environment(const std::string& name, soft_device_options& o) {
     split_address(std::string(item.substr(at + 1)), o, "AVERBS_DEVICES");
     if (const char* f = std::getenv("AVERBS_FAULTS")) o.faults = f;
     if (const char* c = std::getenv("AVERBS_ICRC")) o.check_icrc = std::string(c) != "0";
+    if (const char* g = std::getenv("AVERBS_GSO")) o.gso = std::string(g) != "0";
     return true;
   }
   return false;

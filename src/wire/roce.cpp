@@ -452,6 +452,38 @@ std::uint32_t icrc(std::span<const std::byte> ip_udp, std::span<const std::byte>
   return b.value();
 }
 
+std::uint32_t ipv4_id_icrc::delta(std::size_t transport_len, std::uint16_t id) {
+  if (id == 0) return 0;
+  entry* e = nullptr;
+  for (entry& c : cache_)
+    if (c.transport_len == transport_len) e = &c;
+  if (e == nullptr) {
+    // f(x) = icrc(x) ^ icrc(0) is linear: one value per ID bit, from
+    // packets that are zero but for that bit (and the version nibble, which
+    // says where the UDP header is).
+    constexpr std::size_t max_cache = 8;
+    if (cache_.size() < max_cache) {
+      cache_.push_back({});
+      e = &cache_.back();
+    } else {
+      e = &cache_[next_++ % max_cache];
+    }
+    e->transport_len = transport_len;
+    std::array<std::byte, ipv4_min_header + udp_header> hdr{};
+    hdr[0] = std::byte{0x45};
+    const std::vector<std::byte> zeros(transport_len);
+    const std::uint32_t base = icrc(hdr, zeros);
+    for (unsigned b = 0; b < 16; ++b) {
+      put16(hdr.data() + 4, static_cast<std::uint16_t>(1u << b));
+      e->bit[b] = icrc(hdr, zeros) ^ base;
+    }
+  }
+  std::uint32_t d = 0;
+  for (unsigned b = 0; b < 16; ++b)
+    if ((id >> b) & 1u) d ^= e->bit[b];
+  return d;
+}
+
 // --- IP and UDP -----------------------------------------------------------------------
 
 bool is_ipv4_mapped(std::span<const std::byte, 16> gid) noexcept {

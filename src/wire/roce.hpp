@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <span>
 #include <system_error>
+#include <vector>
 
 namespace averbs::wire {
 
@@ -251,6 +252,29 @@ std::uint32_t load_icrc(std::span<const std::byte, 4> in) noexcept;
 /// The ICRC of a complete packet given as IP+UDP headers and transport bytes
 /// (BTH ... pad, without the ICRC).
 std::uint32_t icrc(std::span<const std::byte> ip_udp, std::span<const std::byte> transport) noexcept;
+
+/// How an IPv4 packet's ICRC changes with its IP identification, which the
+/// ICRC covers (unlike TTL, TOS and the checksums).  The ICRC is affine in
+/// the packet's bits, so the ICRC with ID k is the ICRC with ID 0 XORed
+/// with a value that depends only on k and the packet's length: the XOR of
+/// one precomputed value per set bit of k.  A UDP GSO send gives its
+/// segments IDs 0, 1, 2 ...; this fixes their ICRCs without recomputing
+/// them, and lets a receiver that cannot see the ID (a UDP socket) check a
+/// segment's ICRC against the few IDs it can have.
+class ipv4_id_icrc {
+ public:
+  /// XOR this into the ID-0 ICRC of a packet of `transport_len` transport
+  /// bytes (BTH ... pad, no ICRC) to get its ICRC with ID `id`.
+  std::uint32_t delta(std::size_t transport_len, std::uint16_t id);
+
+ private:
+  struct entry {
+    std::size_t transport_len;
+    std::array<std::uint32_t, 16> bit;  // delta of each ID bit
+  };
+  std::vector<entry> cache_;  // a handful of lengths: MTU-sized packets, then the rest
+  std::size_t next_ = 0;      // round-robin replacement beyond the cache's size
+};
 
 // ---------------------------------------------------------------------------
 // IP and UDP headers as RoCEv2 (and rxe) writes them.

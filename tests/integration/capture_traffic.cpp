@@ -264,6 +264,9 @@ class exchange {
     o.address = address;
     o.port = port;
     o.raw_send = raw;
+    // A capture on lo sees a GSO run before the kernel splits it into its
+    // packets: one frame per packet needs GSO off (docs/wire.md).
+    o.gso = false;
     e.sdev = std::make_unique<soft_device>(o);
     e.dev = open_device(ctx_, name);
     e.p = e.dev.alloc_pd();

@@ -42,6 +42,7 @@ int help() {
       "      --faults SPEC  inject faults on the device's link, e.g. drop=0.01,seed=3\n"
       "      --no-icrc      do not check received ICRCs (peers whose IPv4 ID we\n"
       "                     cannot see: rxe, NICs)\n"
+      "      --no-gso       send every packet on its own (no UDP GSO runs)\n"
       "      --counters     print the device's packet counters at the end\n\n"
       "connect: -n N RC connections through the connection manager, pipelined\n"
       "(--window W in flight, default 256), then --sync S more one at a time\n"
@@ -80,13 +81,14 @@ std::string ip_text(const gid& g) {
 
 void print_counters(const device_counters& c) {
   std::printf(" packets sent %llu, received %llu; retransmitted %llu; duplicates received %llu;\n"
-              " sequence NAKs sent %llu; RNR NAKs sent %llu, received %llu; dropped %llu; ICRC errors %llu\n",
+              " sequence NAKs sent %llu; RNR NAKs sent %llu, received %llu; dropped %llu; ICRC errors %llu;\n"
+              " GSO runs sent %llu\n",
               static_cast<unsigned long long>(c.packets_sent), static_cast<unsigned long long>(c.packets_received),
               static_cast<unsigned long long>(c.retransmits),
               static_cast<unsigned long long>(c.duplicates_received),
               static_cast<unsigned long long>(c.seq_naks_sent), static_cast<unsigned long long>(c.rnr_naks_sent),
               static_cast<unsigned long long>(c.rnr_naks_received), static_cast<unsigned long long>(c.dropped),
-              static_cast<unsigned long long>(c.icrc_errors));
+              static_cast<unsigned long long>(c.icrc_errors), static_cast<unsigned long long>(c.gso_runs));
 }
 
 // --test connect.  Loopback devices run the server on a second thread with
@@ -174,7 +176,7 @@ int run_connect(const perf::options& o, perf::connect_options co, const std::str
 
 int cmd_perf(std::span<char* const> args) {
   perf::options o;
-  bool have_test = false, named_device = false, icrc = true, connect_test = false, show_counters = false;
+  bool have_test = false, named_device = false, icrc = true, connect_test = false, show_counters = false, gso = true;
   std::string host, addr, faults;
   perf::connect_options co;
   for (std::size_t i = 0; i < args.size(); ++i) {
@@ -226,6 +228,8 @@ int cmd_perf(std::span<char* const> args) {
       icrc = false;
     } else if (a == "--counters") {
       show_counters = true;
+    } else if (a == "--no-gso") {
+      gso = false;
     } else if (a == "-s" || a == "--size") {
       o.size = static_cast<std::size_t>(number());
       if (o.size == 0 || o.size > (8u << 20)) {
@@ -299,6 +303,7 @@ int cmd_perf(std::span<char* const> args) {
       if (a.port != 0) so.port = a.port;
       so.faults = faults;
       so.check_icrc = icrc;
+      so.gso = gso;
       own = std::make_unique<soft_device>(so);
     } else if (!faults.empty()) {
       std::fprintf(stderr, "averbs perf: --faults needs --addr (or AVERBS_FAULTS with AVERBS_DEVICES)\n");

@@ -38,6 +38,12 @@ struct soft_device_options {
   /// Send through a raw socket when the process may (CAP_NET_RAW), so each
   /// QP's UDP source port carries rxe's entropy; else the bound port.
   bool raw_send = true;
+  /// Send runs of equal-sized packets of one flow as one UDP GSO datagram
+  /// (with raw_send): the kernel builds the packets.  On the wire each is
+  /// a RoCEv2 packet of its own (IPv4 IDs 0, 1, 2 ..., each ICRC to
+  /// match); a capture on the loopback or a veth interface shows the run
+  /// before the kernel splits it.  See docs/wire.md.
+  bool gso = true;
   /// Injected faults, as "drop=0.01,dup=0.01,reorder=0.01,corrupt=0.01,
   /// delay=0.01,delay_us=200,seed=7" (probabilities per packet).
   std::string faults;

@@ -389,6 +389,7 @@ struct device_counters {
   std::uint64_t dropped = 0;  ///< invalid or unroutable packets, silently dropped
   std::uint64_t icrc_errors = 0;
   std::uint64_t completions = 0;
+  std::uint64_t gso_runs = 0;  ///< runs of packets sent as one UDP GSO datagram
   std::uint64_t cq_overflows = 0;
 };
 

@@ -5,6 +5,8 @@
 #include "wire/roce.hpp"
 
 #include <gtest/gtest.h>
+
+#include <random>
 #include <zlib.h>
 
 #include <array>
@@ -909,6 +911,38 @@ TEST(roce_aeth, syndrome_helpers_encode_type_and_value) {
   EXPECT_EQ(w::aeth_type_of(0x1F), w::aeth_type::ack);
   EXPECT_EQ(w::aeth_type_of(0x2E), w::aeth_type::rnr_nak);
   EXPECT_EQ(w::aeth_type_of(0x62), w::aeth_type::nak);
+}
+
+// A GSO segment k carries IPv4 ID k: its ICRC, computed from scratch with
+// that ID, equals the ID-0 ICRC with the precomputed delta XORed in, for
+// every length (first, middle, last packets) and ID.
+TEST(roce_icrc, ipv4_id_delta_matches_an_icrc_computed_with_the_id) {
+  w::ipv4_id_icrc ids;
+  std::mt19937 rng(7);
+  for (std::size_t transport : {std::size_t{16}, std::size_t{12 + 1024}, std::size_t{28 + 4096}, std::size_t{12 + 4096},
+                                std::size_t{12 + 333 + 3}}) {
+    std::vector<std::byte> t(transport);
+    for (auto& b : t) b = static_cast<std::byte>(rng());
+    w::ip_udp_params ip;
+    ip.src_gid = {std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0},
+                  std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0xFF}, std::byte{0xFF},
+                  std::byte{127}, std::byte{0}, std::byte{0}, std::byte{2}};
+    ip.dst_gid = ip.src_gid;
+    ip.dst_gid[15] = std::byte{3};
+    ip.src_port = 0xC123;
+    std::array<std::byte, 64> hdr;
+    const std::size_t hl = w::build_ip_udp(ip, transport + w::icrc_size, hdr);
+    ASSERT_EQ(hl, 28u);
+    const std::uint32_t id0 = w::icrc(std::span(hdr.data(), hl), t);
+    for (std::uint16_t id : {1, 2, 3, 7, 14, 15, 63, 64, 255, 4660, 65535}) {
+      ip.ip_id = id;
+      w::build_ip_udp(ip, transport + w::icrc_size, hdr);
+      EXPECT_EQ(w::icrc(std::span(hdr.data(), hl), t), id0 ^ ids.delta(transport, id))
+          << "transport " << transport << " id " << id;
+    }
+    EXPECT_EQ(ids.delta(transport, 0), 0u);
+    ip.ip_id = 0;
+  }
 }
 
 }  // namespace

@@ -186,9 +186,13 @@ void device::receive_locked(packet* p) {
 }
 
 void device::receive_front_locked(packet* p) {
-  p->next = rx_head_;
-  rx_head_ = p;
-  if (rx_tail_ == nullptr) rx_tail_ = p;
+  // Ahead of the data, behind the management datagrams still queued: they
+  // keep their order (an RTU must not fall behind the DREQ that follows it).
+  packet*& at = rx_front_last_ != nullptr ? rx_front_last_->next : rx_head_;
+  p->next = at;
+  at = p;
+  if (p->next == nullptr) rx_tail_ = p;
+  rx_front_last_ = p;
 }
 
 void device::receive(packet* p) {
@@ -473,7 +477,9 @@ bool device::find_gid(const gid& g, std::uint32_t& index) const {
 
 device_counters device::counters() const {
   std::lock_guard lock(lock_);
-  return counters_;
+  device_counters c = counters_;
+  c.receive_overflows = link_->receive_overflows();
+  return c;
 }
 
 // ---------------------------------------------------------------------------
@@ -1416,6 +1422,7 @@ void device::run() noexcept {
       packet* p = rx_head_;
       rx_head_ = p->next;
       if (rx_head_ == nullptr) rx_tail_ = nullptr;
+      if (p == rx_front_last_) rx_front_last_ = nullptr;
       ++counters_.packets_received;
       counters_.bytes_received += p->payload_len;
       // The receive side parses the encoded bytes: the same code a packet

@@ -360,6 +360,9 @@ class link {
   /// The UDP ports the packet will carry on the wire (for the ICRC).
   virtual std::uint16_t wire_src_port(const packet& p) const noexcept { return p.sport; }
   virtual std::uint16_t wire_dst_port() const noexcept { return wire::roce_udp_port; }
+  /// Datagrams the host dropped before the link could read them (a full
+  /// socket receive buffer).
+  virtual std::uint64_t receive_overflows() const noexcept { return 0; }
 };
 
 /// Injected faults on a link (a runtime setting of the shipped build).
@@ -645,6 +648,7 @@ class device final : public progress_source, public clock_listener {
   bool busy_poll_ = false;
   packet* rx_head_ = nullptr;
   packet* rx_tail_ = nullptr;
+  packet* rx_front_last_ = nullptr;  // the last management datagram queued ahead of the data
   // Requesters with work, in order; intrusive so scheduling never allocates.
   qp_t* req_head_ = nullptr;
   qp_t* req_tail_ = nullptr;

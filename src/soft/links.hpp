@@ -69,6 +69,7 @@ class udp_link final : public link {
   bool wants_icrc() const noexcept override { return true; }
   std::uint16_t wire_src_port(const packet& p) const noexcept override { return raw_fd_ >= 0 ? p.sport : port_; }
   std::uint16_t wire_dst_port() const noexcept override { return port_; }
+  std::uint64_t receive_overflows() const noexcept override;
   std::uint16_t port() const noexcept { return port_; }
   bool raw() const noexcept { return raw_fd_ >= 0; }
 

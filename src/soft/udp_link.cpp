@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <linux/filter.h>
+#include <linux/sock_diag.h>
 #include <netinet/ip.h>
 #include <netinet/udp.h>
 #include <sys/socket.h>
@@ -63,6 +64,13 @@ bool from_sockaddr(const sockaddr_storage& ss, gid& g, std::uint16_t& port) {
 
 int set_int(int fd, int level, int opt, int v) { return ::setsockopt(fd, level, opt, &v, sizeof v); }
 
+// A receive buffer that holds a burst: past net.core.rmem_max when we may
+// (CAP_NET_ADMIN), else as much as the host allows.  A datagram that finds
+// the buffer full is lost in the kernel, where no counter of ours sees it.
+void set_receive_buffer(int fd, int bytes) {
+  if (set_int(fd, SOL_SOCKET, SO_RCVBUFFORCE, bytes) != 0) set_int(fd, SOL_SOCKET, SO_RCVBUF, bytes);
+}
+
 // The reuseport group's selector: it sees the UDP payload (the BTH) and
 // answers the index of the socket that gets the datagram: 1 (the
 // management socket) when the destination QP (BTH bytes 5-7) is QP1, else
@@ -100,7 +108,7 @@ udp_link::udp_link(device& d, const device_config& cfg)
       // ICRC covers (P1).
       if (set_int(fd_, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO) != 0) fail("IP_MTU_DISCOVER");
     }
-    set_int(fd_, SOL_SOCKET, SO_RCVBUF, 4 << 20);
+    set_receive_buffer(fd_, 4 << 20);
     set_int(fd_, SOL_SOCKET, SO_SNDBUF, 4 << 20);
     sockaddr_storage ss;
     socklen_t len;
@@ -130,6 +138,9 @@ udp_link::udp_link(device& d, const device_config& cfg)
         set_int(gsi_fd_, IPPROTO_UDP, UDP_NO_CHECK6_RX, 1);
         set_int(gsi_fd_, IPPROTO_IPV6, IPV6_V6ONLY, 1);
       }
+      // A burst of connection requests (or their retransmissions, which
+      // come in bursts too) must not overflow it.
+      if (ok) set_receive_buffer(gsi_fd_, 1 << 20);
       ok = ok && ::bind(gsi_fd_, reinterpret_cast<sockaddr*>(&ss), len) == 0;
       ok = ok && ::setsockopt(fd_, SOL_SOCKET, SO_ATTACH_REUSEPORT_CBPF, &prog, sizeof prog) == 0;
       if (!ok && gsi_fd_ >= 0) {
@@ -369,6 +380,17 @@ void udp_link::transmit_each(tx_slot* slots, std::size_t count) noexcept {
     ++sent;
   }
   for (std::size_t i = 0; i < count; ++i) dev_.free_packet(slots[i].p);
+}
+
+std::uint64_t udp_link::receive_overflows() const noexcept {
+  std::uint64_t n = 0;
+  for (int fd : {fd_, gsi_fd_}) {
+    std::uint32_t mem[SK_MEMINFO_VARS] = {};
+    socklen_t len = sizeof mem;
+    if (fd >= 0 && ::getsockopt(fd, SOL_SOCKET, SO_MEMINFO, mem, &len) == 0 && len > SK_MEMINFO_DROPS * sizeof mem[0])
+      n += mem[SK_MEMINFO_DROPS];
+  }
+  return n;
 }
 
 std::size_t udp_link::poll() noexcept { return receive(fd_, 2, false); }

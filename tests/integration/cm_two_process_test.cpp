@@ -27,13 +27,14 @@ bool has_line(const std::string& out, const std::string& line) {
 TEST(cm_two_processes, ten_thousand_connections) {
   const std::uint16_t port = test_port();
   const std::string a = test_address(0), b = test_address(1);
+  // --counters: should an exchange get lost, the output says where.
   child server({AVERBS_CLI, "perf", "--test", "connect", "--addr", a + ":" + std::to_string(port), "-p",
-                std::to_string(port)});
+                std::to_string(port), "--counters"});
   ASSERT_TRUE(server.started());
   ASSERT_TRUE(server.wait_for_line(" Server at " + a + ":" + std::to_string(port) + ", waiting for the client", 30s))
       << server.output();
   child client({AVERBS_CLI, "perf", "--test", "connect", "--addr", b + ":" + std::to_string(port), "-p",
-                std::to_string(port), "-n", "10000", "--sync", "500", a});
+                std::to_string(port), "-n", "10000", "--sync", "500", "--counters", a});
   const int c = client.wait(240s);
   const int s = server.wait(60s);
   EXPECT_EQ(c, 0) << client.output();
@@ -42,7 +43,7 @@ TEST(cm_two_processes, ten_thousand_connections) {
   EXPECT_NE(client.output().find(" 10000         pipelined "), std::string::npos) << client.output();
   EXPECT_NE(client.output().find(" 500           synchronous "), std::string::npos) << client.output();
   EXPECT_NE(server.output().find("server: 10500 accepted, 10000 SENDs received"), std::string::npos)
-      << server.output();
+      << server.output() << client.output();
 }
 
 TEST(cm_two_processes, a_disconnect_reaches_the_other_process) {

@@ -31,7 +31,7 @@ class cm_udp : public ::testing::Test {
     gid ip;
     std::string name;
   };
-  void make(side& s, int which, const std::string& faults = "") {
+  void make(side& s, int which, const std::string& faults = "", context* in = nullptr) {
     soft_device_options o;
     s.name = "cm" + std::to_string(which) + "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
     o.name = s.name;
@@ -39,7 +39,7 @@ class cm_udp : public ::testing::Test {
     o.port = test_port();
     o.faults = faults;
     s.sdev = std::make_unique<soft_device>(o);
-    s.dev = open_device(ctx, o.name);
+    s.dev = open_device(in != nullptr ? *in : ctx, o.name);
     s.p = s.dev.alloc_pd();
     s.c = s.dev.create_cq(8192);
     gid::parse(o.address, s.ip);
@@ -107,6 +107,35 @@ TEST_F(cm_udp, connect_exchange_disconnect) {
   c.disconnect();
   notified.get();
   EXPECT_EQ(qb.state(), qp_state::err);
+}
+
+// The passive side's device is not driven while the active side connects
+// and at once disconnects, so it reads the RTU and the DREQ behind it in
+// one batch: it must handle them in the order sent (the accept completes,
+// then the disconnect is heard), not the other way round.
+TEST_F(cm_udp, an_rtu_and_the_dreq_right_behind_it_are_handled_in_order) {
+  context passive_ctx;
+  side a, b;
+  make(a, 0);
+  make(b, 1, "", &passive_ctx);
+  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
+  qp qa = make_qp(a), qb = make_qp(b);
+  cm::connector c(a.dev);
+  auto got = l.async_get_request(use_request);
+  auto conn = c.async_connect(qa, {b.ip, 7471}, {}, use_request);
+  cm::connector passive = got.get().conn;
+  auto accepted = passive.async_accept(qb, {}, use_request);
+  auto notified = passive.async_notify_disconnect(use_request);
+  conn.get();  // the RTU leaves
+  auto disconnected = c.async_disconnect(use_request);  // the DREQ follows
+  std::error_code ec;
+  accepted.get(ec);
+  EXPECT_FALSE(ec) << ec.message();
+  notified.get(ec);
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_EQ(qb.state(), qp_state::err);
+  disconnected.get(ec);
+  EXPECT_FALSE(ec) << ec.message();
 }
 
 TEST_F(cm_udp, connections_survive_a_lossy_duplicating_reordering_link) {

@@ -2,6 +2,9 @@
 // RoCEv2 over real UDP sockets between two devices of one process.
 #include "udp_pair.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -41,6 +44,26 @@ TEST_F(udp, rc_send_write_read_over_udp) {
   EXPECT_EQ(std::memcmp(a.buf.data(), b.buf.data(), 100000), 0);
   EXPECT_GT(a.dev.counters().packets_sent, 90u);
   EXPECT_EQ(b.dev.counters().icrc_errors, 0u);
+}
+
+// Datagrams the kernel drops on a full receive buffer never reach the
+// engine; the device still counts them, so a lost exchange can be traced.
+TEST_F(udp, datagrams_dropped_on_a_full_receive_buffer_are_counted) {
+  make(a, 0);
+  EXPECT_EQ(a.dev.counters().receive_overflows, 0u);
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(test_port());
+  ASSERT_EQ(::inet_pton(AF_INET, test_address(0).c_str(), &to.sin_addr), 1);
+  // Nobody drives the device meanwhile: 24 MB cannot fit the 4 MB buffer.
+  std::vector<char> junk(1400, 'x');
+  for (int i = 0; i < 16384; ++i)
+    ASSERT_EQ(::sendto(fd, junk.data(), junk.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof to),
+              static_cast<ssize_t>(junk.size()));
+  ::close(fd);
+  EXPECT_GT(a.dev.counters().receive_overflows, 0u);
 }
 
 // Runs of MTU-sized packets leave as UDP GSO datagrams (with a raw socket,

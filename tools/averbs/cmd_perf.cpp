@@ -82,18 +82,19 @@ std::string ip_text(const gid& g) {
 void print_counters(const device_counters& c) {
   std::printf(" packets sent %llu, received %llu; retransmitted %llu; duplicates received %llu;\n"
               " sequence NAKs sent %llu; RNR NAKs sent %llu, received %llu; dropped %llu; ICRC errors %llu;\n"
-              " GSO runs sent %llu\n",
+              " GSO runs sent %llu; receive buffer overflows %llu\n",
               static_cast<unsigned long long>(c.packets_sent), static_cast<unsigned long long>(c.packets_received),
               static_cast<unsigned long long>(c.retransmits),
               static_cast<unsigned long long>(c.duplicates_received),
               static_cast<unsigned long long>(c.seq_naks_sent), static_cast<unsigned long long>(c.rnr_naks_sent),
               static_cast<unsigned long long>(c.rnr_naks_received), static_cast<unsigned long long>(c.dropped),
-              static_cast<unsigned long long>(c.icrc_errors), static_cast<unsigned long long>(c.gso_runs));
+              static_cast<unsigned long long>(c.icrc_errors), static_cast<unsigned long long>(c.gso_runs),
+              static_cast<unsigned long long>(c.receive_overflows));
 }
 
 // --test connect.  Loopback devices run the server on a second thread with
 // its own context; network devices run one end per process.
-int run_connect(const perf::options& o, perf::connect_options co, const std::string& host) {
+int run_connect(const perf::options& o, perf::connect_options co, const std::string& host, bool show_counters) {
   context ctx;
   device dev = open_device(ctx, o.device);
   const bool remote = dev.udp_port() != 0;
@@ -151,6 +152,7 @@ int run_connect(const perf::options& o, perf::connect_options co, const std::str
     std::size_t received = 0;
     const std::size_t accepted = perf::serve_connections(ctx, co, nullptr, &link, &received);
     std::printf(" server: %zu accepted, %zu SENDs received\n", accepted, received);
+    if (show_counters) print_counters(dev.counters());
     std::printf("---------------------------------------------------------------------------------------\n");
     return 0;
   }
@@ -168,6 +170,8 @@ int run_connect(const perf::options& o, perf::connect_options co, const std::str
   link.send_word(std::max<std::uint64_t>(st.connections + st.sync_connections, 1));  // done: how many
   perf::print_connect_header();
   perf::print_connect(st);
+  // A failed connect is a lost exchange: the counters say where.
+  if (show_counters || st.failed != 0) print_counters(dev.counters());
   std::printf("---------------------------------------------------------------------------------------\n");
   return st.failed == 0 && (!co.verify || st.verified == st.connections) ? 0 : 1;
 }
@@ -311,7 +315,7 @@ int cmd_perf(std::span<char* const> args) {
     }
     if (connect_test) {
       co.connections = o.iters != 0 ? o.iters : 1000;
-      return run_connect(o, co, host);
+      return run_connect(o, co, host, show_counters);
     }
     context ctx;
     const bool lat = perf::is_latency(o.test);

@@ -388,6 +388,7 @@ struct device_counters {
   std::uint64_t duplicates_received = 0;
   std::uint64_t dropped = 0;  ///< invalid or unroutable packets, silently dropped
   std::uint64_t icrc_errors = 0;
+  std::uint64_t receive_overflows = 0;  ///< datagrams the host dropped on a full socket receive buffer
   std::uint64_t completions = 0;
   std::uint64_t gso_runs = 0;  ///< runs of packets sent as one UDP GSO datagram
   std::uint64_t cq_overflows = 0;

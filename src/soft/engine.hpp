@@ -256,6 +256,7 @@ struct qp_t {
     std::uint32_t next_psn = 0;     // first PSN of the next WQE to start
     std::uint32_t rd_atomic = 0;    // READ/atomic WQEs started and not done
     std::uint32_t noack_pkts = 0;   // packets sent since the last AckReq
+    std::uint32_t resend_left = 0;  // packets of a go-back-N burst not yet resent
     bool scheduled = false;
     qp_t* next_ready = nullptr;     // the device's run queue (intrusive)
   } req;
@@ -268,6 +269,7 @@ struct qp_t {
     bool timer_scheduled = false;  // a heap entry of this generation exists
     bool rnr_waiting = false;
     bool gap_retry = false;        // a retry for a missing response is under way at `psn`
+    bool retry_counted = false;    // a counted retry since the last progress (rxe's started_retry)
     std::uint64_t timer_gen = 0;   // stale heap entries carry an older one
     clock::time_point deadline{};
   } comp;
@@ -579,6 +581,7 @@ class device final : public progress_source, public clock_listener {
   void gap_retry(qp_t* qp) noexcept;
   void fail_oldest(qp_t* qp, wc_status status) noexcept;
   void arm_retry_timer(qp_t* qp) noexcept;
+  void note_request_sent(qp_t* qp) noexcept;
   void disarm_timers(qp_t* qp) noexcept;
   void schedule_qp_timer(qp_t* qp, clock::time_point when, bool rnr) noexcept;
   void flush_ack(qp_t* qp) noexcept;

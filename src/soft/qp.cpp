@@ -286,6 +286,7 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
         qp->req.start_index = qp->sq.consumer();
         qp->comp.psn = qp->sq_psn;
         qp->comp.retry_left = qp->retry_cnt;
+        qp->comp.retry_counted = false;
         qp->comp.rnr_left = qp->rnr_retry;
         const std::uint32_t remote = qp->type == qp_type::ud ? qp->qpn : qp->dest_qpn;
         qp->sport = qp->type == qp_type::ud ? wire::ud_source_port(qp->qpn)

@@ -330,6 +330,20 @@ void device::arm_retry_timer(qp_t* qp) noexcept {
   }
 }
 
+// The retransmit deadline runs from the oldest unacknowledged request; but
+// while a go-back-N burst is resent it moves with each packet, as rxe's
+// per-packet mod_timer does, so a burst that takes longer than the timeout
+// to leave (a slow machine, a sanitizer build, a short timeout) does not
+// time itself out and start another.
+void device::note_request_sent(qp_t* qp) noexcept {
+  if (qp->req.resend_left != 0) {
+    --qp->req.resend_left;
+    arm_retry_timer(qp);
+  } else if (!qp->comp.timer_armed) {
+    arm_retry_timer(qp);
+  }
+}
+
 // Invalidates every timer of the QP (reset, error, RNR wait).
 void device::disarm_timers(qp_t* qp) noexcept {
   qp->comp.timer_gen++;
@@ -371,8 +385,10 @@ void device::retry(qp_t* qp, bool count) noexcept {
       return;
     }
     --qp->comp.retry_left;
+    qp->comp.retry_counted = true;
   }
   ++counters_.retransmits;
+  qp->req.resend_left = (qp->req.psn - qp->comp.psn) & wire::psn_mask;
   const std::uint32_t mask = qp->sq.size() - 1;
   const std::uint32_t mtu = qp->mtu_bytes;
   std::uint32_t resume = qp->req.start_index;
@@ -526,7 +542,7 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
     qp->req.psn = psn_add(qp->req.psn, n);
     st.state = wqe_state::pending;
     ++qp->req.wqe_index;
-    if (!qp->comp.timer_armed) arm_retry_timer(qp);
+    note_request_sent(qp);
     return true;
   }
   if (is_atomic(w->opcode)) {
@@ -540,7 +556,7 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
     qp->req.psn = psn_add(qp->req.psn, 1);
     st.state = wqe_state::pending;
     ++qp->req.wqe_index;
-    if (!qp->comp.timer_armed) arm_retry_timer(qp);
+    note_request_sent(qp);
     return true;
   }
 
@@ -620,7 +636,7 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
       complete_wqes(qp);
     }
   }
-  if (qp->type == qp_type::rc && !qp->comp.timer_armed) arm_retry_timer(qp);
+  if (qp->type == qp_type::rc) note_request_sent(qp);
   return true;
 }
 
@@ -782,9 +798,10 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       // One NAK per gap (IBTA 9.7.5.2.3), unless the gap persists: the
       // PSN right after it arrives again (the requester went back, and its
       // resend of `r.psn` was lost too), or so many packets came past it
-      // that the NAK itself must have been lost.  Without these a lost NAK
+      // that the NAK itself may have been lost.  Without these a lost NAK
       // or a lost resend costs a retransmission timeout.  (A packet merely
-      // reordered behind a later one does not count.)
+      // reordered behind a later one does not count; a repeat that finds
+      // the requester still resending from `r.psn` is ignored there.)
       const bool again =
           r.nak_sent && (psn == ((r.psn + 1) & wire::psn_mask) || ++r.nak_count >= 64);
       if (!r.nak_sent || again) {
@@ -1183,6 +1200,7 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
   auto after_progress = [&] {
     if (qp->comp.psn != before) {
       qp->comp.gap_retry = false;
+      qp->comp.retry_counted = false;
       qp->comp.retry_left = qp->retry_cnt;
       qp->comp.rnr_left = qp->rnr_retry;
     }
@@ -1215,6 +1233,7 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
     // peer.  (Without this, a long RNR phase on a lossy link adds up its
     // occasional lost SEND or NAK into retry_exc_err.)
     qp->comp.retry_left = qp->retry_cnt;
+    qp->comp.retry_counted = false;
     disarm_timers(qp);
     qp->comp.rnr_waiting = true;
     schedule_qp_timer(qp, clock_->now() + std::chrono::nanoseconds(wire::rnr_timer_ns(syn & 0x1F)), true);
@@ -1233,13 +1252,26 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
       // While an RNR wait is running, the resend it schedules covers this.
       (void)complete_before;
       if (qp->comp.rnr_waiting && qp->comp.psn == before) return;
+      //
+      //
+      // Only the first NAK after progress counts against retry_cnt (as
+      // rxe, whose completer starts no second retry sequence before a
+      // response or a timeout).  The responder repeats its NAK while the
+      // gap persists: a repeat that arrives while we are still resending
+      // from that PSN is answered by the resend under way; one that
+      // arrives after it means the resend was lost too, and going back
+      // again at once saves a timeout.  The timer keeps running and still
+      // counts a peer that never accepts anything.
       if (qp->comp.psn != before) {
         qp->comp.retry_left = qp->retry_cnt;
         qp->comp.rnr_left = qp->rnr_retry;
         qp->comp.gap_retry = false;
+        qp->comp.retry_counted = false;
+      } else if (qp->comp.retry_counted && qp->req.resend_left != 0) {
+        return;
       }
       complete_wqes(qp);
-      if (qp->state == qp_state::rts || qp->state == qp_state::sqd) retry(qp, true);
+      if (qp->state == qp_state::rts || qp->state == qp_state::sqd) retry(qp, !qp->comp.retry_counted);
       return;
     }
     // The WQE holding `psn` fails; the QP goes to error.

@@ -121,6 +121,26 @@ std::uint32_t manager::new_local_id() noexcept {
 
 std::uint64_t manager::new_tid() noexcept { return (std::uint64_t{tid_hi_} << 32) | ++tid_seq_; }
 
+conn* manager::queue_request(listen_t& l, const key& remote) noexcept {
+  conn* cp = nullptr;
+  try {
+    auto up = std::make_unique<conn>();
+    cp = up.get();
+    cp->local_id = new_local_id();
+    conns_.emplace(cp->local_id, std::move(up));
+    by_remote_[remote] = cp;
+    cp->remote_indexed = true;
+    l.queue.push_back(cp);
+    return cp;
+  } catch (...) {
+    if (cp != nullptr) {
+      if (cp->remote_indexed) by_remote_.erase(remote);
+      conns_.erase(cp->local_id);
+    }
+    return nullptr;
+  }
+}
+
 std::uint16_t manager::ephemeral_port() noexcept {
   if (++next_port_ < 32768 || next_port_ > 60999) next_port_ = 32768;
   return next_port_;
@@ -676,22 +696,8 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
     ++stats_.mads_dropped;
     return;
   }
-  conn* cp = nullptr;
-  try {
-    auto up = std::make_unique<conn>();
-    cp = up.get();
-    cp->local_id = new_local_id();
-    conns_.emplace(cp->local_id, std::move(up));
-    by_remote_[{r.local_ca_guid, r.local_comm_id}] = cp;
-    cp->remote_indexed = true;
-    l->queue.push_back(cp);
-  } catch (...) {
-    if (cp != nullptr) {
-      if (cp->remote_indexed) by_remote_.erase({r.local_ca_guid, r.local_comm_id});
-      conns_.erase(cp->local_id);
-    }
-    return;  // out of memory: as if lost, the requester resends
-  }
+  conn* cp = queue_request(*l, {r.local_ca_guid, r.local_comm_id});
+  if (cp == nullptr) return;  // out of memory: as if lost, the requester resends
   conn& c = *cp;
   c.passive = true;
   c.st = state::req_rcvd;
@@ -972,22 +978,8 @@ void manager::on_sidr_req(const soft::mad_in& m, const wcm::mad_header& h) noexc
     ++stats_.mads_dropped;
     return;
   }
-  conn* cp = nullptr;
-  try {
-    auto up = std::make_unique<conn>();
-    cp = up.get();
-    cp->local_id = new_local_id();
-    conns_.emplace(cp->local_id, std::move(up));
-    by_remote_[{src_key, r.request_id}] = cp;
-    cp->remote_indexed = true;
-    l->queue.push_back(cp);
-  } catch (...) {
-    if (cp != nullptr) {
-      if (cp->remote_indexed) by_remote_.erase({src_key, r.request_id});
-      conns_.erase(cp->local_id);
-    }
-    return;
-  }
+  conn* cp = queue_request(*l, {src_key, r.request_id});
+  if (cp == nullptr) return;
   conn& c = *cp;
   c.passive = true;
   c.st = state::sidr_rcvd;

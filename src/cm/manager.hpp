@@ -177,6 +177,9 @@ class manager final : public soft::gsi_agent {
       return std::hash<std::uint64_t>{}(k.guid ^ (std::uint64_t{k.id} * 0x9E3779B97F4A7C15ull));
     }
   };
+  // A passive connection for a request from `remote`, indexed and queued
+  // on the listener; nullptr when out of memory (nothing is left behind).
+  conn* queue_request(listen_t& l, const key& remote) noexcept;
 
   // Messages.
   template <class Msg>

@@ -28,6 +28,7 @@ class fault_link final : public link {
   bool wants_icrc() const noexcept override { return inner_.wants_icrc(); }
   std::uint16_t wire_src_port(const packet& p) const noexcept override { return inner_.wire_src_port(p); }
   std::uint16_t wire_dst_port() const noexcept override { return inner_.wire_dst_port(); }
+  std::uint64_t receive_overflows() const noexcept override { return inner_.receive_overflows(); }
 
  private:
   double uniform() noexcept;

@@ -48,8 +48,7 @@ TEST_F(udp, rc_send_write_read_over_udp) {
 
 // Datagrams the kernel drops on a full receive buffer never reach the
 // engine; the device still counts them, so a lost exchange can be traced.
-TEST_F(udp, datagrams_dropped_on_a_full_receive_buffer_are_counted) {
-  make(a, 0);
+void flood_and_expect_overflows(endpoint& a) {
   EXPECT_EQ(a.dev.counters().receive_overflows, 0u);
   const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   ASSERT_GE(fd, 0);
@@ -64,6 +63,16 @@ TEST_F(udp, datagrams_dropped_on_a_full_receive_buffer_are_counted) {
               static_cast<ssize_t>(junk.size()));
   ::close(fd);
   EXPECT_GT(a.dev.counters().receive_overflows, 0u);
+}
+
+TEST_F(udp, datagrams_dropped_on_a_full_receive_buffer_are_counted) {
+  make(a, 0);
+  flood_and_expect_overflows(a);
+}
+
+TEST_F(udp, datagrams_dropped_on_a_full_receive_buffer_are_counted_under_fault_injection) {
+  make(a, 0, "dup=0.01,seed=3");  // the fault injector wraps the link
+  flood_and_expect_overflows(a);
 }
 
 // Runs of MTU-sized packets leave as UDP GSO datagrams (with a raw socket,

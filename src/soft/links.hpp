@@ -86,6 +86,13 @@ class udp_link final : public link {
   /// Reads up to `rounds` batches from `fd` into the device's receive
   /// queue (at its front for the management socket).
   std::size_t receive(int fd, int rounds, bool front) noexcept;
+  /// The data socket with UDP_GRO: a GSO run arrives as one datagram and is
+  /// split into its segments here.
+  std::size_t receive_gro(int rounds) noexcept;
+  /// Checks one datagram (segment `segment` of a GSO run, 0 if alone) in
+  /// `p->buf` and queues it; false if it was dropped (`p` stays the caller's).
+  bool deliver(packet* p, std::size_t len, const gid& from, std::uint16_t from_port, std::uint16_t segment,
+               bool front) noexcept;
   struct tx_slot {
     packet* p;
     std::array<std::byte, 48> ip_udp;  // raw sends only
@@ -133,6 +140,19 @@ class udp_link final : public link {
   std::array<sockaddr_storage, rx_batch> rx_from_{};
   std::array<mmsghdr, rx_batch> rx_msgs_{};
   std::array<iovec, rx_batch> rx_iov_{};
+  // UDP GRO receive (with `gso`): room for a whole run per slot.
+  bool gro_ = false;
+  static constexpr std::size_t gro_slots = 2;
+  static constexpr std::size_t gro_slot_size = 65536;
+  std::vector<std::byte> gro_buf_;
+  std::array<mmsghdr, gro_slots> gro_msgs_{};
+  std::array<iovec, gro_slots> gro_iov_{};
+  struct alignas(cmsghdr) gro_cmsg_space {
+    char b[CMSG_SPACE(sizeof(int))];
+    char* data() noexcept { return b; }
+    static constexpr std::size_t size() noexcept { return sizeof b; }
+  };
+  std::array<gro_cmsg_space, gro_slots> gro_control_{};
 };
 
 }  // namespace averbs::soft

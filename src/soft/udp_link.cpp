@@ -21,6 +21,9 @@
 #ifndef IPV6_HDRINCL
 #define IPV6_HDRINCL 36
 #endif
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
 #ifndef UDP_SEGMENT
 #define UDP_SEGMENT 103
 #endif
@@ -109,6 +112,17 @@ udp_link::udp_link(device& d, const device_config& cfg)
       if (set_int(fd_, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO) != 0) fail("IP_MTU_DISCOVER");
     }
     set_receive_buffer(fd_, 4 << 20);
+    // A GSO run from a peer then arrives whole instead of being split by
+    // the kernel (in the sender's context, on loopback): the dearest part
+    // of a bulk transfer.
+    if (gso_ && set_int(fd_, SOL_UDP, UDP_GRO, 1) == 0) {
+      try {
+        gro_buf_.resize(gro_slots * gro_slot_size);
+        gro_ = true;
+      } catch (...) {
+        set_int(fd_, SOL_UDP, UDP_GRO, 0);
+      }
+    }
     set_int(fd_, SOL_SOCKET, SO_SNDBUF, 4 << 20);
     sockaddr_storage ss;
     socklen_t len;
@@ -393,7 +407,7 @@ std::uint64_t udp_link::receive_overflows() const noexcept {
   return n;
 }
 
-std::size_t udp_link::poll() noexcept { return receive(fd_, 2, false); }
+std::size_t udp_link::poll() noexcept { return gro_ ? receive_gro(1) : receive(fd_, 2, false); }
 
 std::size_t udp_link::poll_priority() noexcept { return gsi_fd_ >= 0 ? receive(gsi_fd_, 1, true) : 0; }
 
@@ -418,51 +432,115 @@ std::size_t udp_link::receive(int fd, int rounds, bool front) noexcept {
     const int r = ::recvmmsg(fd, msgs.data(), want, MSG_DONTWAIT, nullptr);
     if (r <= 0) return total;
     for (int i = 0; i < r; ++i) {
-      packet* p = rx_[i];
-      const std::size_t len = msgs[i].msg_len;
-      const std::span<const std::byte> dgram(p->buf, len);
       gid from;
       std::uint16_t from_port = 0;
-      wire::packet_view v;
-      if ((msgs[i].msg_hdr.msg_flags & MSG_TRUNC) != 0 || !from_sockaddr(rx_from_[i], from, from_port) ||
-          wire::decode(dgram, true, v) != wire::decode_error::ok) {
+      if ((msgs[i].msg_hdr.msg_flags & MSG_TRUNC) != 0 || !from_sockaddr(rx_from_[i], from, from_port)) {
         ++dev_.counters_.dropped;
         continue;  // the buffer is reused
       }
-      if (check_icrc_) {
-        std::array<std::byte, 64> hdr;
-        wire::ip_udp_params ip;
-        std::memcpy(ip.src_gid.data(), from.raw.data(), 16);
-        std::memcpy(ip.dst_gid.data(), local_.raw.data(), 16);
-        ip.src_port = from_port;
-        ip.dst_port = port_;
-        const std::size_t hl = wire::build_ip_udp(ip, len, hdr);
-        const std::uint32_t with_id0 =
-            hl == 0 ? ~v.icrc : wire::icrc(std::span(hdr.data(), hl), dgram.first(len - wire::icrc_size));
-        if (with_id0 != v.icrc &&
-            (hl == 0 || v6_ || !icrc_matches_segment(with_id0, v.icrc, len - wire::icrc_size))) {
-          ++dev_.counters_.icrc_errors;
-          continue;
-        }
-      }
-      const std::uint8_t hlen = v.op->length;
-      std::memcpy(p->header.data(), p->buf, hlen);
-      p->header_len = hlen;
-      p->payload_len = static_cast<std::uint32_t>(v.payload.size());
-      p->segs[0] = {p->buf + hlen, p->payload_len};
-      p->nsegs = p->payload_len != 0 ? 1 : 0;
-      p->src = from;
-      p->dst = local_;
-      p->sport = from_port;
-      p->has_icrc = false;
+      if (!deliver(rx_[i], msgs[i].msg_len, from, from_port, 0, front)) continue;
       rx_[i] = nullptr;
-      if (front) dev_.receive_front_locked(p);
-      else dev_.receive_locked(p);
       ++total;
     }
     if (static_cast<unsigned>(r) < want) return total;
   }
   return total;
+}
+
+std::size_t udp_link::receive_gro(int rounds) noexcept {
+  // The kernel hands a GSO run over whole (on loopback and veth it never
+  // splits it for a UDP_GRO socket): one datagram of segments of the size
+  // the UDP_GRO message says, each a RoCE packet of its own.
+  std::size_t total = 0;
+  for (int round = 0; round < rounds; ++round) {
+    for (std::size_t i = 0; i < gro_slots; ++i) {
+      msghdr& h = gro_msgs_[i].msg_hdr;
+      gro_iov_[i] = {gro_buf_.data() + i * gro_slot_size, gro_slot_size};
+      h.msg_iov = &gro_iov_[i];
+      h.msg_iovlen = 1;
+      h.msg_name = &rx_from_[i];
+      h.msg_namelen = sizeof(sockaddr_storage);
+      h.msg_control = gro_control_[i].data();
+      h.msg_controllen = gro_control_[i].size();
+    }
+    const int r = ::recvmmsg(fd_, gro_msgs_.data(), gro_slots, MSG_DONTWAIT, nullptr);
+    if (r <= 0) return total;
+    for (int i = 0; i < r; ++i) {
+      const msghdr& h = gro_msgs_[i].msg_hdr;
+      const std::size_t len = gro_msgs_[i].msg_len;
+      gid from;
+      std::uint16_t from_port = 0;
+      if ((h.msg_flags & MSG_TRUNC) != 0 || !from_sockaddr(rx_from_[i], from, from_port)) {
+        ++dev_.counters_.dropped;
+        continue;
+      }
+      std::size_t seg = len;
+      for (const cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(const_cast<msghdr*>(&h), const_cast<cmsghdr*>(c)))
+        if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+          int v = 0;
+          std::memcpy(&v, CMSG_DATA(c), sizeof v);
+          if (v > 0) seg = static_cast<std::size_t>(v);
+        }
+      const std::byte* base = gro_buf_.data() + static_cast<std::size_t>(i) * gro_slot_size;
+      if (seg < len) ++dev_.counters_.gro_runs;
+      std::uint16_t k = 0;
+      for (std::size_t off = 0; off < len; off += seg, ++k) {
+        const std::size_t n = std::min(seg, len - off);
+        packet* p = n <= packet::buffer_size ? dev_.alloc_packet() : nullptr;
+        if (p == nullptr) {
+          ++dev_.counters_.dropped;
+          continue;
+        }
+        std::memcpy(p->buf, base + off, n);
+        if (deliver(p, n, from, from_port, k, false)) ++total;
+        else dev_.free_packet(p);
+      }
+    }
+    if (static_cast<std::size_t>(r) < gro_slots) return total;
+  }
+  return total;
+}
+
+bool udp_link::deliver(packet* p, std::size_t len, const gid& from, std::uint16_t from_port, std::uint16_t segment,
+                       bool front) noexcept {
+  const std::span<const std::byte> dgram(p->buf, len);
+  wire::packet_view v;
+  if (wire::decode(dgram, true, v) != wire::decode_error::ok) {
+    ++dev_.counters_.dropped;
+    return false;
+  }
+  if (check_icrc_) {
+    std::array<std::byte, 64> hdr;
+    wire::ip_udp_params ip;
+    std::memcpy(ip.src_gid.data(), from.raw.data(), 16);
+    std::memcpy(ip.dst_gid.data(), local_.raw.data(), 16);
+    ip.src_port = from_port;
+    ip.dst_port = port_;
+    const std::size_t hl = wire::build_ip_udp(ip, len, hdr);
+    const std::uint32_t with_id0 =
+        hl == 0 ? ~v.icrc : wire::icrc(std::span(hdr.data(), hl), dgram.first(len - wire::icrc_size));
+    if (with_id0 != v.icrc) {
+      // Segment k of a GSO run carries IPv4 ID k: try that one first.
+      if (segment != 0) rx_id_hint_ = static_cast<std::uint16_t>(segment - 1);
+      if (hl == 0 || v6_ || !icrc_matches_segment(with_id0, v.icrc, len - wire::icrc_size)) {
+        ++dev_.counters_.icrc_errors;
+        return false;
+      }
+    }
+  }
+  const std::uint8_t hlen = v.op->length;
+  std::memcpy(p->header.data(), p->buf, hlen);
+  p->header_len = hlen;
+  p->payload_len = static_cast<std::uint32_t>(v.payload.size());
+  p->segs[0] = {p->buf + hlen, p->payload_len};
+  p->nsegs = p->payload_len != 0 ? 1 : 0;
+  p->src = from;
+  p->dst = local_;
+  p->sport = from_port;
+  p->has_icrc = false;
+  if (front) dev_.receive_front_locked(p);
+  else dev_.receive_locked(p);
+  return true;
 }
 
 bool udp_link::icrc_matches_segment(std::uint32_t with_id0, std::uint32_t got, std::size_t transport_len) noexcept {

@@ -76,8 +76,9 @@ TEST_F(udp, datagrams_dropped_on_a_full_receive_buffer_are_counted_under_fault_i
 }
 
 // Runs of MTU-sized packets leave as UDP GSO datagrams (with a raw socket,
-// i.e. as root); the receiver checks every segment's ICRC, computed for
-// the IPv4 ID the kernel gives that segment, and gets every byte.
+// i.e. as root) and reach the receiver's UDP_GRO socket whole; it splits
+// them, checks every segment's ICRC, computed for the IPv4 ID the kernel
+// gives that segment, and gets every byte.
 TEST_F(udp, gso_runs_arrive_whole_with_valid_icrcs) {
   if (::geteuid() != 0) GTEST_SKIP() << "GSO runs go through the raw-socket path, which needs CAP_NET_RAW";
   make(a, 0);
@@ -100,6 +101,7 @@ TEST_F(udp, gso_runs_arrive_whole_with_valid_icrcs) {
   }
   EXPECT_EQ(std::memcmp(a.buf.data(), b.buf.data(), a.buf.size()), 0);
   EXPECT_GT(a.dev.counters().gso_runs, 0u);
+  EXPECT_GT(b.dev.counters().gro_runs, 0u);  // and arrive as runs, split by the receiver
   // No segment was refused (a busy machine may still delay an ACK into a
   // retransmission, which proves nothing about the segments).
   EXPECT_EQ(b.dev.counters().icrc_errors, 0u);

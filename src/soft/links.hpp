@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 
 #include <array>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -88,7 +89,7 @@ class udp_link final : public link {
   std::size_t receive(int fd, int rounds, bool front) noexcept;
   /// The data socket with UDP_GRO: a GSO run arrives as one datagram and is
   /// split into its segments here.
-  std::size_t receive_gro(int rounds) noexcept;
+  std::size_t receive_gro() noexcept;
   /// Checks one datagram (segment `segment` of a GSO run, 0 if alone) in
   /// `p->buf` and queues it; false if it was dropped (`p` stays the caller's).
   bool deliver(packet* p, std::size_t len, const gid& from, std::uint16_t from_port, std::uint16_t segment,
@@ -142,9 +143,10 @@ class udp_link final : public link {
   std::array<iovec, rx_batch> rx_iov_{};
   // UDP GRO receive (with `gso`): room for a whole run per slot.
   bool gro_ = false;
-  static constexpr std::size_t gro_slots = 2;
+  std::uint32_t gro_streak_ = 0;  // polls in a row that found a datagram
+  static constexpr std::size_t gro_slots = 16;
   static constexpr std::size_t gro_slot_size = 65536;
-  std::vector<std::byte> gro_buf_;
+  std::unique_ptr<std::byte[]> gro_buf_;
   std::array<mmsghdr, gro_slots> gro_msgs_{};
   std::array<iovec, gro_slots> gro_iov_{};
   struct alignas(cmsghdr) gro_cmsg_space {

@@ -596,6 +596,7 @@ class device final : public progress_source, public clock_listener {
   bool post_cqe(cq_t* cq, const work_completion& wc, bool solicited) noexcept;
   void raise_event(event_type t, std::uint32_t element) noexcept;
   void send_ack(qp_t* qp, std::uint8_t syndrome, std::uint32_t psn) noexcept;
+  void send_rnr_nak(qp_t* qp, std::uint32_t psn) noexcept;
   void send_atomic_ack(qp_t* qp, std::uint32_t psn, std::uint64_t orig) noexcept;
   void send_read_responses(qp_t* qp, std::uint32_t from_psn, std::byte* host, std::uint64_t addr,
                            std::uint32_t length) noexcept;

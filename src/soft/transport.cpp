@@ -132,6 +132,15 @@ void device::on_lazy_ack_timer() noexcept {
   link_->flush();
 }
 
+// IBTA 9.7.5.2.8: the request at `psn` found no receive.  It also stands
+// for the one NAK of the gap that follows it.
+void device::send_rnr_nak(qp_t* qp, std::uint32_t psn) noexcept {
+  send_ack(qp, wire::aeth_rnr_nak(qp->min_rnr_timer), psn);
+  ++counters_.rnr_naks_sent;
+  qp->resp.nak_sent = true;
+  qp->resp.nak_count = 0;
+}
+
 void device::send_ack(qp_t* qp, std::uint8_t syndrome, std::uint32_t psn) noexcept {
   flush_ack(qp);
   packet* p = new_packet(qp, opcode::rc_ack, psn);
@@ -952,12 +961,9 @@ void device::respond(qp_t* qp, packet* p) noexcept {
     if (first) {
       if (!next_recv(qp)) {
         if (rc) {
-          send_ack(qp, wire::aeth_rnr_nak(qp->min_rnr_timer), psn);  // IBTA 9.7.5.2.8
-          ++counters_.rnr_naks_sent;
           // The rest of the message arrives out of sequence now; this NAK
           // answers for it until `psn` comes back.
-          r.nak_sent = true;
-          r.nak_count = 0;
+          send_rnr_nak(qp, psn);
         } else {
           r.drop_msg = true;
         }
@@ -1002,10 +1008,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
     // RNR retry finds the memory unchanged.
     if (imm && last && !next_recv(qp)) {
       if (rc) {
-        send_ack(qp, wire::aeth_rnr_nak(qp->min_rnr_timer), psn);
-        ++counters_.rnr_naks_sent;
-        r.nak_sent = true;
-        r.nak_count = 0;
+        send_rnr_nak(qp, psn);
       } else {
         r.drop_msg = true;
       }

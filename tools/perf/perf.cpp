@@ -126,6 +126,45 @@ struct loopback_run::side {
   std::uint32_t posted_recvs = 0;
 };
 
+namespace {
+
+constexpr std::uint32_t all_access = access_local_write | access_remote_write | access_remote_read | access_remote_atomic;
+
+// INIT, with every access a perftest test may use.
+void to_init(const qp& q) {
+  qp_attr a;
+  a.state = qp_state::init;
+  a.port_num = 1;
+  a.qp_access_flags = all_access;
+  q.modify(a, qp_attr_state | qp_attr_pkey_index | qp_attr_port | qp_attr_access_flags);
+}
+
+// RTR towards the peer's QP, then RTS with perftest's retry counts.
+void to_rts(const qp& q, const options& o, std::uint32_t dest_qpn, std::uint32_t rq_psn, const gid& dgid,
+            std::uint8_t min_rnr_timer) {
+  qp_attr a;
+  a.state = qp_state::rtr;
+  a.path_mtu = o.path_mtu;
+  a.dest_qp_num = dest_qpn;
+  a.rq_psn = rq_psn;
+  a.max_dest_rd_atomic = static_cast<std::uint8_t>(o.outstanding_reads);
+  a.min_rnr_timer = min_rnr_timer;
+  a.ah.is_global = true;
+  a.ah.grh.dgid = dgid;
+  q.modify(a, qp_attr_state | qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn | qp_attr_rq_psn |
+                  qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer);
+  a = {};
+  a.state = qp_state::rts;
+  a.timeout = o.qp_timeout;
+  a.retry_cnt = 7;
+  a.rnr_retry = 7;
+  a.max_rd_atomic = static_cast<std::uint8_t>(o.outstanding_reads);
+  q.modify(a, qp_attr_state | qp_attr_sq_psn | qp_attr_timeout | qp_attr_retry_cnt | qp_attr_rnr_retry |
+                  qp_attr_max_qp_rd_atomic);
+}
+
+}  // namespace
+
 loopback_run::loopback_run(context& ctx, const options& o) : o_(o), ctx_(ctx) {
   dev_ = open_device(ctx_, o.device);
   pd_ = dev_.alloc_pd();
@@ -150,38 +189,13 @@ void loopback_run::setup(std::size_t size) {
     // [0, size): where the peer writes (and write_lat polls); [size, 2 size):
     // what this side sends.
     s->buf.assign(2 * std::max<std::size_t>(size, 8) + 64, std::byte{0});
-    s->m = pd_.reg_mr(s->buf.data(), s->buf.size(),
-                      access_local_write | access_remote_write | access_remote_read | access_remote_atomic);
+    s->m = pd_.reg_mr(s->buf.data(), s->buf.size(), all_access);
     sides_.push_back(std::move(s));
   }
   const gid g = dev_.query_gid(1, 0);
   for (int i = 0; i < 2; ++i) {
-    side& me = *sides_[i];
-    side& peer = *sides_[1 - i];
-    qp_attr a;
-    a.state = qp_state::init;
-    a.port_num = 1;
-    a.qp_access_flags = access_local_write | access_remote_write | access_remote_read | access_remote_atomic;
-    me.q.modify(a, qp_attr_state | qp_attr_pkey_index | qp_attr_port | qp_attr_access_flags);
-    a = {};
-    a.state = qp_state::rtr;
-    a.path_mtu = o_.path_mtu;
-    a.dest_qp_num = peer.q.num();
-    a.rq_psn = 0;
-    a.max_dest_rd_atomic = static_cast<std::uint8_t>(o_.outstanding_reads);
-    a.min_rnr_timer = 12;
-    a.ah.is_global = true;
-    a.ah.grh.dgid = g;
-    me.q.modify(a, qp_attr_state | qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn | qp_attr_rq_psn |
-                       qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer);
-    a = {};
-    a.state = qp_state::rts;
-    a.timeout = o_.qp_timeout;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = static_cast<std::uint8_t>(o_.outstanding_reads);
-    me.q.modify(a, qp_attr_state | qp_attr_sq_psn | qp_attr_timeout | qp_attr_retry_cnt | qp_attr_rnr_retry |
-                       qp_attr_max_qp_rd_atomic);
+    to_init(sides_[i]->q);
+    to_rts(sides_[i]->q, o_, sides_[1 - i]->q.num(), 0, g, 12);
   }
 }
 
@@ -406,13 +420,8 @@ remote_run::remote_run(context& ctx, const options& o, const std::string& host, 
   // [0, max): where the peer writes; [max, 2 max): what this side sends.
   s.buf.assign(2 * std::max<std::size_t>(max_size, 8) + 64, std::byte{0});
   s.half = std::max<std::size_t>(max_size, 8);
-  s.m = s.p.reg_mr(s.buf.data(), s.buf.size(),
-                   access_local_write | access_remote_write | access_remote_read | access_remote_atomic);
-  qp_attr a;
-  a.state = qp_state::init;
-  a.port_num = 1;
-  a.qp_access_flags = access_local_write | access_remote_write | access_remote_read | access_remote_atomic;
-  s.q.modify(a, qp_attr_state | qp_attr_pkey_index | qp_attr_port | qp_attr_access_flags);
+  s.m = s.p.reg_mr(s.buf.data(), s.buf.size(), all_access);
+  to_init(s.q);
 
   const gid g = s.dev.query_gid(1, 0);
   peer_info me{s.q.num(), 0, g, s.m.rkey(), reinterpret_cast<std::uintptr_t>(s.buf.data()), s.buf.size()};
@@ -431,25 +440,8 @@ remote_run::remote_run(context& ctx, const options& o, const std::string& host, 
     s.link.send_info(me);
     s.peer = s.link.recv_info();
   }
-  a = {};
-  a.state = qp_state::rtr;
-  a.path_mtu = o.path_mtu;
-  a.dest_qp_num = s.peer.qpn;
-  a.rq_psn = s.peer.psn;
-  a.max_dest_rd_atomic = static_cast<std::uint8_t>(o.outstanding_reads);
-  a.min_rnr_timer = 1;  // 10 us: a receiver reposting quickly should not cost 655 ms (P7)
-  a.ah.is_global = true;
-  a.ah.grh.dgid = s.peer.g;
-  s.q.modify(a, qp_attr_state | qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn | qp_attr_rq_psn |
-                    qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer);
-  a = {};
-  a.state = qp_state::rts;
-  a.timeout = o.qp_timeout;
-  a.retry_cnt = 7;
-  a.rnr_retry = 7;
-  a.max_rd_atomic = static_cast<std::uint8_t>(o.outstanding_reads);
-  s.q.modify(a, qp_attr_state | qp_attr_sq_psn | qp_attr_timeout | qp_attr_retry_cnt | qp_attr_rnr_retry |
-                    qp_attr_max_qp_rd_atomic);
+  // min_rnr_timer 1 (10 us): a receiver reposting quickly should not cost 655 ms (P7).
+  to_rts(s.q, o, s.peer.qpn, s.peer.psn, s.peer.g, 1);
   // Both sides are in RTS before either sends.
   s.link.send_word(1);
   (void)s.link.recv_word();

@@ -1,34 +1,19 @@
 // SPDX-License-Identifier: MIT
-// Rule 8: no steady-state allocation.  This program replaces the global
-// operator new to count every heap allocation in the process, libaverbs
-// included, then runs a million request cycles per delivery path after a
+// Rule 8: no steady-state allocation.  This program counts every heap
+// allocation in the process, libaverbs included (counting_new.cpp replaces
+// the global operator new), then runs a million request cycles per delivery path after a
 // warm-up and asserts that none allocated.
+#include "counting_new.hpp"
+
 #include <averbs/async.hpp>
 
 #include <gtest/gtest.h>
 
 #include <array>
-#include <atomic>
-#include <cstdlib>
-#include <new>
-
-namespace {
-std::atomic<std::uint64_t> g_allocations{0};
-}
-
-void* operator new(std::size_t n) {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) { return ::operator new(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 namespace {
 
+using averbs::test::heap_allocations;
 using namespace std::chrono_literals;
 constexpr int cycles = 1'000'000;
 constexpr int batch = 64;
@@ -36,9 +21,9 @@ constexpr int batch = 64;
 template <class Body>
 std::uint64_t allocations_during(Body&& body) {
   body(cycles / 10);  // warm-up: the slab, rings and queues reach their size
-  const std::uint64_t before = g_allocations.load();
+  const std::uint64_t before = heap_allocations();
   body(cycles);
-  return g_allocations.load() - before;
+  return heap_allocations() - before;
 }
 
 TEST(alloc, use_request_cycles_do_not_allocate) {

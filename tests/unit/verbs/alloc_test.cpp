@@ -3,26 +3,8 @@
 // every operator new in the process (libaverbs included) across a million
 // send/receive cycles, a hundred thousand multi-packet writes and reads,
 // and a hundred thousand atomics after warm-up, and asserts none.
+#include "counting_new.hpp"
 #include "verbs_fixture.hpp"
-
-#include <atomic>
-#include <cstdlib>
-#include <new>
-
-namespace {
-std::atomic<std::uint64_t> g_allocations{0};
-}
-
-void* operator new(std::size_t n) {
-  g_allocations.fetch_add(1, std::memory_order_relaxed);
-  if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) { return ::operator new(n); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 
 namespace averbs::test {
 namespace {
@@ -32,9 +14,9 @@ class data_path_alloc : public verbs_test {
   template <class Body>
   std::uint64_t allocations_during(int n, Body&& body) {
     body(n / 10 + 64);  // warm-up: packet pools and queues reach their size
-    const std::uint64_t before = g_allocations.load();
+    const std::uint64_t before = heap_allocations();
     body(n);
-    return g_allocations.load() - before;
+    return heap_allocations() - before;
   }
 };
 

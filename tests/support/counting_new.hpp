@@ -1,0 +1,14 @@
+// SPDX-License-Identifier: MIT
+// Counts every heap allocation of the test program (libaverbs included):
+// link counting_new.cpp into the program, which replaces the global
+// operator new, and read heap_allocations() around the code under test.
+#pragma once
+
+#include <cstdint>
+
+namespace averbs::test {
+
+/// operator new calls (all forms) since the program started.
+std::uint64_t heap_allocations() noexcept;
+
+}  // namespace averbs::test

@@ -142,6 +142,7 @@ packet* device::alloc_packet() noexcept {
   p->next = nullptr;
   p->nsegs = 0;
   p->payload_len = 0;
+  p->run = 1;
   return p;
 }
 
@@ -172,6 +173,11 @@ class loopback_link final : public link {
     dev_.receive_locked(p);
   }
   bool wants_icrc() const noexcept override { return check_; }
+  // A run is placed by the responder in one copy; 64 MTUs (256 KiB at
+  // 4096) amortise the per-packet work of the engine to almost nothing
+  // against the copy.  An ICRC covers one wire packet, so none while
+  // checking.
+  std::uint16_t max_run() const noexcept override { return check_ ? 1 : 64; }
   bool check_ = false;
 
  private:
@@ -203,7 +209,7 @@ void device::receive(packet* p) {
 }
 
 void device::transmit(packet* p) noexcept {
-  ++counters_.packets_sent;
+  counters_.packets_sent += p->run;
   counters_.bytes_sent += p->payload_len;
   if (link_->wants_icrc()) compute_icrc(p);
   else p->has_icrc = false;
@@ -1423,7 +1429,7 @@ void device::run() noexcept {
       rx_head_ = p->next;
       if (rx_head_ == nullptr) rx_tail_ = nullptr;
       if (p == rx_front_last_) rx_front_last_ = nullptr;
-      ++counters_.packets_received;
+      counters_.packets_received += p->run;
       counters_.bytes_received += p->payload_len;
       // The receive side parses the encoded bytes: the same code a packet
       // from the wire meets.

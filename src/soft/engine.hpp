@@ -319,6 +319,13 @@ struct packet {
   std::array<seg, max_segs> segs{};
   std::uint8_t nsegs = 0;
   std::uint32_t payload_len = 0;     // without pad
+  /// Wire packets this one stands for: 1, or a run of `run` MIDDLE packets
+  /// of one message, each a full path MTU of payload, PSNs psn .. psn+run-1.
+  /// Only a link whose max_run() allows it carries runs (the in-process
+  /// link: nothing between requester and responder can lose or reorder a
+  /// part, so the responder places the run with one copy).  A run's payload
+  /// is always by reference, never in `buf`.
+  std::uint16_t run = 1;
   std::byte* buf = nullptr;          // owned payload storage (buffer_size)
   gid src{};
   gid dst{};
@@ -365,6 +372,9 @@ class link {
   /// Datagrams the host dropped before the link could read them (a full
   /// socket receive buffer).
   virtual std::uint64_t receive_overflows() const noexcept { return 0; }
+  /// The longest run of MIDDLE packets the link carries as one packet
+  /// (packet::run); 1 for a link that puts packets on a wire.
+  virtual std::uint16_t max_run() const noexcept { return 1; }
 };
 
 /// Injected faults on a link (a runtime setting of the shipped build).
@@ -581,7 +591,7 @@ class device final : public progress_source, public clock_listener {
   void gap_retry(qp_t* qp) noexcept;
   void fail_oldest(qp_t* qp, wc_status status) noexcept;
   void arm_retry_timer(qp_t* qp) noexcept;
-  void note_request_sent(qp_t* qp) noexcept;
+  void note_request_sent(qp_t* qp, std::uint32_t packets = 1) noexcept;
   void disarm_timers(qp_t* qp) noexcept;
   void schedule_qp_timer(qp_t* qp, clock::time_point when, bool rnr) noexcept;
   void flush_ack(qp_t* qp) noexcept;
@@ -616,6 +626,9 @@ class device final : public progress_source, public clock_listener {
   /// On success `host` (may be null) and `addr` name the range's start.
   bool resolve_rkey(qp_t* qp, std::uint32_t rkey, std::uint64_t va, std::uint64_t len, std::uint32_t need,
                     std::byte*& host, std::uint64_t& addr) noexcept;
+  /// How many MIDDLE packets of send WQE `w` the next packet, at `psn`,
+  /// may carry as one run (1: no run).
+  std::uint32_t run_length(qp_t* qp, send_wqe* w, std::uint32_t psn, std::uint32_t remaining) noexcept;
   bool copy_from_sges(pd_t* pd, wqe_sge* sges, std::uint32_t nsge, std::uint32_t offset, std::uint32_t len,
                       packet* p) noexcept;
   bool copy_to_sges(pd_t* pd, wqe_sge* sges, std::uint32_t nsge, std::uint32_t offset, const packet* p,

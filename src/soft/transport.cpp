@@ -344,9 +344,9 @@ void device::arm_retry_timer(qp_t* qp) noexcept {
 // per-packet mod_timer does, so a burst that takes longer than the timeout
 // to leave (a slow machine, a sanitizer build, a short timeout) does not
 // time itself out and start another.
-void device::note_request_sent(qp_t* qp) noexcept {
+void device::note_request_sent(qp_t* qp, std::uint32_t packets) noexcept {
   if (qp->req.resend_left != 0) {
-    --qp->req.resend_left;
+    qp->req.resend_left -= std::min(qp->req.resend_left, packets);
     arm_retry_timer(qp);
   } else if (!qp->comp.timer_armed) {
     arm_retry_timer(qp);
@@ -581,7 +581,8 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
   }
   const bool first = st.sent == 0;
   const bool last = remaining <= mtu;
-  const std::uint32_t len = last ? remaining : mtu;
+  const std::uint32_t run = first || last || qp->type == qp_type::ud ? 1 : run_length(qp, w, qp->req.psn, remaining);
+  const std::uint32_t len = last ? remaining : mtu * run;
   std::uint8_t opc;
   if (qp->type == qp_type::ud) opc = static_cast<std::uint8_t>(op == wr_opcode::send_with_imm ? 0x65 : 0x64);
   else opc = data_opcode(qp->type, op, first, last);
@@ -612,7 +613,7 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
     // -- except that over a network link an unsignaled message leaves it
     // to the responder's lazy ACK unless the send queue or the PSN window
     // is half used; and every max_pkts_per_ack packets regardless.
-    bool want = ++qp->req.noack_pkts >= limits::max_pkts_per_ack;
+    bool want = (qp->req.noack_pkts += run) >= limits::max_pkts_per_ack;
     if (last && !want) {
       want = !ack_defer_ || (w->flags & send_signaled) != 0 || qp->sq_sig_all ||
              qp->sq.producer() - qp->sq.consumer() >= qp->sq.size() / 2 ||
@@ -631,9 +632,11 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
     free_packet(p);
     return fail(wc_status::loc_prot_err);
   }
+  p->run = static_cast<std::uint16_t>(run);
+  if (run > 1) ++counters_.loopback_runs;
   finish_packet(qp, p);
   st.sent += len;
-  qp->req.psn = psn_add(qp->req.psn, 1);
+  qp->req.psn = psn_add(qp->req.psn, run);
   if (last) {
     ++qp->req.wqe_index;
     if (qp->type == qp_type::rc) {
@@ -645,8 +648,21 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
       complete_wqes(qp);
     }
   }
-  if (qp->type == qp_type::rc) note_request_sent(qp);
+  if (qp->type == qp_type::rc) note_request_sent(qp, run);
   return true;
+}
+
+std::uint32_t device::run_length(qp_t* qp, send_wqe* w, std::uint32_t psn, std::uint32_t remaining) noexcept {
+  const std::uint32_t max = link_->max_run();
+  if (max <= 1 || (w->flags & send_inline) != 0 || w->num_sge != 1) return 1;
+  // A run's payload is referenced, never copied: the packet's own buffer
+  // holds one MTU.
+  const mr_t* mr = lookup_lkey(qp->pd, w->sges()[0].lkey);
+  if (mr == nullptr || mr->host == nullptr) return 1;
+  std::uint32_t n = std::min((remaining - 1) / qp->mtu_bytes, max);  // the MIDDLE packets before the LAST
+  if (qp->type == qp_type::rc)
+    n = std::min(n, (qp->comp.psn + limits::max_unacked_psns - psn) & wire::psn_mask);  // the window
+  return std::max(n, 1u);
 }
 
 // ---------------------------------------------------------------------------
@@ -765,8 +781,20 @@ void device::respond(qp_t* qp, packet* p) noexcept {
   }
   auto& r = qp->resp;
   const std::uint16_t ops = p->op->ops;
-  const std::uint32_t psn = p->hdr.bth.psn;
   const bool rc = qp->type == qp_type::rc;
+  if (p->run > 1) {
+    // A run (packet::run) is MIDDLE packets of whole MTUs, or nothing.
+    if ((ops & wire::op_middle) == 0 || p->payload_len != p->run * qp->mtu_bytes) {
+      ++counters_.dropped;
+      return;
+    }
+    // A resent run that starts before r.psn is answered as a duplicate as
+    // a whole, even if it reaches past r.psn: that ACK, and the sequence
+    // NAK the packets behind the run meet, bring the requester back to
+    // r.psn.  (The in-process link loses nothing: the requester goes back
+    // only to where the responder stands, after an RNR NAK.)
+  }
+  const std::uint32_t psn = p->hdr.bth.psn;
   const bool first = (ops & (wire::op_first | wire::op_only)) != 0;
   const bool last = (ops & (wire::op_last | wire::op_only)) != 0;
 
@@ -837,7 +865,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
         r.drop_msg = true;
       }
     }
-    r.psn = psn_add(psn, 1);
+    r.psn = psn_add(psn, p->run);
     if (r.drop_msg && !first) return;
     r.drop_msg = false;
   }
@@ -882,7 +910,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
   const std::uint32_t mtu = qp->mtu_bytes;
   const bool only = (ops & wire::op_only) != 0;
   if ((ops & wire::op_payload) != 0 &&
-      (((ops & (wire::op_first | wire::op_middle)) != 0 && !only && pl != mtu) ||
+      (((ops & (wire::op_first | wire::op_middle)) != 0 && !only && pl != mtu * p->run) ||
        ((ops & wire::op_last) != 0 && !only && (pl == 0 || pl > mtu)) || (only && pl > mtu))) {
     if (rc) error(resp_error::invalid_request, wc_status::success);
     else r.drop_msg = true;
@@ -1060,10 +1088,10 @@ void device::respond(qp_t* qp, packet* p) noexcept {
     }
   }
   r.last_opcode = p->hdr.bth.opcode;
-  r.psn = psn_add(psn, 1);
+  r.psn = psn_add(psn, p->run);
   if (rc) {
     if (p->hdr.bth.ack_req || !ack_defer_) {
-      r.last_ack_psn = psn;
+      r.last_ack_psn = psn_add(psn, p->run - 1);
       if (!r.ack_pending) {
         r.ack_pending = true;
         ack_ready_.push_back(qp);

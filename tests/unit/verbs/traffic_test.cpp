@@ -434,6 +434,95 @@ TEST_F(traffic, rc_one_mebibyte_write_at_mtu_4096_is_byte_exact) {
   EXPECT_TRUE(has_pattern(dst, 72, 0, 1 << 20));
 }
 
+// The in-process link carries the MIDDLE packets of a long message in
+// runs (packet::run); a run must land exactly as its packets would.
+TEST_F(traffic, middle_packets_travel_as_runs_and_count_as_the_packets_they_stand_for) {
+  for (qp_type t : {qp_type::rc, qp_type::uc}) {
+    for (wr_opcode op : {wr_opcode::send, wr_opcode::rdma_write}) {
+      SCOPED_TRACE(testing::Message() << (t == qp_type::rc ? "rc " : "uc ") << static_cast<int>(op));
+      qp_options o = with_type(t);
+      auto p = connected_pair(o);
+      constexpr std::uint32_t len = 300 * 1024 + 17;  // 301 packets at MTU 1024
+      auto src = make_buffer(len), dst = make_buffer(len);
+      fill_pattern(src, 90 + static_cast<unsigned>(op));
+      dst.fill(0);
+      const auto before = dev.counters();
+      if (op == wr_opcode::send) {
+        ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 1));
+      }
+      ASSERT_FALSE(post_send(p.a, op, {src.whole()}, 2, send_signaled, dst.addr(), dst.m.rkey()));
+      EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 2, op == wr_opcode::send ? wc_opcode::send : wc_opcode::rdma_write));
+      if (op == wr_opcode::send) {
+        const auto r = poll_one(p.cq_b);
+        EXPECT_TRUE(wc_ok(r, 1, wc_opcode::recv));
+        EXPECT_EQ(r.byte_len, len);
+      }
+      EXPECT_TRUE(has_pattern(dst, 90 + static_cast<unsigned>(op), 0, len));
+      const auto after = dev.counters();
+      EXPECT_GE(after.loopback_runs - before.loopback_runs, 4u);  // 299 MIDDLE packets, runs of up to 64
+      if (t == qp_type::uc) {
+        EXPECT_EQ(after.packets_sent - before.packets_sent, 301u);  // no ACKs on UC
+      }
+      EXPECT_EQ(after.bytes_received - before.bytes_received, len);
+      EXPECT_EQ(after.retransmits, before.retransmits);
+    }
+  }
+}
+
+TEST_F(traffic, a_run_scatters_across_uneven_receive_sges) {
+  auto p = connected_pair();
+  constexpr std::uint32_t len = 20 * 1024;
+  auto src = make_buffer(len), dst = make_buffer(len + 100);
+  fill_pattern(src, 95);
+  dst.fill(0);
+  // 7000 + 13 + 13467 bytes in: the run from PSN 1 to 18 spans all three.
+  const std::vector<sge> in{dst.part(13500, 7000), dst.part(0, 13), dst.part(20, 13467)};
+  ASSERT_FALSE(post_recv(p.b, in, 3));
+  const auto before = dev.counters().loopback_runs;
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 4));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 4, wc_opcode::send));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 3, wc_opcode::recv));
+  EXPECT_EQ(r.byte_len, len);
+  EXPECT_GT(dev.counters().loopback_runs, before);
+  EXPECT_TRUE(has_pattern(dst, 95, 13500, 7000, 0));
+  EXPECT_TRUE(has_pattern(dst, 95, 0, 13, 7000));
+  EXPECT_TRUE(has_pattern(dst, 95, 20, 13467, 7013));
+  EXPECT_TRUE(dst.all(0, 13, 7));
+}
+
+TEST_F(traffic, a_message_longer_than_its_receive_fails_inside_a_run_and_places_no_byte_beyond) {
+  auto p = connected_pair();
+  auto src = make_buffer(40 * 1024), dst = make_buffer(40 * 1024);
+  fill_pattern(src, 96);
+  dst.fill(0);
+  ASSERT_FALSE(post_recv(p.b, {dst.part(0, 10 * 1024)}, 5));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 6));
+  EXPECT_EQ(poll_one(p.cq_a).status, wc_status::rem_inv_req_err);
+  const auto r = poll_one(p.cq_b);
+  EXPECT_EQ(r.wr_id, 5u);
+  EXPECT_EQ(r.status, wc_status::loc_len_err);
+  EXPECT_TRUE(dst.all(0, 10 * 1024, 30 * 1024));
+}
+
+TEST_F(traffic, a_multi_packet_send_resent_after_rnr_arrives_whole) {
+  auto p = connected_pair();
+  constexpr std::uint32_t len = 100 * 1024;
+  auto src = make_buffer(len), dst = make_buffer(len);
+  fill_pattern(src, 97);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 7));
+  EXPECT_TRUE(drain(p.cq_a).empty());
+  EXPECT_GE(dev.counters().rnr_naks_sent, 1u);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 8));
+  const auto v = poll(p.cq_a, 1, 1ms);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_TRUE(wc_ok(v[0], 7, wc_opcode::send));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 8, wc_opcode::recv));
+  EXPECT_EQ(r.byte_len, len);
+  EXPECT_TRUE(has_pattern(dst, 97, 0, len));
+}
+
 TEST_F(traffic, rc_zero_length_write_with_imm_consumes_a_receive) {
   auto p = connected_pair();
   auto dst = make_buffer(8);

@@ -3,7 +3,7 @@
 // IP/UDP headers and the small arithmetic helpers declared in roce.hpp.
 #include "wire/roce.hpp"
 
-#include <libdeflate.h>
+#include "wire/crc32.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -183,9 +183,7 @@ static_assert([] {
 
 // --- ICRC ---------------------------------------------------------------------
 
-std::uint32_t crc32_update(std::uint32_t crc, const std::byte* p, std::size_t n) noexcept {
-  return n == 0 ? crc : libdeflate_crc32(crc, p, n);
-}
+std::uint32_t crc32_update(std::uint32_t crc, const std::byte* p, std::size_t n) noexcept { return crc32(crc, p, n); }
 
 constexpr std::byte all_ones{0xFF};
 

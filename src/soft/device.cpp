@@ -1323,6 +1323,7 @@ void device::receive_gsi(packet* p) noexcept {
   // Only well-formed CM carriers reach the agent: UD SEND_ONLY with the GSI
   // Q_Key and a whole 256-byte MAD (IBTA 13.4.2; rxe drops the rest).
   std::array<std::byte, wire::cm::mad_size> mad;
+  link_->note_management();
   if (p->hdr.bth.opcode != static_cast<std::uint8_t>(wire::opcode::ud_send_only) ||
       p->hdr.deth.qkey != wire::gsi_qkey || p->payload_len != mad.size()) {
     ++counters_.dropped;
@@ -1368,6 +1369,7 @@ void device::send_mad(const gid& src, const gid& dst, std::uint32_t dqpn, std::s
   if (link_->wants_icrc()) compute_icrc(p);
   else p->has_icrc = false;
   // Management traffic does not wait behind a burst of data.
+  link_->note_management();
   link_->send_urgent(p);
 }
 

@@ -372,6 +372,12 @@ class link {
   /// Datagrams the host dropped before the link could read them (a full
   /// socket receive buffer).
   virtual std::uint64_t receive_overflows() const noexcept { return 0; }
+  /// A management datagram (QP1) arrived or left: a link that trades
+  /// their latency for bulk throughput stops doing so for a while.
+  virtual void note_management() noexcept {}
+  /// How many packets the link sends in one go now (a requester's turn
+  /// on a network link produces about that many).
+  virtual std::size_t send_batch() const noexcept { return 8; }
   /// The longest run of MIDDLE packets the link carries as one packet
   /// (packet::run); 1 for a link that puts packets on a wire.
   virtual std::uint16_t max_run() const noexcept { return 1; }

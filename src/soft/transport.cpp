@@ -455,9 +455,9 @@ void device::requester(qp_t* qp) noexcept {
   if (qp->state != qp_state::rts && qp->state != qp_state::sqd) return;
   if (qp->comp.rnr_waiting) return;
   const std::uint32_t mask = qp->sq.size() - 1;
-  // A network device sends a few packets per turn, so a pass can end on
-  // its time budget soon after (see run()).
-  for (int budget = yield_ ? 8 : 64; budget > 0; --budget) {
+  // A network device sends a few packets per turn (a GSO run's worth),
+  // so a pass can end on its time budget soon after (see run()).
+  for (auto budget = yield_ ? link_->send_batch() : 64; budget > 0; --budget) {
     const std::uint32_t i = qp->req.wqe_index;
     if (i == qp->sq.producer()) return;
     send_state& st = qp->sq_state[i & mask];

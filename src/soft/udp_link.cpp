@@ -239,7 +239,12 @@ bool udp_link::prepare(tx_slot& s, packet* p) noexcept {
 
 void udp_link::send(packet* p) noexcept {
   if (!prepare(tx_[tx_count_], p)) return;
-  if (++tx_count_ == batch) flush();
+  if (++tx_count_ >= tx_limit_) flush();
+}
+
+void udp_link::note_management() noexcept {
+  last_management_ = std::chrono::steady_clock::now();
+  tx_limit_ = batch;  // what is batched already leaves at the next send or flush
 }
 
 void udp_link::send_urgent(packet* p) noexcept {
@@ -248,8 +253,11 @@ void udp_link::send_urgent(packet* p) noexcept {
 }
 
 void udp_link::flush() noexcept {
+  if (tx_count_ == 0) return;
   transmit(tx_.data(), tx_count_);
   tx_count_ = 0;
+  if (tx_limit_ == batch && gso_ && std::chrono::steady_clock::now() - last_management_ > quiet_for)
+    tx_limit_ = quiet_batch;
 }
 
 int udp_link::gso_fd(std::uint16_t sport) noexcept {
@@ -300,7 +308,7 @@ bool udp_link::transmit_gso(tx_slot* slots, std::size_t n, int fd) noexcept {
     for (std::size_t k = 1; k < n; ++k)
       wire::store_icrc(slots[k].p->icrc ^ id_icrc_.delta(slots[k].transport_len, static_cast<std::uint16_t>(k)),
                        trailer_icrc(slots[k]));
-  std::array<iovec, batch * (packet::max_segs + 2)> iov;
+  std::array<iovec, quiet_batch * (packet::max_segs + 2)> iov;
   std::size_t niov = 0;
   for (std::size_t k = 0; k < n; ++k)
     for (std::size_t i = 1; i < slots[k].iov_count; ++i) iov[niov++] = slots[k].iov[i];  // not the raw IP/UDP header
@@ -325,6 +333,7 @@ bool udp_link::transmit_gso(tx_slot* slots, std::size_t n, int fd) noexcept {
     if (::sendmsg(fd, &m, 0) >= 0) {
       for (std::size_t k = 0; k < n; ++k) dev_.free_packet(slots[k].p);
       ++dev_.counters_.gso_runs;
+      dev_.counters_.gso_packets += n;
       return true;
     }
     if (errno == EINTR || ((errno == EAGAIN || errno == ENOBUFS) && spins < 64)) continue;
@@ -370,7 +379,7 @@ void udp_link::transmit(tx_slot* slots, std::size_t count) noexcept {
 
 void udp_link::transmit_each(tx_slot* slots, std::size_t count) noexcept {
   if (count == 0) return;
-  std::array<mmsghdr, batch> msgs{};
+  std::array<mmsghdr, quiet_batch> msgs{};
   for (std::size_t i = 0; i < count; ++i) {
     tx_slot& s = slots[i];
     msghdr& m = msgs[i].msg_hdr;

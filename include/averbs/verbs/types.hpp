@@ -391,6 +391,7 @@ struct device_counters {
   std::uint64_t receive_overflows = 0;  ///< datagrams the host dropped on a full socket receive buffer
   std::uint64_t completions = 0;
   std::uint64_t gso_runs = 0;  ///< runs of packets sent as one UDP GSO datagram
+  std::uint64_t gso_packets = 0;  ///< packets sent inside those runs
   std::uint64_t gro_runs = 0;  ///< datagrams received holding several packets (UDP GRO)
   /// Runs of MIDDLE packets of one message the in-process link carried as
   /// one (each counts in packets_sent as the packets it stands for).

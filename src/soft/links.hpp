@@ -101,10 +101,12 @@ class udp_link final : public link {
   /// The data socket with UDP_GRO: a GSO run arrives as one datagram and is
   /// split into its segments here.
   std::size_t receive_gro() noexcept;
-  /// Checks one datagram (segment `segment` of a GSO run, 0 if alone) in
-  /// `p->buf` and queues it; false if it was dropped (`p` stays the caller's).
-  bool deliver(packet* p, std::size_t len, const gid& from, std::uint16_t from_port, std::uint16_t segment,
-               bool front) noexcept;
+  /// Checks one datagram (segment `segment` of a GSO run, 0 if alone) at
+  /// `data` -- `p->buf`, or the GRO buffer, which the packet then points
+  /// into -- and queues `p`; false if it was dropped (`p` stays the
+  /// caller's).
+  bool deliver(packet* p, const std::byte* data, std::size_t len, const gid& from, std::uint16_t from_port,
+               std::uint16_t segment, bool front) noexcept;
   struct tx_slot {
     packet* p;
     std::array<std::byte, 48> ip_udp;  // raw sends only

@@ -448,7 +448,7 @@ std::size_t udp_link::receive(int fd, int rounds, bool front) noexcept {
         ++dev_.counters_.dropped;
         continue;  // the buffer is reused
       }
-      if (!deliver(rx_[i], msgs[i].msg_len, from, from_port, 0, front)) continue;
+      if (!deliver(rx_[i], rx_[i]->buf, msgs[i].msg_len, from, from_port, 0, front)) continue;
       rx_[i] = nullptr;
       ++total;
     }
@@ -471,11 +471,19 @@ std::size_t udp_link::receive_gro() noexcept {
   // one) it goes on with larger reads, as the plain path's recvmmsg of 32
   // does; a ping-pong, whose polls mostly find nothing, pays no second
   // syscall per datagram.
+  //
+  // The first datagram's packets keep their payload where it landed (slot
+  // 0; the responder copies it once, to its destination): the engine
+  // frees every packet it takes off its receive queue, and polls only
+  // when that queue is empty, so nothing still points into slot 0 here.
+  // Later rounds read into slots 1.. and copy, as they reuse them.
+  const bool in_place = dev_.rx_head_ == nullptr;
   std::size_t total = 0;
+  std::size_t first = 0;
   std::size_t want = 1;
   for (int round = 0; round < 3; ++round) {
     bool runs = false;
-    for (std::size_t i = 0; i < want; ++i) {
+    for (std::size_t i = first; i < first + want; ++i) {
       msghdr& h = gro_msgs_[i].msg_hdr;
       gro_iov_[i] = {gro_buf_.get() + i * gro_slot_size, gro_slot_size};
       h.msg_iov = &gro_iov_[i];
@@ -485,12 +493,12 @@ std::size_t udp_link::receive_gro() noexcept {
       h.msg_control = gro_control_[i].data();
       h.msg_controllen = gro_control_[i].size();
     }
-    const int r = ::recvmmsg(fd_, gro_msgs_.data(), static_cast<unsigned>(want), MSG_DONTWAIT, nullptr);
+    const int r = ::recvmmsg(fd_, gro_msgs_.data() + first, static_cast<unsigned>(want), MSG_DONTWAIT, nullptr);
     if (r <= 0) {
       if (round == 0) gro_streak_ = 0;
       return total;
     }
-    for (int i = 0; i < r; ++i) {
+    for (std::size_t i = first; i < first + static_cast<std::size_t>(r); ++i) {
       const msghdr& h = gro_msgs_[i].msg_hdr;
       const std::size_t len = gro_msgs_[i].msg_len;
       gid from;
@@ -506,7 +514,8 @@ std::size_t udp_link::receive_gro() noexcept {
           std::memcpy(&v, CMSG_DATA(c), sizeof v);
           if (v > 0) seg = static_cast<std::size_t>(v);
         }
-      const std::byte* base = gro_buf_.get() + static_cast<std::size_t>(i) * gro_slot_size;
+      const std::byte* base = gro_buf_.get() + i * gro_slot_size;
+      const bool keep = in_place && i == 0;
       if (seg < len) {
         ++dev_.counters_.gro_runs;
         runs = true;
@@ -519,21 +528,22 @@ std::size_t udp_link::receive_gro() noexcept {
           ++dev_.counters_.dropped;
           continue;
         }
-        std::memcpy(p->buf, base + off, n);
-        if (deliver(p, n, from, from_port, k, false)) ++total;
+        if (!keep) std::memcpy(p->buf, base + off, n);
+        if (deliver(p, keep ? base + off : p->buf, n, from, from_port, k, false)) ++total;
         else dev_.free_packet(p);
       }
     }
     if (static_cast<std::size_t>(r) < want || runs) return total;
     if (round == 0 && ++gro_streak_ < 2) return total;
-    want = gro_slots;
+    first = 1;
+    want = gro_slots - 1;
   }
   return total;
 }
 
-bool udp_link::deliver(packet* p, std::size_t len, const gid& from, std::uint16_t from_port, std::uint16_t segment,
-                       bool front) noexcept {
-  const std::span<const std::byte> dgram(p->buf, len);
+bool udp_link::deliver(packet* p, const std::byte* data, std::size_t len, const gid& from, std::uint16_t from_port,
+                       std::uint16_t segment, bool front) noexcept {
+  const std::span<const std::byte> dgram(data, len);
   wire::packet_view v;
   if (wire::decode(dgram, true, v) != wire::decode_error::ok) {
     ++dev_.counters_.dropped;
@@ -559,10 +569,10 @@ bool udp_link::deliver(packet* p, std::size_t len, const gid& from, std::uint16_
     }
   }
   const std::uint8_t hlen = v.op->length;
-  std::memcpy(p->header.data(), p->buf, hlen);
+  std::memcpy(p->header.data(), data, hlen);
   p->header_len = hlen;
   p->payload_len = static_cast<std::uint32_t>(v.payload.size());
-  p->segs[0] = {p->buf + hlen, p->payload_len};
+  p->segs[0] = {data + hlen, p->payload_len};
   p->nsegs = p->payload_len != 0 ? 1 : 0;
   p->src = from;
   p->dst = local_;

@@ -201,13 +201,6 @@ void device::receive_front_locked(packet* p) {
   rx_front_last_ = p;
 }
 
-void device::receive(packet* p) {
-  std::lock_guard lock(lock_);
-  p->own_payload();
-  receive_locked(p);
-  run();
-}
-
 void device::transmit(packet* p) noexcept {
   counters_.packets_sent += p->run;
   counters_.bytes_sent += p->payload_len;

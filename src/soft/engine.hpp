@@ -559,7 +559,6 @@ class device final : public progress_source, public clock_listener {
   void receive_locked(packet* p);
   /// Same, ahead of everything queued (management datagrams).
   void receive_front_locked(packet* p);
-  void receive(packet* p);
   packet* alloc_packet() noexcept;
   void free_packet(packet* p) noexcept;
   std::mutex& lock() noexcept { return lock_; }

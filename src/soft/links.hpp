@@ -32,6 +32,9 @@ class fault_link final : public link {
   std::uint16_t wire_dst_port() const noexcept override { return inner_.wire_dst_port(); }
   std::uint64_t receive_overflows() const noexcept override { return inner_.receive_overflows(); }
   void note_management() noexcept override { inner_.note_management(); }
+  // A packet held back or duplicated is copied into its own buffer, which
+  // holds one packet: never a run.
+  std::uint16_t max_run() const noexcept override { return 1; }
   std::size_t send_batch() const noexcept override { return inner_.send_batch(); }
 
  private:

@@ -477,9 +477,9 @@ std::size_t udp_link::receive_gro() noexcept {
   // frees every packet it takes off its receive queue, and polls only
   // when that queue is empty, so nothing still points into slot 0 here.
   // Later rounds read into slots 1.. and copy, as they reuse them.
-  const bool in_place = dev_.rx_head_ == nullptr;
+  const bool in_place = dev_.rx_head_ == nullptr;  // always, as the engine polls now
   std::size_t total = 0;
-  std::size_t first = 0;
+  std::size_t first = in_place ? 0 : 1;
   std::size_t want = 1;
   for (int round = 0; round < 3; ++round) {
     bool runs = false;

@@ -267,6 +267,7 @@ struct qp_t {
     std::uint8_t rnr_left = 0;
     bool timer_armed = false;      // the retransmit deadline below is live
     bool timer_scheduled = false;  // a heap entry of this generation exists
+    bool restarted = false;        // restarted while armed: when due, wait once more (arm_retry_timer)
     bool rnr_waiting = false;
     bool gap_retry = false;        // a retry for a missing response is under way at `psn`
     bool retry_counted = false;    // a counted retry since the last progress (rxe's started_retry)

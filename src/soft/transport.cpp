@@ -633,13 +633,13 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
   if ((inf.headers & wire::hdr_ieth) != 0) p->hdr.ieth_rkey = w->imm;
   if (last && (w->flags & send_solicited) != 0) p->hdr.bth.se = true;
   if (qp->type == qp_type::rc) {
-    // AckReq (IBTA 9.7.5.1.2): on the last packet of a message, as rxe does
-    // -- except that over a network link an unsignaled message leaves it
-    // to the responder's lazy ACK unless the send queue or the PSN window
-    // is half used; and every max_pkts_per_ack packets regardless.
+    // AckReq (IBTA 9.7.5.1.2): on the last packet of a signaled message,
+    // as rxe does on every last packet -- an unsignaled one leaves it to
+    // the responder's lazy ACK unless the send queue or the PSN window is
+    // half used; and every max_pkts_per_ack packets regardless.
     bool want = (qp->req.noack_pkts += run) >= limits::max_pkts_per_ack;
     if (last && !want) {
-      want = !ack_defer_ || (w->flags & send_signaled) != 0 || qp->sq_sig_all ||
+      want = (w->flags & send_signaled) != 0 || qp->sq_sig_all ||
              qp->sq.producer() - qp->sq.consumer() >= qp->sq.size() / 2 ||
              ((qp->req.next_psn - qp->comp.psn) & wire::psn_mask) >= limits::max_unacked_psns / 2;
     }
@@ -1114,7 +1114,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
   r.last_opcode = p->hdr.bth.opcode;
   r.psn = psn_add(psn, p->run);
   if (rc) {
-    if (p->hdr.bth.ack_req || !ack_defer_) {
+    if (p->hdr.bth.ack_req) {
       r.last_ack_psn = psn_add(psn, p->run - 1);
       if (!r.ack_pending) {
         r.ack_pending = true;

@@ -671,6 +671,23 @@ TEST_F(traffic, unsignaled_send_produces_no_completion_but_a_later_signaled_one_
   EXPECT_TRUE(wc_ok(poll_one(p.cq_b), 42, wc_opcode::recv));
 }
 
+TEST_F(traffic, unsignaled_messages_ask_for_no_ack_and_one_ack_covers_them_all) {
+  qp_options o;
+  o.cap.max_send_wr = 64;
+  o.cap.max_recv_wr = 64;
+  auto p = connected_pair(o);
+  auto src = make_buffer(8), dst = make_buffer(8 * 21);
+  for (std::uint32_t i = 0; i < 21; ++i) ASSERT_FALSE(post_recv(p.b, {dst.part(8 * i, 8)}, i));
+  const auto before = dev.counters().packets_sent;
+  for (std::uint32_t i = 0; i < 20; ++i) ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, i, 0));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 20, send_signaled));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 20, wc_opcode::send));
+  EXPECT_EQ(drain(p.cq_b).size(), 21u);
+  // 21 SENDs and the one ACK the signaled SEND asked for, which covers
+  // the 20 before it (IBTA 9.7.5.1.2).
+  EXPECT_EQ(dev.counters().packets_sent - before, 22u);
+}
+
 TEST_F(traffic, sq_sig_all_signals_every_request) {
   qp_options o;
   o.sq_sig_all = true;

@@ -1405,7 +1405,9 @@ void device::run() noexcept {
     ++tick;
     if (yield_ && tick > 1) {
       const auto now = std::chrono::steady_clock::now();
-      if (now - last_priority_poll_ > priority_interval) {
+      // Every microsecond while connections are being set up: a MAD then
+      // waits little behind a long pass, for a little bulk throughput.
+      if (now - last_priority_poll_ > (link_->management_active() ? busy_priority_interval : priority_interval)) {
         last_priority_poll_ = now;
         link_->poll_priority();
       }

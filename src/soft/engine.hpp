@@ -379,6 +379,9 @@ class link {
   /// How many packets the link sends in one go now (a requester's turn
   /// on a network link produces about that many).
   virtual std::size_t send_batch() const noexcept { return 8; }
+  /// Whether management datagrams came or went lately (connections are
+  /// being set up or torn down).
+  virtual bool management_active() const noexcept { return false; }
   /// The longest run of MIDDLE packets the link carries as one packet
   /// (packet::run); 1 for a link that puts packets on a wire.
   virtual std::uint16_t max_run() const noexcept { return 1; }
@@ -688,6 +691,8 @@ class device final : public progress_source, public clock_listener {
   static constexpr std::chrono::microseconds pass_budget{10};
   // ... and reads the management socket at least this often.
   static constexpr std::chrono::microseconds priority_interval{4};
+  // ... or this often while connections are being set up.
+  static constexpr std::chrono::microseconds busy_priority_interval{1};
   std::chrono::steady_clock::time_point last_priority_poll_{};
   bool yield_now_ = false;
   bool yield_ = false;

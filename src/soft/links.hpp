@@ -36,6 +36,7 @@ class fault_link final : public link {
   // holds one packet: never a run.
   std::uint16_t max_run() const noexcept override { return 1; }
   std::size_t send_batch() const noexcept override { return inner_.send_batch(); }
+  bool management_active() const noexcept override { return inner_.management_active(); }
 
  private:
   double uniform() noexcept;
@@ -80,6 +81,7 @@ class udp_link final : public link {
   std::uint64_t receive_overflows() const noexcept override;
   void note_management() noexcept override;
   std::size_t send_batch() const noexcept override { return tx_limit_; }
+  bool management_active() const noexcept override { return tx_limit_ == batch; }
   std::uint16_t port() const noexcept { return port_; }
   bool raw() const noexcept { return raw_fd_ >= 0; }
 

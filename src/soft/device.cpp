@@ -1407,7 +1407,7 @@ void device::run() noexcept {
       const auto now = std::chrono::steady_clock::now();
       // Every microsecond while connections are being set up: a MAD then
       // waits little behind a long pass, for a little bulk throughput.
-      if (now - last_priority_poll_ > (link_->management_active() ? busy_priority_interval : priority_interval)) {
+      if (now - last_priority_poll_ > (link_->management_active(now) ? busy_priority_interval : priority_interval)) {
         last_priority_poll_ = now;
         link_->poll_priority();
       }

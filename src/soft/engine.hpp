@@ -381,7 +381,7 @@ class link {
   virtual std::size_t send_batch() const noexcept { return 8; }
   /// Whether management datagrams came or went lately (connections are
   /// being set up or torn down).
-  virtual bool management_active() const noexcept { return false; }
+  virtual bool management_active(std::chrono::steady_clock::time_point) const noexcept { return false; }
   /// The longest run of MIDDLE packets the link carries as one packet
   /// (packet::run); 1 for a link that puts packets on a wire.
   virtual std::uint16_t max_run() const noexcept { return 1; }

@@ -36,7 +36,9 @@ class fault_link final : public link {
   // holds one packet: never a run.
   std::uint16_t max_run() const noexcept override { return 1; }
   std::size_t send_batch() const noexcept override { return inner_.send_batch(); }
-  bool management_active() const noexcept override { return inner_.management_active(); }
+  bool management_active(std::chrono::steady_clock::time_point now) const noexcept override {
+    return inner_.management_active(now);
+  }
 
  private:
   double uniform() noexcept;
@@ -81,7 +83,9 @@ class udp_link final : public link {
   std::uint64_t receive_overflows() const noexcept override;
   void note_management() noexcept override;
   std::size_t send_batch() const noexcept override { return tx_limit_; }
-  bool management_active() const noexcept override { return tx_limit_ == batch; }
+  bool management_active(std::chrono::steady_clock::time_point now) const noexcept override {
+    return now - last_management_ <= quiet_for;
+  }
   std::uint16_t port() const noexcept { return port_; }
   bool raw() const noexcept { return raw_fd_ >= 0; }
 
@@ -147,7 +151,8 @@ class udp_link final : public link {
   std::array<tx_slot, quiet_batch> tx_{};
   std::size_t tx_count_ = 0;
   std::size_t tx_limit_ = batch;  // batch, or quiet_batch while management is quiet
-  std::chrono::steady_clock::time_point last_management_{};
+  // Long ago at first: a new device sends bulk at full run length.
+  std::chrono::steady_clock::time_point last_management_ = std::chrono::steady_clock::now() - std::chrono::hours(1);
   tx_slot urgent_{};
   // UDP GSO: runs of equal-sized packets of one flow leave in one
   // sendmsg through a UDP socket bound to the flow's source port, so the

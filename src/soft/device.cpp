@@ -1391,6 +1391,7 @@ void device::on_ack_timer() noexcept {
 void device::run() noexcept {
   if (running_) return;
   running_ = true;
+  pass_now_valid_ = false;
   const bool held_before = acks_held_;
   const std::uint64_t sent_before = counters_.packets_sent;
   const auto started = yield_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
@@ -1403,6 +1404,7 @@ void device::run() noexcept {
     // say) while a bulk transfer keeps the queues full.  The rest of the
     // work stays queued and the progress descriptor says so.
     ++tick;
+    if ((tick & 63) == 0) pass_now_valid_ = false;  // a long pass reads the clock again now and then
     if (yield_ && tick > 1) {
       const auto now = std::chrono::steady_clock::now();
       // Every microsecond while connections are being set up: a MAD then
@@ -1509,6 +1511,7 @@ void device::run() noexcept {
     break;
   }
   running_ = false;
+  pass_now_valid_ = false;
 }
 
 }  // namespace averbs::soft

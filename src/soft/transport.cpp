@@ -329,22 +329,10 @@ void device::schedule_qp_timer(qp_t* qp, clock::time_point when, bool rnr) noexc
   }
 }
 
-// Restarts the retransmit timeout.  While the timer runs, a restart only
-// marks it (`restarted`): when it comes due it runs one more timeout from
-// then instead of retrying.  So the wait after the last progress is
-// between one and two timeouts -- the attribute is the least a requester
-// waits, and NICs wait longer (mlx5 has a floor of its own) -- and the
-// data path reads no clock per ACK or per message (a clock read was 6 % of
-// the in-process message rate).
 void device::arm_retry_timer(qp_t* qp) noexcept {
   if (qp->type != qp_type::rc || qp->timeout == 0) return;  // timeout 0: no retransmission timer
-  if (qp->comp.timer_armed) {
-    qp->comp.restarted = true;
-    return;
-  }
-  qp->comp.deadline = clock_->now() + std::chrono::nanoseconds(wire::ack_timeout_ns(qp->timeout));
+  qp->comp.deadline = pass_now() + std::chrono::nanoseconds(wire::ack_timeout_ns(qp->timeout));
   qp->comp.timer_armed = true;
-  qp->comp.restarted = false;
   if (!qp->comp.timer_scheduled) {
     qp->comp.timer_scheduled = true;
     schedule_qp_timer(qp, qp->comp.deadline, false);
@@ -369,7 +357,6 @@ void device::note_request_sent(qp_t* qp, std::uint32_t packets) noexcept {
 void device::disarm_timers(qp_t* qp) noexcept {
   qp->comp.timer_gen++;
   qp->comp.timer_armed = false;
-  qp->comp.restarted = false;
   qp->comp.timer_scheduled = false;
 }
 
@@ -385,24 +372,13 @@ void device::on_qp_timer(std::uint32_t qpn, std::uint64_t gen, bool rnr) noexcep
   } else {
     qp->comp.timer_scheduled = false;
     if (!qp->comp.timer_armed) return;
-    const clock::time_point now = clock_->now();
-    if (now < qp->comp.deadline) {  // the clock moved back, or a stale entry
-      qp->comp.timer_scheduled = true;
-      schedule_qp_timer(qp, qp->comp.deadline, false);
-      return;
-    }
-    if (qp->comp.psn == qp->req.next_psn) {  // nothing outstanding
-      qp->comp.timer_armed = false;
-      return;
-    }
-    if (qp->comp.restarted) {  // progress since the deadline was set
-      qp->comp.restarted = false;
-      qp->comp.deadline = now + std::chrono::nanoseconds(wire::ack_timeout_ns(qp->timeout));
+    if (clock_->now() < qp->comp.deadline) {  // progress moved the deadline
       qp->comp.timer_scheduled = true;
       schedule_qp_timer(qp, qp->comp.deadline, false);
       return;
     }
     qp->comp.timer_armed = false;
+    if (qp->comp.psn == qp->req.next_psn) return;  // nothing outstanding
     retry(qp, true);
   }
   run();
@@ -1259,10 +1235,11 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
       qp->comp.retry_left = qp->retry_cnt;
       qp->comp.rnr_left = qp->rnr_retry;
     }
-    // Everything acknowledged: the timer stays, restarted, and lapses
-    // when it comes due with nothing outstanding; a request sent before
-    // then gets a full timeout from that moment.
-    if (qp->comp.psn != before || !qp->comp.timer_armed) arm_retry_timer(qp);
+    if (qp->comp.psn != qp->req.next_psn) {
+      if (qp->comp.psn != before || !qp->comp.timer_armed) arm_retry_timer(qp);
+    } else {
+      qp->comp.timer_armed = false;
+    }
     complete_wqes(qp);
   };
 

@@ -236,6 +236,12 @@ same_placement() {
 # pair KEY NUMERATOR DENOMINATOR: this round's ratio, when both figures
 # exist (a per-round ratio is immune to drift between rounds).
 pair() { isnum "${2:-}" && isnum "${3:-}" && add "$1" "$(awk -v a="$2" -v b="$3" 'BEGIN { printf "%.3f", a / b }')"; }
+# pair_if_same_placement NAME NUMERATOR DENOMINATOR BEFORE AFTER TOLERANCE:
+# this round's ratio as NAME_pair if the raw baseline measured before and
+# after the averbs run agrees, else the round is listed in NAME_moved.
+pair_if_same_placement() {
+  if same_placement "$4" "$5" "$6"; then pair "$1_pair" "$2" "$3"; else add "$1_moved" "$r"; fi
+}
 
 for ((r = 1; r <= rounds; r++)); do
   idle=$(quiet)
@@ -279,11 +285,7 @@ for ((r = 1; r <= rounds; r++)); do
   bg "$tmp/udp_lat2.cli" timeout -k 2 60 "$udpb" pingpong --pp-modes plain --server-addr "$srv_ip" \
     --client-addr "$cli_ip" -p "$port" --cpus "$cpus" -s 8 -n "$udp_iters"
   udp_lat2=$(kv "$tmp/udp_lat2.cli" "pingpong mode=plain " t_typical)
-  if same_placement "$udp_lat" "$udp_lat2" 0.15; then
-    pair lat_pair "$av_lat" "$udp_lat"
-  else
-    add lat_moved "$r"
-  fi
+  pair_if_same_placement lat "$av_lat" "$udp_lat" "$udp_lat" "$udp_lat2" 0.15
   line+=" averbs send_lat ${av_lat:-n/a} us (raw again ${udp_lat2:-n/a});"
 
   # averbs, 1 MiB write bandwidth (BW average).
@@ -295,11 +297,7 @@ for ((r = 1; r <= rounds; r++)); do
   bg "$tmp/udp_bw2.cli" timeout -k 2 60 "$udpb" throughput --variants gso_gro --server-addr "$srv_ip" \
     --client-addr "$cli_ip" -p "$port" --cpus "$cpus" --seconds "$udp_seconds"
   udp_bw2=$(kv "$tmp/udp_bw2.cli" "throughput variant=gso_gro " MiBps)
-  if same_placement "$(kv "$tmp/udp.cli" "throughput variant=gso_gro " MiBps)" "$udp_bw2" 0.25; then
-    pair bw_pair "$av_bw" "$udp_bw"
-  else
-    add bw_moved "$r"
-  fi
+  pair_if_same_placement bw "$av_bw" "$udp_bw" "$(kv "$tmp/udp.cli" "throughput variant=gso_gro " MiBps)" "$udp_bw2" 0.25
   line+=" write_bw ${av_bw:-n/a} MiB/s (raw gso_gro again ${udp_bw2:-n/a});"
 
   # ... and with 1 % of the packets dropped on each side (seeds vary by round).

@@ -1256,17 +1256,18 @@ void device::poll_link() noexcept {
   unwatch_if_busy();
   // Management datagrams first, but a syscall for them at most every few
   // microseconds: a latency-bound data path polls far more often.
-  if (yield_) {
-    const auto now = std::chrono::steady_clock::now();
-    if (now - last_priority_poll_ > priority_interval) {
-      last_priority_poll_ = now;
-      link_->poll_priority();
-    }
-  }
+  if (yield_) poll_priority_every(std::chrono::steady_clock::now(), priority_interval);
   // New data waits in the socket while older work is queued (a pass that
   // ended on its budget): the queue stays short, the kernel buffers the
   // rest.
   if (rx_head_ == nullptr) link_->poll();
+}
+
+void device::poll_priority_every(std::chrono::steady_clock::time_point now,
+                                 std::chrono::microseconds interval) noexcept {
+  if (now - last_priority_poll_ <= interval) return;
+  last_priority_poll_ = now;
+  link_->poll_priority();
 }
 
 void device::signal_pending() noexcept {
@@ -1409,10 +1410,7 @@ void device::run() noexcept {
       const auto now = std::chrono::steady_clock::now();
       // Every microsecond while connections are being set up: a MAD then
       // waits little behind a long pass, for a little bulk throughput.
-      if (now - last_priority_poll_ > (link_->management_active(now) ? busy_priority_interval : priority_interval)) {
-        last_priority_poll_ = now;
-        link_->poll_priority();
-      }
+      poll_priority_every(now, link_->management_active(now) ? busy_priority_interval : priority_interval);
       if (now - started > pass_budget || yield_now_) {
         if (!ack_ready_.empty()) {
           flush_acks();

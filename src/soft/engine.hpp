@@ -713,6 +713,8 @@ class device final : public progress_source, public clock_listener {
   int pending_fd_ = -1;          // readable while queued work waits for a pass
   bool pending_signaled_ = false;
   void poll_link() noexcept;
+  /// Reads the management socket if `interval` has passed since it last was.
+  void poll_priority_every(std::chrono::steady_clock::time_point now, std::chrono::microseconds interval) noexcept;
   void signal_pending() noexcept;
   bool acks_held_ = false;
   bool ack_timer_pending_ = false;

@@ -99,7 +99,7 @@ void device::flush_acks() noexcept {
   ack_ready_.clear();
 }
 
-// Packets that did not ask for an ACK are acknowledged lazily on a network
+// Packets that did not ask for an ACK are acknowledged lazily, on every
 // link: by the next ACK the QP sends anyway (one covers every earlier
 // PSN), or after `lazy_ack_delay`, well inside any retransmission timeout.
 // A ping-pong of unsignaled sends then costs one datagram per message, not

@@ -119,6 +119,14 @@ udp_link::udp_link(device& d, const device_config& cfg)
       try {
         // Not zeroed: the kernel touches only the pages it writes.
         gro_buf_.reset(new std::byte[gro_slots * gro_slot_size]);
+        for (std::size_t i = 0; i < gro_slots; ++i) {
+          gro_iov_[i] = {gro_buf_.get() + i * gro_slot_size, gro_slot_size};
+          msghdr& h = gro_msgs_[i].msg_hdr;
+          h.msg_iov = &gro_iov_[i];
+          h.msg_iovlen = 1;
+          h.msg_name = &rx_from_[i];
+          h.msg_control = gro_control_[i].data();
+        }
         gro_ = true;
       } catch (...) {
         set_int(fd_, SOL_UDP, UDP_GRO, 0);
@@ -256,8 +264,7 @@ void udp_link::flush() noexcept {
   if (tx_count_ == 0) return;
   transmit(tx_.data(), tx_count_);
   tx_count_ = 0;
-  if (tx_limit_ == batch && gso_ && std::chrono::steady_clock::now() - last_management_ > quiet_for)
-    tx_limit_ = quiet_batch;
+  if (tx_limit_ == batch && gso_ && !management_active(std::chrono::steady_clock::now())) tx_limit_ = quiet_batch;
 }
 
 int udp_link::gso_fd(std::uint16_t sport) noexcept {
@@ -462,7 +469,7 @@ std::size_t udp_link::receive_gro() noexcept {
   // splits it for a UDP_GRO socket): one datagram of segments of the size
   // the UDP_GRO message says, each a RoCE packet of its own.
   //
-  // A poll takes one datagram first.  If it was a run it stops there (8
+  // A poll takes one datagram first.  If it was a run it stops there (15
   // packets at most): a long copy out of the kernel would hold up the
   // management datagrams, which are read between polls (two runs per poll
   // put connection setup under a bulk WRITE at 2.07-2.11x its idle
@@ -483,15 +490,9 @@ std::size_t udp_link::receive_gro() noexcept {
   std::size_t want = 1;
   for (int round = 0; round < 3; ++round) {
     bool runs = false;
-    for (std::size_t i = first; i < first + want; ++i) {
-      msghdr& h = gro_msgs_[i].msg_hdr;
-      gro_iov_[i] = {gro_buf_.get() + i * gro_slot_size, gro_slot_size};
-      h.msg_iov = &gro_iov_[i];
-      h.msg_iovlen = 1;
-      h.msg_name = &rx_from_[i];
-      h.msg_namelen = sizeof(sockaddr_storage);
-      h.msg_control = gro_control_[i].data();
-      h.msg_controllen = gro_control_[i].size();
+    for (std::size_t i = first; i < first + want; ++i) {  // recvmmsg shrinks these
+      gro_msgs_[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage);
+      gro_msgs_[i].msg_hdr.msg_controllen = gro_control_[i].size();
     }
     const int r = ::recvmmsg(fd_, gro_msgs_.data() + first, static_cast<unsigned>(want), MSG_DONTWAIT, nullptr);
     if (r <= 0) {

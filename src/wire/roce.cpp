@@ -183,7 +183,6 @@ static_assert([] {
 
 // --- ICRC ---------------------------------------------------------------------
 
-
 constexpr std::byte all_ones{0xFF};
 
 // Byte 4 of the BTH: FECN, BECN, Resv6 (IBTA A17.3.3 masks it).

@@ -263,7 +263,7 @@ std::uint16_t device::udp_port() const noexcept {
   return u != nullptr ? u->port() : 0;
 }
 
-void device::watch_fd_while_sleeping(int fd) {
+void device::watch_fd_unless_busy(int fd) {
   std::lock_guard lock(sleep_mu_);
   sleep_fds_.push_back(fd);
   if (fds_watched_.load(std::memory_order_relaxed)) watch_fd(fd);
@@ -276,8 +276,14 @@ void device::sleeping(bool armed) noexcept {
     return;  // stay watched a while: a thread that slept once may again soon
   }
   ++sleepers_;
+  watch_locked();
+}
+
+void device::watch_locked() noexcept {
   busy_passes_.store(0, std::memory_order_relaxed);
   if (fds_watched_.load(std::memory_order_relaxed)) return;
+  // Adding a socket that already holds data makes ep_ readable at once, so
+  // nothing that arrived while it was out of the set is missed.
   for (int fd : sleep_fds_) {
     epoll_event ev{};
     ev.events = EPOLLIN;
@@ -293,10 +299,16 @@ void device::unwatch_if_busy() noexcept {
   // wake-up callbacks with them.
   if (!fds_watched_.load(std::memory_order_relaxed)) return;
   if (busy_passes_.fetch_add(1, std::memory_order_relaxed) < 4096) return;
-  std::lock_guard lock(sleep_mu_);
-  if (sleepers_ != 0) return;
-  for (int fd : sleep_fds_) ::epoll_ctl(ep_, EPOLL_CTL_DEL, fd, nullptr);
-  fds_watched_.store(false, std::memory_order_relaxed);
+  {
+    std::lock_guard lock(sleep_mu_);
+    if (sleepers_ != 0) return;
+    for (int fd : sleep_fds_) ::epoll_ctl(ep_, EPOLL_CTL_DEL, fd, nullptr);
+    fds_watched_.store(false, std::memory_order_relaxed);
+  }
+  // A program with its own event loop may wait on native_handle() next,
+  // without our wait path (so without sleeping()): the pending descriptor
+  // keeps ep_ readable until progress() puts the sockets back.
+  signal_pending();
 }
 
 void device::watch_fd(int fd) {
@@ -1234,6 +1246,13 @@ void device::progress() noexcept {
   {
     std::unique_lock lock(lock_, std::try_to_lock);
     if (!lock.owns_lock()) return;
+    // progress() comes from a context: its waits, its poll() or a program's
+    // event loop on native_handle(), any of which may block on ep_ next.
+    // Only a program that polls its CQs keeps the sockets unwatched.
+    if (!fds_watched_.load(std::memory_order_relaxed)) {
+      std::lock_guard sleep(sleep_mu_);
+      watch_locked();
+    }
     // A timerfd is readable only once its deadline passed, so the clock says
     // when to look; a manual clock's eventfd rings on every change and is
     // always drained.

@@ -554,10 +554,11 @@ class device final : public progress_source, public clock_listener {
   /// Watches a descriptor of the link: the device's progress descriptor
   /// becomes readable with it.
   void watch_fd(int fd);
-  /// Same, but only while a context sleeps on the device (sleeping()): a
-  /// socket in an epoll set costs a wake-up callback per datagram, which a
-  /// busy-polled data path pays for nothing.
-  void watch_fd_while_sleeping(int fd);
+  /// Same, except while a program busy-polls its CQs and no context sleeps
+  /// on the device: a socket in an epoll set costs a wake-up callback per
+  /// datagram, which such a data path pays for nothing.  progress() and
+  /// sleeping() put it back.
+  void watch_fd_unless_busy(int fd);
   /// A packet arrived from the link (takes ownership).  Must hold lock_.
   void receive_locked(packet* p);
   /// Same, ahead of everything queued (management datagrams).
@@ -681,10 +682,12 @@ class device final : public progress_source, public clock_listener {
   int ep_ = -1;                   // the progress descriptor: timer + link fds
   std::mutex sleep_mu_;
   int sleepers_ = 0;              // contexts asleep on ep_; Must hold sleep_mu_.
-  std::vector<int> sleep_fds_;    // watched while someone sleeps, and a while after; Must hold sleep_mu_.
-  std::atomic<bool> fds_watched_{false};
-  std::atomic<std::uint32_t> busy_passes_{0};  // polls since anyone slept
+  std::vector<int> sleep_fds_;    // watched unless the CQs are busy-polled; Must hold sleep_mu_.
+  std::atomic<bool> fds_watched_{true};  // a fresh device is watched: an event loop may wait on it first
+  std::atomic<std::uint32_t> busy_passes_{0};  // link polls since the sockets were (re)watched
   void unwatch_if_busy() noexcept;
+  /// Puts the sleep descriptors (back) into ep_.  Must hold sleep_mu_.
+  void watch_locked() noexcept;
   bool busy_poll_ = false;
   packet* rx_head_ = nullptr;
   packet* rx_tail_ = nullptr;

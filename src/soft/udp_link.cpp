@@ -189,8 +189,8 @@ udp_link::udp_link(device& d, const device_config& cfg)
         }
       }
     }
-    dev_.watch_fd_while_sleeping(fd_);
-    if (gsi_fd_ >= 0) dev_.watch_fd_while_sleeping(gsi_fd_);
+    dev_.watch_fd_unless_busy(fd_);
+    if (gsi_fd_ >= 0) dev_.watch_fd_unless_busy(gsi_fd_);
   } catch (...) {
     if (raw_fd_ >= 0) ::close(raw_fd_);
     if (gsi_fd_ >= 0) ::close(gsi_fd_);

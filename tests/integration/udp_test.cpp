@@ -4,6 +4,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -63,6 +64,41 @@ void flood_and_expect_overflows(endpoint& a) {
               static_cast<ssize_t>(junk.size()));
   ::close(fd);
   EXPECT_GT(a.dev.counters().receive_overflows, 0u);
+}
+
+// A program with its own event loop waits on context::native_handle() and
+// calls context::poll() when it is readable (docs/async.md).  It must see
+// every datagram, on a fresh device and after a stretch of CQ busy polling
+// (which takes the sockets out of the epoll set).
+TEST_F(udp, native_handle_sees_datagrams_before_and_after_busy_polling) {
+  make(a, 0);
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(test_port());
+  ASSERT_EQ(::inet_pton(AF_INET, test_address(0).c_str(), &to.sin_addr), 1);
+  const char junk[4] = {};  // too short for a BTH: dropped and counted
+  pollfd pfd{ctx.native_handle(), POLLIN, 0};
+  // As an event loop: poll() while readable, so that it may block next.
+  const auto settle = [&] {
+    for (int i = 0; i < 100 && ::poll(&pfd, 1, 0) == 1; ++i) ctx.poll();
+    return ::poll(&pfd, 1, 0);
+  };
+  ASSERT_EQ(settle(), 0);
+
+  ASSERT_EQ(::sendto(fd, junk, sizeof junk, 0, reinterpret_cast<sockaddr*>(&to), sizeof to), 4);
+  EXPECT_EQ(::poll(&pfd, 1, 2000), 1) << "a fresh device's socket is not watched";
+  EXPECT_EQ(settle(), 0);
+  EXPECT_EQ(a.dev.counters().dropped, 1u);
+
+  for (int i = 0; i < 20000; ++i) (void)a.c.poll({});
+  EXPECT_EQ(settle(), 0);
+  ASSERT_EQ(::sendto(fd, junk, sizeof junk, 0, reinterpret_cast<sockaddr*>(&to), sizeof to), 4);
+  EXPECT_EQ(::poll(&pfd, 1, 2000), 1) << "busy polling left the socket unwatched";
+  EXPECT_EQ(settle(), 0);
+  EXPECT_EQ(a.dev.counters().dropped, 2u);
+  ::close(fd);
 }
 
 TEST_F(udp, datagrams_dropped_on_a_full_receive_buffer_are_counted) {

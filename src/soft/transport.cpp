@@ -801,9 +801,22 @@ void device::respond(qp_t* qp, packet* p) noexcept {
   // Errors: NAK (RC) and move the QP to error; the receive in use, if any,
   // completes with `wc` status (IBTA 9.7.5.2.8, 11.6.2).
   auto error = [&](resp_error e, wc_status recv_status) {
-    if (!rc && recv_status == wc_status::success) {
+    if (!rc && (recv_status == wc_status::success || recv_status == wc_status::loc_len_err)) {
       // UC has no NAK: the message is dropped and the QP carries on
-      // (IBTA 9.8.3.1, class D/E; rxe).
+      // (IBTA 9.8.3.1, class D/E; rxe).  A message too long for its
+      // receive completes that receive in error if it came from an SRQ
+      // (class E); a receive of the QP's own stays for the next message
+      // (class D).
+      if (recv_status != wc_status::success && r.have_wqe && qp->srq != nullptr) {
+        work_completion wc;
+        wc.wr_id = r.wqe->wr_id;
+        wc.status = recv_status;
+        wc.opcode = wc_opcode::recv;
+        wc.qp_num = qp->qpn;
+        wc.src_qp = qp->dest_qpn;
+        consume_recv(qp);
+        post_cqe(qp->rcq, wc, false);
+      }
       r.drop_msg = true;
       r.last_opcode = 0xFF;
       return;
@@ -956,6 +969,13 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       error(resp_error::access, wc_status::success);
       return;
     }
+    // An aligned VA can still name an unaligned address (a zero-based MR or
+    // window over an unaligned buffer); an atomic there would be a split
+    // lock, or a bus error on other CPUs.  rxe checks the real address too.
+    if ((host != nullptr ? reinterpret_cast<std::uintptr_t>(host) : addr) % 8 != 0) {
+      error(resp_error::invalid_request, wc_status::success);
+      return;
+    }
     std::uint64_t orig;
     if (host != nullptr) {
       auto* target = reinterpret_cast<std::uint64_t*>(host);
@@ -1028,8 +1048,21 @@ void device::respond(qp_t* qp, packet* p) noexcept {
         return;
       }
     }
-    if (r.offset + static_cast<std::uint64_t>(pl) > r.length) {
+    // The last packet brings exactly what the RETH announced, no less (a
+    // length error, as rxe's check_rkey has it): a short message is
+    // refused, not completed with a byte count that was never written.
+    if (r.offset + static_cast<std::uint64_t>(pl) > r.length ||
+        (last && r.offset + static_cast<std::uint64_t>(pl) != r.length)) {
       error(resp_error::invalid_request, wc_status::success);
+      return;
+    }
+    // The R_Key is checked again on every later packet, for the range it
+    // writes, as rxe does: the MR or window may have been deregistered or
+    // invalidated since the first (and its memory freed).
+    std::byte* host = r.target != nullptr ? r.target + r.offset : nullptr;
+    std::uint64_t addr = r.target_addr + r.offset;
+    if (!first && pl != 0 && !resolve_rkey(qp, r.rkey, r.va + r.offset, pl, access_remote_write, host, addr)) {
+      error(resp_error::access, wc_status::success);
       return;
     }
     // WRITE with immediate needs a receive; check before placing data so an
@@ -1042,7 +1075,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       }
       return;
     }
-    if (pl != 0 && !write_host(r.target != nullptr ? r.target + r.offset : nullptr, r.target_addr + r.offset, p, 0, pl)) {
+    if (pl != 0 && !write_host(host, addr, p, 0, pl)) {
       error(resp_error::operational, wc_status::success);
       return;
     }

@@ -1,0 +1,259 @@
+// SPDX-License-Identifier: MIT
+// A device against a peer that is only a UDP socket: the test writes every
+// packet itself (wire::encode), so it can send what no averbs requester
+// would, and reads the device's ACKs and NAKs off the socket.  The device
+// under test does not check ICRCs, so the packets carry a zero one.
+#include "udp_pair.hpp"
+#include "wire/roce.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+
+namespace averbs::test {
+namespace {
+
+constexpr std::uint32_t peer_qpn = 0x1234;
+
+class hostile_peer : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    soft_device_options o;
+    o.name = std::string("hostile_") + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    o.address = test_address(0);
+    o.port = test_port();
+    o.check_icrc = false;
+    sdev_ = std::make_unique<soft_device>(o);
+    dev_ = open_device(ctx_, o.name);
+    pd_ = dev_.alloc_pd();
+    cq_ = dev_.create_cq(256);
+    ASSERT_TRUE(gid::parse(test_address(1), peer_gid_));
+
+    fd_ = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd_, 0);
+    sockaddr_in self{};
+    self.sin_family = AF_INET;
+    self.sin_port = htons(test_port());
+    ASSERT_EQ(::inet_pton(AF_INET, test_address(1).c_str(), &self.sin_addr), 1);
+    ASSERT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&self), sizeof self), 0);
+    to_ = self;
+    ASSERT_EQ(::inet_pton(AF_INET, test_address(0).c_str(), &to_.sin_addr), 1);
+    buf_.assign(8192, std::byte{0});
+  }
+  void TearDown() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  /// A QP of type `t` connected to the fake peer's QP `peer_qpn`, both
+  /// PSNs 0, path MTU 1024.
+  void make_qp(qp_type t, const srq* s = nullptr) {
+    qp_init_attr ia;
+    ia.send_cq = cq_;
+    ia.recv_cq = cq_;
+    ia.cap = {16, 16, 4, 4, 64};
+    ia.type = t;
+    if (s != nullptr) ia.srq = *s;
+    qp_ = pd_.create_qp(ia);
+    qp_attr at;
+    at.state = qp_state::init;
+    at.port_num = 1;
+    at.qp_access_flags = access_local_write | access_remote_write | access_remote_read | access_remote_atomic;
+    qp_.modify(at, qp_attr_state | qp_attr_pkey_index | qp_attr_port | qp_attr_access_flags);
+    at = {};
+    at.state = qp_state::rtr;
+    at.path_mtu = mtu::mtu_1024;
+    at.dest_qp_num = peer_qpn;
+    at.rq_psn = 0;
+    at.max_dest_rd_atomic = 4;
+    at.min_rnr_timer = 1;
+    at.ah.is_global = true;
+    at.ah.grh.dgid = peer_gid_;
+    std::uint32_t mask = qp_attr_state | qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn | qp_attr_rq_psn;
+    if (t == qp_type::rc) mask |= qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer;
+    qp_.modify(at, mask);
+    at = {};
+    at.state = qp_state::rts;
+    at.timeout = 14;
+    at.retry_cnt = 7;
+    at.rnr_retry = 7;
+    at.max_rd_atomic = 4;
+    mask = qp_attr_state | qp_attr_sq_psn;
+    if (t == qp_type::rc) mask |= qp_attr_timeout | qp_attr_retry_cnt | qp_attr_rnr_retry | qp_attr_max_qp_rd_atomic;
+    qp_.modify(at, mask);
+  }
+
+  /// Sends one packet to the device: headers for `op`, `payload`, pad and a
+  /// zero ICRC.
+  void send(wire::opcode op, std::uint32_t psn, std::span<const std::byte> payload,
+            wire::transport_headers h = {}) {
+    h.bth.opcode = static_cast<std::uint8_t>(op);
+    h.bth.dest_qp = qp_.num();
+    h.bth.psn = psn;
+    h.bth.ack_req = true;
+    h.bth.pad = wire::pad_for(payload.size());
+    std::vector<std::byte> pkt(wire::max_header_size);
+    const std::size_t n = wire::encode(h, pkt);
+    ASSERT_NE(n, 0u);
+    pkt.resize(n);
+    pkt.insert(pkt.end(), payload.begin(), payload.end());
+    pkt.resize(pkt.size() + h.bth.pad + wire::icrc_size, std::byte{0});
+    ASSERT_EQ(::sendto(fd_, pkt.data(), pkt.size(), 0, reinterpret_cast<sockaddr*>(&to_), sizeof to_),
+              static_cast<ssize_t>(pkt.size()));
+  }
+
+  /// Drives the device until it sends an ACK-carrying packet (ACK, NAK,
+  /// atomic ACK) and returns its headers.
+  std::optional<wire::transport_headers> next_ack(std::chrono::milliseconds patience = std::chrono::seconds(5)) {
+    const auto until = std::chrono::steady_clock::now() + patience;
+    std::byte in[2048];
+    while (std::chrono::steady_clock::now() < until) {
+      (void)cq_.poll({});
+      const ssize_t n = ::recv(fd_, in, sizeof in, 0);
+      if (n <= 0) continue;
+      wire::packet_view v;
+      if (wire::decode(std::span(in, static_cast<std::size_t>(n)), true, v) != wire::decode_error::ok) continue;
+      const auto op = static_cast<wire::opcode>(v.hdr.bth.opcode);
+      if (op == wire::opcode::rc_ack || op == wire::opcode::rc_atomic_ack) return v.hdr;
+    }
+    return std::nullopt;
+  }
+
+  /// Drives the device for a while and returns every completion.
+  std::vector<work_completion> drain(std::chrono::milliseconds d = std::chrono::milliseconds(50)) {
+    std::vector<work_completion> out;
+    work_completion wc[16];
+    const auto until = std::chrono::steady_clock::now() + d;
+    while (std::chrono::steady_clock::now() < until) out.insert(out.end(), wc, wc + cq_.poll(wc));
+    return out;
+  }
+
+  std::vector<std::byte> filled(std::size_t n, std::uint8_t v) { return std::vector<std::byte>(n, std::byte{v}); }
+  std::uint64_t va(std::size_t off = 0) const { return reinterpret_cast<std::uintptr_t>(buf_.data()) + off; }
+
+  context ctx_;
+  std::unique_ptr<soft_device> sdev_;
+  device dev_;
+  pd pd_;
+  cq cq_;
+  qp qp_;
+  gid peer_gid_;
+  int fd_ = -1;
+  sockaddr_in to_{};
+  std::vector<std::byte> buf_;
+};
+
+constexpr std::uint8_t nak_invalid_request = 0x61;
+constexpr std::uint8_t nak_remote_access = 0x62;
+
+// rxe checks the R_Key of every WRITE packet against the range it writes;
+// a region deregistered in the middle of a message (its memory possibly
+// freed) takes nothing more.
+TEST_F(hostile_peer, rdma_write_after_dereg_mid_message_is_refused) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write | access_remote_write);
+  wire::transport_headers h;
+  h.reth = {va(), m.rkey(), 3072};
+  send(wire::opcode::rc_write_first, 0, filled(1024, 0xAA), h);
+  const auto first = next_ack();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->aeth.syndrome, wire::aeth_ack_unlimited);
+  ASSERT_EQ(buf_[0], std::byte{0xAA});
+  m.dereg();
+  send(wire::opcode::rc_write_middle, 1, filled(1024, 0xBB));
+  send(wire::opcode::rc_write_last, 2, filled(1024, 0xCC));
+  const auto ack = next_ack();
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_EQ(ack->aeth.syndrome, nak_remote_access);
+  EXPECT_EQ(ack->bth.psn, 1u);
+  EXPECT_TRUE(std::all_of(buf_.begin() + 1024, buf_.begin() + 3072, [](std::byte b) { return b == std::byte{0}; }));
+  EXPECT_EQ(qp_.query().state, qp_state::err);
+}
+
+// The last packet must bring the RETH's length: a 16-byte WRITE that
+// announced 4096 is a length error (NAK invalid request), not a success.
+TEST_F(hostile_peer, rdma_write_shorter_than_its_reth_is_refused) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write | access_remote_write);
+  wire::transport_headers h;
+  h.reth = {va(), m.rkey(), 4096};
+  send(wire::opcode::rc_write_only, 0, filled(16, 0xAA), h);
+  const auto ack = next_ack();
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_EQ(ack->aeth.syndrome, nak_invalid_request);
+  EXPECT_EQ(buf_[0], std::byte{0});
+}
+
+// A zero-based region over an unaligned buffer: VA 0 is 8-byte aligned, the
+// address it names is not.  The atomic is refused, not executed.
+TEST_F(hostile_peer, atomic_at_an_unaligned_address_is_refused) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data() + 1, 64, access_local_write | access_remote_atomic | access_zero_based);
+  wire::transport_headers h;
+  h.atomic = {0, m.rkey(), 5, 0};
+  send(wire::opcode::rc_fetch_add, 0, {}, h);
+  const auto ack = next_ack();
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_EQ(static_cast<wire::opcode>(ack->bth.opcode), wire::opcode::rc_ack);
+  EXPECT_EQ(ack->aeth.syndrome, nak_invalid_request);
+  EXPECT_TRUE(std::all_of(buf_.begin(), buf_.begin() + 16, [](std::byte b) { return b == std::byte{0}; }));
+}
+
+// UC: a message too long for its receive is dropped (class D); the receive
+// stays for the next message and the QP carries on.
+TEST_F(hostile_peer, uc_send_too_long_for_its_receive_is_dropped_and_the_qp_carries_on) {
+  make_qp(qp_type::uc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  sge g{va(), 64, m.lkey()};
+  recv_wr r;
+  r.wr_id = 7;
+  r.sg_list = &g;
+  r.num_sge = 1;
+  ASSERT_FALSE(qp_.post_recv(r));
+  send(wire::opcode::uc_send_only, 0, filled(128, 0xAA));
+  EXPECT_TRUE(drain().empty());
+  send(wire::opcode::uc_send_only, 1, filled(32, 0xBB));
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].wr_id, 7u);
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+  EXPECT_EQ(wcs[0].byte_len, 32u);
+  EXPECT_EQ(buf_[0], std::byte{0xBB});
+  EXPECT_EQ(qp_.query().state, qp_state::rts);
+}
+
+// UC with an SRQ: the receive the long message took completes in error
+// (class E), the QP carries on with the next one.
+TEST_F(hostile_peer, uc_send_too_long_for_an_srq_receive_completes_it_in_error) {
+  srq_attr sa;
+  sa.max_wr = 16;
+  sa.max_sge = 1;
+  srq s = pd_.create_srq(sa);
+  make_qp(qp_type::uc, &s);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  for (std::uint64_t i = 0; i < 2; ++i) {
+    sge g{va(i * 64), 64, m.lkey()};
+    recv_wr r;
+    r.wr_id = i;
+    r.sg_list = &g;
+    r.num_sge = 1;
+    ASSERT_FALSE(s.post_recv(r));
+  }
+  send(wire::opcode::uc_send_only, 0, filled(128, 0xAA));
+  send(wire::opcode::uc_send_only, 1, filled(32, 0xBB));
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].wr_id, 0u);
+  EXPECT_EQ(wcs[0].status, wc_status::loc_len_err);
+  EXPECT_EQ(wcs[1].wr_id, 1u);
+  EXPECT_EQ(wcs[1].status, wc_status::success);
+  EXPECT_EQ(wcs[1].byte_len, 32u);
+  EXPECT_EQ(qp_.query().state, qp_state::rts);
+}
+
+}  // namespace
+}  // namespace averbs::test

@@ -603,6 +603,11 @@ bool udp_link::deliver(packet* p, const std::byte* data, std::size_t len, const 
   p->src = from;
   p->dst = local_;
   p->sport = from_port;
+  // The socket does not report the TTL and TOS (that would cost two control
+  // messages per datagram); a recycled packet must not report the ones it
+  // was last sent with either.  UD's GRH and the CM see these defaults.
+  p->hop_limit = 64;
+  p->tclass = 0;
   p->has_icrc = false;
   if (front) dev_.receive_front_locked(p);
   else dev_.receive_locked(p);

@@ -47,6 +47,44 @@ TEST_F(udp, rc_send_write_read_over_udp) {
   EXPECT_EQ(b.dev.counters().icrc_errors, 0u);
 }
 
+// A received packet reuses a buffer the device sent from before: the TTL
+// and TOS that UD's GRH reports must not be that old packet's.
+TEST_F(udp, ud_grh_does_not_report_a_recycled_packets_ttl_and_tos) {
+  make(a, 0);
+  make(b, 1);
+  make_qps(qp_type::ud, 4096);
+  const auto exchange = [&](endpoint& from, endpoint& to, const ah& h) {
+    sge rg{reinterpret_cast<std::uintptr_t>(to.buf.data()), 4096, to.m.lkey()};
+    recv_wr r;
+    r.sg_list = &rg;
+    r.num_sge = 1;
+    ASSERT_FALSE(to.q.post_recv(r));
+    sge sg{reinterpret_cast<std::uintptr_t>(from.buf.data()) + 2048, 16, from.m.lkey()};
+    send_wr w;
+    w.opcode = wr_opcode::send;
+    w.sg_list = &sg;
+    w.num_sge = 1;
+    w.flags = send_signaled;
+    w.ah = &h;
+    w.remote_qpn = to.q.num();
+    w.remote_qkey = 0x11111111;
+    ASSERT_FALSE(from.q.post_send(w));
+    ASSERT_EQ(poll(from.c, 1).size(), 1u);
+    ASSERT_EQ(poll(to.c, 1).size(), 1u);
+  };
+  ah_attr odd;
+  odd.grh.dgid = a.g;
+  odd.grh.traffic_class = 0x68;
+  odd.grh.hop_limit = 7;
+  exchange(b, a, b.p.create_ah(odd));  // b's free list now holds a packet sent with these
+  ah_attr plain;
+  plain.grh.dgid = b.g;
+  exchange(a, b, a.p.create_ah(plain));
+  // IPv4 in the 40-byte GRH: the header is in its last 20 bytes.
+  EXPECT_EQ(b.buf[20 + 1], std::byte{0});   // TOS
+  EXPECT_EQ(b.buf[20 + 8], std::byte{64});  // TTL
+}
+
 // Datagrams the kernel drops on a full receive buffer never reach the
 // engine; the device still counts them, so a lost exchange can be traced.
 void flood_and_expect_overflows(endpoint& a) {

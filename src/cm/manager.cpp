@@ -301,6 +301,11 @@ void manager::on_timer(std::uint32_t id, std::uint64_t gen) noexcept {
         erase(c);
       }
       return;
+    case state::sidr_rcvd:
+      // Nobody took the SIDR request (on_sidr_req's timer): its requester
+      // gave up long ago; it leaves the backlog, as an untaken REQ does.
+      if (c.listener != nullptr) erase(c);
+      return;
     case state::timewait:
       close_conn(c);
       return;
@@ -1097,14 +1102,28 @@ void manager::get_request(listen_t* l, waiter w, std::shared_ptr<connector_obj> 
     dev_.release_later(std::move(spare));
     return;
   }
+  // Gets cancelled while parked hold a context reference and a connector
+  // each until a request comes; a server that parks and cancels in a loop
+  // would pile them up.  Drop them here, as deliver() does.
+  for (auto it = l->gets.begin(); it != l->gets.end();) {
+    if (averbs::detail::request_pending(*it->w.ctx, it->w.id)) {
+      ++it;
+      continue;
+    }
+    context_release(*it->w.ctx);
+    dev_.release_later(std::move(it->spare));
+    it = l->gets.erase(it);
+  }
+  listen_t::get g{w, std::move(spare)};
   try {
-    context_add_ref(*w.ctx);
-    l->gets.push_back({w, std::move(spare)});
+    l->gets.push_back(std::move(g));
   } catch (...) {
-    context_release(*w.ctx);
+    // The connector must not die here, under the device lock.
+    dev_.release_later(std::move(g.spare));
     averbs::detail::complete_request(*w.ctx, w.id, err(errc::no_resources), nullptr);
     return;
   }
+  context_add_ref(*w.ctx);
   deliver(*l);
 }
 
@@ -1448,6 +1467,11 @@ void manager::notify_disconnect(conn* cp, waiter w) noexcept {
   }
   const bool live = c.st == state::established || c.st == state::rep_sent || c.st == state::req_sent ||
                     c.st == state::req_rcvd;
+  if (c.notify && !averbs::detail::request_pending(*c.notify.ctx, c.notify.id)) {
+    // The one parked before was cancelled: it no longer holds the place.
+    context_release(*c.notify.ctx);
+    c.notify = {};
+  }
   if (!live || c.notify) {
     averbs::detail::complete_request(*w.ctx, w.id, err(c.notify ? errc::invalid_state : errc::not_connected),
                                      nullptr);

@@ -251,6 +251,25 @@ TEST_F(cm_test, disconnect_completes_when_the_peer_is_gone) {
   EXPECT_NE(p.active.state(), cm::conn_state::disconnecting);
 }
 
+// A notification parked and then cancelled no longer holds the place: the
+// next one parks (it used to fail with invalid_state for good).
+TEST_F(cm_test, a_cancelled_disconnect_notification_does_not_block_the_next) {
+  cm::listener l = cm::listen(dev, at(7000));
+  pair p = connect_pair(7000, l);
+  auto first = p.active.async_notify_disconnect(use_request);
+  ctx->poll();
+  ASSERT_FALSE(first.ready());
+  first.cancel();
+  auto second = p.active.async_notify_disconnect(use_request);
+  ctx->poll();
+  EXPECT_FALSE(second.ready());
+  p.passive.disconnect();
+  ASSERT_TRUE(second.wait_for(1s));
+  std::error_code ec;
+  second.get(ec);
+  EXPECT_FALSE(ec) << ec.message();
+}
+
 TEST_F(cm_test, notify_reports_a_reset_when_the_qp_fails) {
   cm::listener l = cm::listen(dev, at(7000));
   pair p = connect_pair(7000, l);
@@ -565,6 +584,45 @@ TEST_F(cm_test, coroutine_server_and_client) {
   for (int i = 0; i < 100 && !(served && connected); ++i) ctx->alertable_wait(1ms);
   EXPECT_TRUE(served);
   EXPECT_TRUE(connected);
+}
+
+// A server that parks a request wait and cancels it, over and over, leaves
+// nothing behind: closing the listener then finds at most the last one
+// (each used to stay parked, holding a context reference and a connector).
+TEST_F(cm_test, cancelled_request_waits_do_not_pile_up) {
+  cm::listener l = cm::listen(dev, at(7000));
+  for (int i = 0; i < 100; ++i) {
+    auto got = l.async_get_request(use_request);
+    ctx->poll();
+    ASSERT_FALSE(got.ready());
+    got.cancel();
+  }
+  const std::uint64_t before = ctx->stats().stale_ignored;
+  l.close();
+  ctx->poll();
+  EXPECT_LE(ctx->stats().stale_ignored - before, 1u);
+}
+
+// A SIDR request nobody takes is forgotten once its requester gave up, as
+// an untaken REQ is: it leaves the backlog to the next requester.
+TEST_F(cm_test, a_sidr_request_nobody_takes_is_forgotten) {
+  cm::listener l = cm::listen(dev, at(5000), 1, cm::port_space::udp);
+  qp a = make_qp(qp_type::ud), b = make_qp(qp_type::ud);
+  cm::connector ca(dev), cb(dev);
+  auto first = ca.async_connect(a, at(5000), bytes("A"), fast(), use_request);
+  for (int i = 0; i < 100 && !first.ready(); ++i) advance(100ms);
+  ASSERT_TRUE(first.ready());
+  std::error_code ec;
+  first.get(ec);
+  EXPECT_EQ(ec, errc::timed_out);
+  for (int i = 0; i < 40; ++i) advance(500ms);  // past the backlog's patience (4 x 4.3 s)
+  auto second = cb.async_connect(b, at(5000), bytes("B"), fast(), use_request);
+  auto got = l.async_get_request(use_request);
+  ctx->poll();
+  ASSERT_TRUE(got.ready());
+  cm::connection_request req = got.get();
+  EXPECT_EQ(text(req.private_data, 1), "B");
+  second.cancel();
 }
 
 TEST_F(cm_test, ud_service_resolution) {

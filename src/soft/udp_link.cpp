@@ -529,7 +529,8 @@ std::size_t udp_link::receive_gro() noexcept {
       const std::size_t len = gro_msgs_[i].msg_len;
       gid from;
       std::uint16_t from_port = 0;
-      if ((h.msg_flags & MSG_TRUNC) != 0 || !from_sockaddr(rx_from_[i], from, from_port)) {
+      // An empty datagram has no segment to drop one by one below.
+      if ((h.msg_flags & MSG_TRUNC) != 0 || len == 0 || !from_sockaddr(rx_from_[i], from, from_port)) {
         ++dev_.counters_.dropped;
         continue;
       }

@@ -47,6 +47,22 @@ TEST_F(udp, rc_send_write_read_over_udp) {
   EXPECT_EQ(b.dev.counters().icrc_errors, 0u);
 }
 
+// Every datagram that is not a RoCE packet is counted, down to an empty one
+// (the GRO receive path cut it into no segments at all, and counted none).
+TEST_F(udp, an_empty_datagram_is_counted_as_dropped) {
+  make(a, 0);
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(test_port());
+  ASSERT_EQ(::inet_pton(AF_INET, test_address(0).c_str(), &to.sin_addr), 1);
+  ASSERT_EQ(::sendto(fd, "", 0, 0, reinterpret_cast<sockaddr*>(&to), sizeof to), 0);
+  ::close(fd);
+  for (int i = 0; i < 1000 && a.dev.counters().dropped == 0; ++i) (void)a.c.poll({});
+  EXPECT_EQ(a.dev.counters().dropped, 1u);
+}
+
 // A received packet reuses a buffer the device sent from before: the TTL
 // and TOS that UD's GRH reports must not be that old packet's.
 TEST_F(udp, ud_grh_does_not_report_a_recycled_packets_ttl_and_tos) {

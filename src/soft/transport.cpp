@@ -800,6 +800,16 @@ void device::respond(qp_t* qp, packet* p) noexcept {
 
   // Errors: NAK (RC) and move the QP to error; the receive in use, if any,
   // completes with `wc` status (IBTA 9.7.5.2.8, 11.6.2).
+  auto fail_recv = [&](wc_status status) {
+    work_completion wc;
+    wc.wr_id = r.wqe->wr_id;
+    wc.status = status;
+    wc.opcode = wc_opcode::recv;
+    wc.qp_num = qp->qpn;
+    wc.src_qp = qp->dest_qpn;
+    consume_recv(qp);
+    post_cqe(qp->rcq, wc, false);
+  };
   auto error = [&](resp_error e, wc_status recv_status) {
     if (!rc && (recv_status == wc_status::success || recv_status == wc_status::loc_len_err)) {
       // UC has no NAK: the message is dropped and the QP carries on
@@ -807,16 +817,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       // receive completes that receive in error if it came from an SRQ
       // (class E); a receive of the QP's own stays for the next message
       // (class D).
-      if (recv_status != wc_status::success && r.have_wqe && qp->srq != nullptr) {
-        work_completion wc;
-        wc.wr_id = r.wqe->wr_id;
-        wc.status = recv_status;
-        wc.opcode = wc_opcode::recv;
-        wc.qp_num = qp->qpn;
-        wc.src_qp = qp->dest_qpn;
-        consume_recv(qp);
-        post_cqe(qp->rcq, wc, false);
-      }
+      if (recv_status != wc_status::success && r.have_wqe && qp->srq != nullptr) fail_recv(recv_status);
       r.drop_msg = true;
       r.last_opcode = 0xFF;
       return;
@@ -827,16 +828,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
                                                                  : wire::nak_code::invalid_request;
       send_ack(qp, wire::aeth_nak(code), psn);
     }
-    if (r.have_wqe && recv_status != wc_status::success) {
-      work_completion wc;
-      wc.wr_id = r.wqe->wr_id;
-      wc.status = recv_status;
-      wc.opcode = wc_opcode::recv;
-      wc.qp_num = qp->qpn;
-      wc.src_qp = qp->dest_qpn;
-      consume_recv(qp);
-      post_cqe(qp->rcq, wc, false);
-    }
+    if (r.have_wqe && recv_status != wc_status::success) fail_recv(recv_status);
     raise_event(e == resp_error::access ? event_type::qp_access_err : event_type::qp_req_err, qp->qpn);
     qp_to_error(qp);
   };

@@ -47,18 +47,26 @@ TEST_F(udp, rc_send_write_read_over_udp) {
   EXPECT_EQ(b.dev.counters().icrc_errors, 0u);
 }
 
+/// A plain UDP socket that sends datagrams to device 0 of the test.
+struct stranger {
+  stranger() : fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) {
+    to.sin_family = AF_INET;
+    to.sin_port = htons(test_port());
+    ::inet_pton(AF_INET, test_address(0).c_str(), &to.sin_addr);
+  }
+  ~stranger() { ::close(fd); }
+  ssize_t send(const void* data, std::size_t len) {
+    return ::sendto(fd, data, len, 0, reinterpret_cast<sockaddr*>(&to), sizeof to);
+  }
+  int fd;
+  sockaddr_in to{};
+};
+
 // Every datagram that is not a RoCE packet is counted, down to an empty one
 // (the GRO receive path cut it into no segments at all, and counted none).
 TEST_F(udp, an_empty_datagram_is_counted_as_dropped) {
   make(a, 0);
-  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(test_port());
-  ASSERT_EQ(::inet_pton(AF_INET, test_address(0).c_str(), &to.sin_addr), 1);
-  ASSERT_EQ(::sendto(fd, "", 0, 0, reinterpret_cast<sockaddr*>(&to), sizeof to), 0);
-  ::close(fd);
+  ASSERT_EQ(stranger().send("", 0), 0);
   for (int i = 0; i < 1000 && a.dev.counters().dropped == 0; ++i) (void)a.c.poll({});
   EXPECT_EQ(a.dev.counters().dropped, 1u);
 }
@@ -105,18 +113,10 @@ TEST_F(udp, ud_grh_does_not_report_a_recycled_packets_ttl_and_tos) {
 // engine; the device still counts them, so a lost exchange can be traced.
 void flood_and_expect_overflows(endpoint& a) {
   EXPECT_EQ(a.dev.counters().receive_overflows, 0u);
-  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(test_port());
-  ASSERT_EQ(::inet_pton(AF_INET, test_address(0).c_str(), &to.sin_addr), 1);
   // Nobody drives the device meanwhile: 24 MB cannot fit the 4 MB buffer.
+  stranger s;
   std::vector<char> junk(1400, 'x');
-  for (int i = 0; i < 16384; ++i)
-    ASSERT_EQ(::sendto(fd, junk.data(), junk.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof to),
-              static_cast<ssize_t>(junk.size()));
-  ::close(fd);
+  for (int i = 0; i < 16384; ++i) ASSERT_EQ(s.send(junk.data(), junk.size()), static_cast<ssize_t>(junk.size()));
   EXPECT_GT(a.dev.counters().receive_overflows, 0u);
 }
 
@@ -126,12 +126,7 @@ void flood_and_expect_overflows(endpoint& a) {
 // (which takes the sockets out of the epoll set).
 TEST_F(udp, native_handle_sees_datagrams_before_and_after_busy_polling) {
   make(a, 0);
-  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons(test_port());
-  ASSERT_EQ(::inet_pton(AF_INET, test_address(0).c_str(), &to.sin_addr), 1);
+  stranger s;
   const char junk[4] = {};  // too short for a BTH: dropped and counted
   pollfd pfd{ctx.native_handle(), POLLIN, 0};
   // As an event loop: poll() while readable, so that it may block next.
@@ -141,18 +136,17 @@ TEST_F(udp, native_handle_sees_datagrams_before_and_after_busy_polling) {
   };
   ASSERT_EQ(settle(), 0);
 
-  ASSERT_EQ(::sendto(fd, junk, sizeof junk, 0, reinterpret_cast<sockaddr*>(&to), sizeof to), 4);
+  ASSERT_EQ(s.send(junk, sizeof junk), 4);
   EXPECT_EQ(::poll(&pfd, 1, 2000), 1) << "a fresh device's socket is not watched";
   EXPECT_EQ(settle(), 0);
   EXPECT_EQ(a.dev.counters().dropped, 1u);
 
   for (int i = 0; i < 20000; ++i) (void)a.c.poll({});
   EXPECT_EQ(settle(), 0);
-  ASSERT_EQ(::sendto(fd, junk, sizeof junk, 0, reinterpret_cast<sockaddr*>(&to), sizeof to), 4);
+  ASSERT_EQ(s.send(junk, sizeof junk), 4);
   EXPECT_EQ(::poll(&pfd, 1, 2000), 1) << "busy polling left the socket unwatched";
   EXPECT_EQ(settle(), 0);
   EXPECT_EQ(a.dev.counters().dropped, 2u);
-  ::close(fd);
 }
 
 TEST_F(udp, datagrams_dropped_on_a_full_receive_buffer_are_counted) {

@@ -291,8 +291,6 @@ struct qp_t {
     std::uint64_t va = 0;         // RDMA WRITE target of the message
     std::uint32_t rkey = 0;
     std::uint32_t length = 0;     // RETH length of the message
-    std::byte* target = nullptr;  // host pointer of va (null: via accessor)
-    std::uint64_t target_addr = 0;
     std::uint32_t last_ack_psn = 0;
     bool ack_pending = false;      // a coalesced ACK waits for the queue to drain
     bool ack_lazy = false;         // an ACK nobody asked for waits (queue_lazy_ack)

@@ -1022,6 +1022,11 @@ void device::respond(qp_t* qp, packet* p) noexcept {
     }
     r.offset += pl;
   } else {  // RDMA WRITE
+    // The first packet checks the R_Key for the whole message; every later
+    // one again for the range it writes, as rxe does: the MR or window may
+    // have been deregistered or invalidated meanwhile (its memory freed).
+    std::byte* host = nullptr;
+    std::uint64_t addr = 0;
     if (first) {
       const wire::reth& t = p->hdr.reth;
       if (t.length > (1u << 31)) {
@@ -1032,10 +1037,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       r.rkey = t.rkey;
       r.length = t.length;
       r.offset = 0;
-      r.target = nullptr;
-      r.target_addr = 0;
-      if (t.length != 0 &&
-          !resolve_rkey(qp, t.rkey, t.va, t.length, access_remote_write, r.target, r.target_addr)) {
+      if (t.length != 0 && !resolve_rkey(qp, t.rkey, t.va, t.length, access_remote_write, host, addr)) {
         error(resp_error::access, wc_status::success);
         return;
       }
@@ -1048,11 +1050,6 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       error(resp_error::invalid_request, wc_status::success);
       return;
     }
-    // The R_Key is checked again on every later packet, for the range it
-    // writes, as rxe does: the MR or window may have been deregistered or
-    // invalidated since the first (and its memory freed).
-    std::byte* host = r.target != nullptr ? r.target + r.offset : nullptr;
-    std::uint64_t addr = r.target_addr + r.offset;
     if (!first && pl != 0 && !resolve_rkey(qp, r.rkey, r.va + r.offset, pl, access_remote_write, host, addr)) {
       error(resp_error::access, wc_status::success);
       return;

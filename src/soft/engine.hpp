@@ -257,6 +257,7 @@ struct qp_t {
     std::uint32_t rd_atomic = 0;    // READ/atomic WQEs started and not done
     std::uint32_t noack_pkts = 0;   // packets sent since the last AckReq
     std::uint32_t resend_left = 0;  // packets of a go-back-N burst not yet resent
+    std::uint32_t sent_psn = 0;     // one past the highest PSN ever transmitted
     bool scheduled = false;
     qp_t* next_ready = nullptr;     // the device's run queue (intrusive)
   } req;
@@ -270,6 +271,7 @@ struct qp_t {
     bool rnr_waiting = false;
     bool gap_retry = false;        // a retry for a missing response is under way at `psn`
     bool retry_counted = false;    // a counted retry since the last progress (rxe's started_retry)
+    std::uint8_t nak_retries = 0;  // uncounted retries for repeated sequence NAKs since the last progress
     std::uint64_t timer_gen = 0;   // stale heap entries carry an older one
     clock::time_point deadline{};
   } comp;
@@ -280,6 +282,7 @@ struct qp_t {
     std::uint8_t last_opcode = 0xFF;  // previous request opcode; 0xFF none
     bool nak_sent = false;        // one PSN-sequence NAK per gap (unless it persists)
     std::uint32_t nak_count = 0;  // packets seen past the gap since the NAK
+    bool rnr_behind = false;      // an RNR NAK was sent; the packets pipelined behind it may follow
     bool drop_msg = false;        // UC: dropping until the next FIRST/ONLY
     bool comm_est = false;        // COMM_EST raised
     // The message in progress.
@@ -628,7 +631,7 @@ class device final : public progress_source, public clock_listener {
   void send_ack(qp_t* qp, std::uint8_t syndrome, std::uint32_t psn) noexcept;
   void send_rnr_nak(qp_t* qp, std::uint32_t psn) noexcept;
   void send_atomic_ack(qp_t* qp, std::uint32_t psn, std::uint64_t orig) noexcept;
-  void send_read_responses(qp_t* qp, std::uint32_t from_psn, std::byte* host, std::uint64_t addr,
+  bool send_read_responses(qp_t* qp, std::uint32_t from_psn, std::byte* host, std::uint64_t addr,
                            std::uint32_t length) noexcept;
   packet* new_packet(qp_t* qp, wire::opcode op, std::uint32_t psn) noexcept;
   void finish_packet(qp_t* qp, packet* p) noexcept;

@@ -37,5 +37,10 @@ inline constexpr std::uint32_t vendor_id = 0xFFFFFF;
 // Transport window (rxe): unacknowledged PSNs and packets between AckReqs.
 inline constexpr std::uint32_t max_unacked_psns = 128;
 inline constexpr std::uint32_t max_pkts_per_ack = 64;
+// Go-back-N resends a requester starts, without counting them against
+// retry_cnt, for sequence NAKs that repeat the same PSN (each means the
+// last resend was lost too).  Past this the timer alone retries, counted,
+// so a peer that NAKs forever ends in retry_exc_err.
+inline constexpr std::uint8_t max_nak_retries = 16;
 
 }  // namespace averbs::soft::limits

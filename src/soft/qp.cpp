@@ -282,6 +282,7 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
       if (cur == qp_state::rtr) {
         qp->req.psn = qp->sq_psn;
         qp->req.next_psn = qp->sq_psn;
+        qp->req.sent_psn = qp->sq_psn;
         qp->req.wqe_index = qp->sq.consumer();
         qp->req.start_index = qp->sq.consumer();
         qp->comp.psn = qp->sq_psn;
@@ -398,6 +399,15 @@ void device::flush_qp(qp_t* qp) noexcept {
       post_cqe(qp->rcq, wc, false);
     }
     qp->rq.release(rp);
+  } else if (qp->resp.have_wqe) {
+    // A receive the responder took from the SRQ for a message it did not
+    // finish: it left the SRQ, so it completes here, flushed, as in rxe.
+    work_completion wc;
+    wc.wr_id = qp->resp.wqe->wr_id;
+    wc.status = wc_status::wr_flush_err;
+    wc.opcode = wc_opcode::recv;
+    wc.qp_num = qp->qpn;
+    post_cqe(qp->rcq, wc, false);
   }
   qp->resp.have_wqe = false;
 }

@@ -139,6 +139,7 @@ void device::send_rnr_nak(qp_t* qp, std::uint32_t psn) noexcept {
   ++counters_.rnr_naks_sent;
   qp->resp.nak_sent = true;
   qp->resp.nak_count = 0;
+  qp->resp.rnr_behind = true;
 }
 
 void device::send_ack(qp_t* qp, std::uint8_t syndrome, std::uint32_t psn) noexcept {
@@ -345,6 +346,7 @@ void device::arm_retry_timer(qp_t* qp) noexcept {
 // to leave (a slow machine, a sanitizer build, a short timeout) does not
 // time itself out and start another.
 void device::note_request_sent(qp_t* qp, std::uint32_t packets) noexcept {
+  if (psn_before(qp->req.sent_psn, qp->req.psn)) qp->req.sent_psn = qp->req.psn;
   if (qp->req.resend_left != 0) {
     qp->req.resend_left -= std::min(qp->req.resend_left, packets);
     arm_retry_timer(qp);
@@ -844,8 +846,15 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       // or a lost resend costs a retransmission timeout.  (A packet merely
       // reordered behind a later one does not count; a repeat that finds
       // the requester still resending from `r.psn` is ignored there.)
-      const bool again =
-          r.nak_sent && (psn == ((r.psn + 1) & wire::psn_mask) || ++r.nak_count >= 64);
+      // After an RNR NAK the first packet behind the gap is the one the
+      // requester had pipelined, not a resend: the RNR NAK answers it.
+      bool again = false;
+      if (r.nak_sent && psn == ((r.psn + 1) & wire::psn_mask)) {
+        again = !r.rnr_behind;
+        r.rnr_behind = false;
+      } else if (r.nak_sent) {
+        again = ++r.nak_count >= 64;
+      }
       if (!r.nak_sent || again) {
         send_ack(qp, wire::aeth_nak(wire::nak_code::psn_sequence_error), r.psn);
         r.nak_sent = true;
@@ -859,6 +868,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       return;
     }
     r.nak_sent = false;
+    r.rnr_behind = false;
   } else {
     // UC: a gap drops the rest of the message; a FIRST or ONLY resyncs.
     if (psn != r.psn) {
@@ -945,7 +955,10 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       const std::uint32_t n = packets_for(t.length, mtu);
       res = {rd_resource::kind::read, psn, psn_add(psn, n - 1), t.va, t.rkey, t.length, 0};
       ++r.msn;  // counted at execution (C9-148)
-      send_read_responses(qp, psn, host, addr, t.length);
+      if (!send_read_responses(qp, psn, host, addr, t.length)) {
+        error(resp_error::operational, wc_status::success);
+        return;
+      }
       r.psn = psn_add(psn, n);
       r.last_opcode = p->hdr.bth.opcode;
       return;
@@ -1125,7 +1138,8 @@ void device::respond(qp_t* qp, packet* p) noexcept {
   }
 }
 
-void device::send_read_responses(qp_t* qp, std::uint32_t from_psn, std::byte* host, std::uint64_t addr,
+// False when the memory could not be read (the responses sent so far stand).
+bool device::send_read_responses(qp_t* qp, std::uint32_t from_psn, std::byte* host, std::uint64_t addr,
                                  std::uint32_t length) noexcept {
   flush_ack(qp);
   const std::uint32_t mtu = qp->mtu_bytes;
@@ -1136,7 +1150,7 @@ void device::send_read_responses(qp_t* qp, std::uint32_t from_psn, std::byte* ho
                 : k == n - 1 ? opcode::rc_read_response_last
                              : opcode::rc_read_response_middle;
     packet* p = new_packet(qp, op, psn_add(from_psn, k));
-    if (p == nullptr) return;
+    if (p == nullptr) return true;  // out of memory: the requester asks again for the rest
     p->hdr.aeth.syndrome = wire::aeth_ack_unlimited;
     p->hdr.aeth.msn = qp->resp.msn & 0xFFFFFF;
     const std::uint32_t off = k * mtu;
@@ -1147,13 +1161,18 @@ void device::send_read_responses(qp_t* qp, std::uint32_t from_psn, std::byte* ho
       // (a WRITE later in this pass, the application) before the batch
       // leaves, and the response must carry what the READ saw, under an
       // ICRC computed over the same bytes.
-      if (host != nullptr) std::memcpy(p->buf, host + off, len);
-      else mem_->read(addr + off, p->buf, len);
+      if (host != nullptr) {
+        std::memcpy(p->buf, host + off, len);
+      } else if (!mem_->read(addr + off, p->buf, len)) {
+        free_packet(p);
+        return false;
+      }
       p->segs[0] = {p->buf, len};
       p->nsegs = 1;
     }
     finish_packet(qp, p);
   }
+  return true;
 }
 
 void device::respond_duplicate(qp_t* qp, packet* p) noexcept {
@@ -1173,7 +1192,7 @@ void device::respond_duplicate(qp_t* qp, packet* p) noexcept {
       std::byte* host = nullptr;
       std::uint64_t addr = 0;
       if (t.length != 0 && !resolve_rkey(qp, t.rkey, t.va, t.length, access_remote_read, host, addr)) return;
-      send_read_responses(qp, psn, host, addr, t.length);
+      (void)send_read_responses(qp, psn, host, addr, t.length);  // unreadable: the requester times out
       return;
     }
     return;  // unknown: silently dropped
@@ -1205,9 +1224,19 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
   const std::uint8_t syn = has_aeth ? p->hdr.aeth.syndrome : wire::aeth_ack_unlimited;
   const auto type = wire::aeth_type_of(syn);
 
-  // Nothing at or beyond next_psn was ever sent: a stray or forged packet.
-  if (!psn_before(psn, qp->req.next_psn)) {
+  // Nothing at or beyond sent_psn was ever sent: a stray or forged packet
+  // (an ACK for a message still being transmitted would complete it).
+  if (!psn_before(psn, qp->req.sent_psn)) {
     ++counters_.dropped;
+    return;
+  }
+  // A READ response or atomic ACK carries an ACK syndrome; an RNR NAK, a
+  // NAK or a reserved type there, or a reserved type in an ACK, is a
+  // response nothing asked for (rxe check_ack).
+  const bool plain_ack = p->hdr.bth.opcode == static_cast<std::uint8_t>(opcode::rc_ack);
+  if (has_aeth && !psn_before(psn, qp->comp.psn) &&
+      (type == wire::aeth_type::reserved || (!plain_ack && type != wire::aeth_type::ack))) {
+    fail_oldest(qp, wc_status::bad_resp_err);
     return;
   }
   const std::uint32_t before = qp->comp.psn;
@@ -1254,6 +1283,7 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
     if (qp->comp.psn != before) {
       qp->comp.gap_retry = false;
       qp->comp.retry_counted = false;
+      qp->comp.nak_retries = 0;
       qp->comp.retry_left = qp->retry_cnt;
       qp->comp.rnr_left = qp->rnr_retry;
     }
@@ -1315,23 +1345,28 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
       // arrives after it means the resend was lost too, and going back
       // again at once saves a timeout.  The timer keeps running and still
       // counts a peer that never accepts anything.
+      // Repeats are bounded (limits::max_nak_retries): each resend moves
+      // the retransmit deadline, so a peer that NAKs the same PSN forever
+      // would otherwise never let the timer count it out.
       if (qp->comp.psn != before) {
         qp->comp.retry_left = qp->retry_cnt;
         qp->comp.rnr_left = qp->rnr_retry;
         qp->comp.gap_retry = false;
         qp->comp.retry_counted = false;
-      } else if (qp->comp.retry_counted && qp->req.resend_left != 0) {
+        qp->comp.nak_retries = 0;
+      } else if (qp->comp.retry_counted &&
+                 (qp->req.resend_left != 0 || qp->comp.nak_retries++ >= limits::max_nak_retries)) {
         return;
       }
       complete_wqes(qp);
       if (qp->state == qp_state::rts || qp->state == qp_state::sqd) retry(qp, !qp->comp.retry_counted);
       return;
     }
-    // The WQE holding `psn` fails; the QP goes to error.
-    const wc_status st = code == wire::nak_code::invalid_request            ? wc_status::rem_inv_req_err
-                         : code == wire::nak_code::remote_access_error      ? wc_status::rem_access_err
-                         : code == wire::nak_code::remote_operational_error ? wc_status::rem_op_err
-                                                                            : wc_status::bad_resp_err;
+    // The WQE holding `psn` fails; the QP goes to error.  A reserved NAK
+    // code is a remote operational error, as rxe has it.
+    const wc_status st = code == wire::nak_code::invalid_request       ? wc_status::rem_inv_req_err
+                         : code == wire::nak_code::remote_access_error ? wc_status::rem_access_err
+                                                                       : wc_status::rem_op_err;
     fail_oldest(qp, st);
     return;
   }

@@ -51,7 +51,7 @@ class hostile_peer : public ::testing::Test {
 
   /// A QP of type `t` connected to the fake peer's QP `peer_qpn`, both
   /// PSNs 0, path MTU 1024.
-  void make_qp(qp_type t, const srq* s = nullptr) {
+  void make_qp(qp_type t, const srq* s = nullptr, std::uint8_t timeout = 14, std::uint8_t retry_cnt = 7) {
     qp_init_attr ia;
     ia.send_cq = cq_;
     ia.recv_cq = cq_;
@@ -78,8 +78,8 @@ class hostile_peer : public ::testing::Test {
     qp_.modify(at, mask);
     at = {};
     at.state = qp_state::rts;
-    at.timeout = 14;
-    at.retry_cnt = 7;
+    at.timeout = timeout;
+    at.retry_cnt = retry_cnt;
     at.rnr_retry = 7;
     at.max_rd_atomic = 4;
     mask = qp_attr_state | qp_attr_sq_psn;
@@ -121,6 +121,47 @@ class hostile_peer : public ::testing::Test {
       if (op == wire::opcode::rc_ack || op == wire::opcode::rc_atomic_ack) return v.hdr;
     }
     return std::nullopt;
+  }
+
+  /// Answers the device's requester: a response packet `op` at `psn` with
+  /// AETH `syndrome`.
+  void respond(wire::opcode op, std::uint32_t psn, std::uint8_t syndrome, std::span<const std::byte> payload = {}) {
+    wire::transport_headers h;
+    h.aeth.syndrome = syndrome;
+    h.aeth.msn = 0;
+    send(op, psn, payload, h);
+  }
+
+  /// Drives the device until it sends a request packet (anything but an
+  /// ACK) and returns its headers.
+  std::optional<wire::transport_headers> next_request(std::chrono::milliseconds patience = std::chrono::seconds(5)) {
+    const auto until = std::chrono::steady_clock::now() + patience;
+    std::byte in[2048];
+    while (std::chrono::steady_clock::now() < until) {
+      const ssize_t n = ::recv(fd_, in, sizeof in, 0);
+      if (n <= 0) {
+        (void)cq_.poll({});  // drives the device; completions stay for the test (a zero-size poll takes none)
+        continue;
+      }
+      wire::packet_view v;
+      if (wire::decode(std::span(in, static_cast<std::size_t>(n)), true, v) != wire::decode_error::ok) continue;
+      if ((wire::info(v.hdr.bth.opcode).ops & wire::op_response) == 0) return v.hdr;
+    }
+    return std::nullopt;
+  }
+
+  /// Posts a signaled operation `op` of `len` bytes from the test buffer.
+  void post(wr_opcode op, std::uint32_t len, const mr& m, std::uint64_t remote = 0, std::uint32_t rkey = 0) {
+    sge g{va(), len, m.lkey()};
+    send_wr w;
+    w.wr_id = 42;
+    w.opcode = op;
+    w.sg_list = &g;
+    w.num_sge = 1;
+    w.flags = send_signaled;
+    w.remote_addr = remote;
+    w.rkey = rkey;
+    ASSERT_FALSE(qp_.post_send(w));
   }
 
   /// Drives the device for a while and returns every completion.
@@ -253,6 +294,159 @@ TEST_F(hostile_peer, uc_send_too_long_for_an_srq_receive_completes_it_in_error) 
   EXPECT_EQ(wcs[1].status, wc_status::success);
   EXPECT_EQ(wcs[1].byte_len, 32u);
   EXPECT_EQ(qp_.query().state, qp_state::rts);
+}
+
+constexpr std::uint8_t nak_psn_sequence = 0x60;
+
+// A peer that answers every resend with the same sequence NAK: rxe starts
+// no second retry before a timeout, so the retries count and the QP ends
+// in retry_exc_err instead of resending forever.
+TEST_F(hostile_peer, a_peer_that_naks_the_same_psn_forever_ends_in_retry_exc_err) {
+  make_qp(qp_type::rc, nullptr, 8, 2);  // about 1 ms timeout, two retries
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::send, 16, m);
+  work_completion wc[4];
+  std::size_t got = 0;
+  int requests = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (got == 0 && std::chrono::steady_clock::now() < until) {
+    if (const auto req = next_request(std::chrono::milliseconds(1))) {
+      ++requests;
+      EXPECT_EQ(req->bth.psn, 0u);
+      respond(wire::opcode::rc_ack, 0, nak_psn_sequence);
+    }
+    got = cq_.poll(wc);
+  }
+  ASSERT_EQ(got, 1u) << "still resending after " << requests << " requests";
+  EXPECT_EQ(wc[0].wr_id, 42u);
+  EXPECT_EQ(wc[0].status, wc_status::retry_exc_err);
+  EXPECT_EQ(qp_.query().state, qp_state::err);
+}
+
+// An ACK for a PSN the requester allocated but has not sent yet (the tail
+// of a message held back by the window) is a forgery: it must not complete
+// the message, and the transfer goes on when the real ACKs come.
+TEST_F(hostile_peer, an_ack_for_a_psn_not_yet_sent_completes_nothing) {
+  make_qp(qp_type::rc, nullptr, 18);  // a 1 s timeout: no resend muddles the PSNs
+  std::vector<std::byte> big(200 * 1024, std::byte{0x5A});
+  mr m = pd_.reg_mr(big.data(), big.size(), access_local_write);
+  sge g{reinterpret_cast<std::uintptr_t>(big.data()), static_cast<std::uint32_t>(big.size()), m.lkey()};
+  send_wr w;
+  w.wr_id = 42;
+  w.sg_list = &g;
+  w.num_sge = 1;
+  w.flags = send_signaled;
+  ASSERT_FALSE(qp_.post_send(w));  // 200 packets; the window lets 128 go
+  std::uint32_t highest = 0;
+  while (const auto req = next_request(std::chrono::milliseconds(20))) highest = std::max(highest, req->bth.psn);
+  ASSERT_EQ(highest, 127u);
+  respond(wire::opcode::rc_ack, 199, wire::aeth_ack_unlimited);
+  EXPECT_TRUE(drain().empty());
+  respond(wire::opcode::rc_ack, 127, wire::aeth_ack_unlimited);
+  const auto more = next_request();
+  ASSERT_TRUE(more.has_value());
+  EXPECT_EQ(more->bth.psn, 128u);
+}
+
+// rxe: a READ response must carry an ACK syndrome.  One carrying an RNR
+// NAK is a bad response, not an RNR wait.
+TEST_F(hostile_peer, a_read_response_with_an_rnr_nak_syndrome_is_a_bad_response) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::rdma_read, 16, m, 0x1000, 0x77);
+  const auto req = next_request();
+  ASSERT_TRUE(req.has_value());
+  ASSERT_EQ(static_cast<wire::opcode>(req->bth.opcode), wire::opcode::rc_read_request);
+  respond(wire::opcode::rc_read_response_only, 0, wire::aeth_rnr_nak(1), filled(16, 0xAA));
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::bad_resp_err);
+  EXPECT_EQ(buf_[0], std::byte{0});
+  EXPECT_EQ(qp_.query().state, qp_state::err);
+}
+
+// AETH type 2 is reserved: an ACK packet carrying it acknowledges nothing.
+TEST_F(hostile_peer, an_ack_of_the_reserved_aeth_type_is_a_bad_response) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::send, 16, m);
+  ASSERT_TRUE(next_request().has_value());
+  respond(wire::opcode::rc_ack, 0, 0x40 | 0x1F);
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::bad_resp_err);
+}
+
+// A NAK code the specification reserves is a remote operational error,
+// as rxe reports it.
+TEST_F(hostile_peer, a_reserved_nak_code_is_a_remote_operational_error) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::send, 16, m);
+  ASSERT_TRUE(next_request().has_value());
+  respond(wire::opcode::rc_ack, 0, 0x60 | 0x09);
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::rem_op_err);
+}
+
+// The RNR NAK for a SEND that found no receive stands for the packets the
+// requester pipelined behind it: the next one gets no sequence NAK on top.
+TEST_F(hostile_peer, an_rnr_nak_answers_for_the_packet_pipelined_behind_it) {
+  make_qp(qp_type::rc);
+  send(wire::opcode::rc_send_only, 0, filled(16, 0xAA));
+  send(wire::opcode::rc_send_only, 1, filled(16, 0xBB));
+  const auto rnr = next_ack();
+  ASSERT_TRUE(rnr.has_value());
+  EXPECT_EQ(wire::aeth_type_of(rnr->aeth.syndrome), wire::aeth_type::rnr_nak);
+  EXPECT_EQ(rnr->bth.psn, 0u);
+  const auto extra = next_ack(std::chrono::milliseconds(50));
+  EXPECT_FALSE(extra.has_value()) << "syndrome " << int(extra->aeth.syndrome) << " psn " << extra->bth.psn;
+  // The requester resends, now a receive waits: both are taken.
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  for (std::uint64_t i = 0; i < 2; ++i) {
+    sge g{va(i * 64), 64, m.lkey()};
+    recv_wr r;
+    r.wr_id = i;
+    r.sg_list = &g;
+    r.num_sge = 1;
+    ASSERT_FALSE(qp_.post_recv(r));
+  }
+  send(wire::opcode::rc_send_only, 0, filled(16, 0xAA));
+  send(wire::opcode::rc_send_only, 1, filled(16, 0xBB));
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(buf_[64], std::byte{0xBB});
+}
+
+// A receive the responder took from an SRQ for a message that never
+// finished has left the SRQ: when the QP fails it completes, flushed, and
+// the SRQ's other receives stay for other QPs.
+TEST_F(hostile_peer, an_srq_receive_of_an_unfinished_message_is_flushed_with_the_qp) {
+  srq_attr sa;
+  sa.max_wr = 16;
+  sa.max_sge = 1;
+  srq s = pd_.create_srq(sa);
+  make_qp(qp_type::rc, &s);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  for (std::uint64_t i = 0; i < 2; ++i) {
+    sge g{va(i * 2048), 2048, m.lkey()};
+    recv_wr r;
+    r.wr_id = i;
+    r.sg_list = &g;
+    r.num_sge = 1;
+    ASSERT_FALSE(s.post_recv(r));
+  }
+  send(wire::opcode::rc_send_first, 0, filled(1024, 0xAA));
+  ASSERT_TRUE(next_ack().has_value());
+  ASSERT_EQ(buf_[0], std::byte{0xAA});
+  qp_attr at;
+  at.state = qp_state::err;
+  qp_.modify(at, qp_attr_state);
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].wr_id, 0u);
+  EXPECT_EQ(wcs[0].status, wc_status::wr_flush_err);
 }
 
 }  // namespace

@@ -70,6 +70,11 @@ bool params_valid(const conn_params& p) {
 // Until the peer answers, a passive REQ waits this long for the
 // application before we send MRA (half of what the peer allows us).
 constexpr std::uint8_t mra_service_timeout = 20;  // 4.3 s per MRA
+// The most a peer's timeout field may make us wait, per step: about 69 s.
+// (The five-bit field allows 2.4 hours: a REQ that said so would hold a
+// backlog place for days, an MRA would hold a connect for hours.)
+constexpr std::uint8_t max_peer_timeout = 24;
+std::uint8_t peer_timeout(std::uint8_t t) { return std::min(t, max_peer_timeout); }
 
 }  // namespace
 
@@ -221,6 +226,14 @@ void manager::close_conn(conn& c) noexcept {
 
 void manager::fail_op(conn& c, const std::error_code& ec) noexcept { complete(c.op, ec); }
 
+// The caller cancelled the connect or accept under way (the request
+// completed with operation_aborted without us).  The handshake stops at
+// its next step: a REP or RTU must not bring up a connection nobody waits
+// for.
+bool manager::op_cancelled(const conn& c) const noexcept {
+  return c.op && !averbs::detail::request_pending(*c.op.ctx, c.op.id);
+}
+
 void manager::end_connection(conn& c, const std::error_code& why) noexcept {
   if (c.ended) return;
   c.ended = true;
@@ -262,6 +275,15 @@ void manager::on_timer(std::uint32_t id, std::uint64_t gen) noexcept {
     case state::sidr_sent:
     case state::rep_sent:
     case state::dreq_sent:
+      if ((c.st == state::req_sent || c.st == state::rep_sent) && op_cancelled(c)) {
+        // Abandoned by its caller: no more resends.
+        if (c.st == state::rep_sent) qp_to_error(c);
+        send_rej(c, c.st == state::req_sent ? wcm::msg_ref::req : wcm::msg_ref::rep,
+                 c.st == state::req_sent ? wcm::rej_reason::timeout : wcm::rej_reason::consumer_defined);
+        fail_op(c, err(errc::operation_aborted));
+        close_conn(c);
+        return;
+      }
       if (c.retries_left > 0) {
         --c.retries_left;
         ++stats_.retransmits;
@@ -726,8 +748,8 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
   c.peer_retry = r.retry_count;
   c.peer_rnr = r.rnr_retry_count;
   c.peer_ack_timeout = r.primary.local_ack_timeout;
-  c.peer_cm_timeout = r.remote_cm_response_timeout;
-  c.peer_rep_timeout = r.local_cm_response_timeout;
+  c.peer_cm_timeout = peer_timeout(r.remote_cm_response_timeout);
+  c.peer_rep_timeout = peer_timeout(r.local_cm_response_timeout);
   c.peer_max_retries = r.max_cm_retries;
   try {
     c.pdata = bytes_of(r.private_data, wcm::ip_header_size);
@@ -765,6 +787,13 @@ void manager::on_rep(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
   try {
     c.pdata = bytes_of(r.private_data);
   } catch (...) {
+  }
+  if (op_cancelled(c)) {
+    // The QP stays as it was (INIT), for another connect.
+    send_rej(c, wcm::msg_ref::rep, wcm::rej_reason::consumer_defined);
+    fail_op(c, err(errc::operation_aborted));
+    close_conn(c);
+    return;
   }
   if (auto it = by_qpn_.find({c.remote_guid, c.remote_qpn}); it != by_qpn_.end() && it->second != &c) {
     // That peer QP is still connected to us under another connection.
@@ -808,6 +837,11 @@ void manager::on_rtu(const soft::mad_in& m) noexcept {
   conn& c = *cp;
   if (c.st != state::rep_sent) {
     if (c.st == state::established) ++stats_.duplicates;
+    return;
+  }
+  if (op_cancelled(c)) {
+    // The peer is connected now: it hears a DREQ, as after a disconnect.
+    (void)disconnect(&c);
     return;
   }
   c.st = state::established;
@@ -882,10 +916,16 @@ void manager::on_mra(const soft::mad_in& m) noexcept {
     ++stats_.mads_dropped;
     return;
   }
+  if (c.mra_rcvd) {
+    // One MRA stretches the wait once, as in Linux's ib_cm; a peer
+    // repeating it would otherwise hold the connect open forever.
+    ++stats_.duplicates;
+    return;
+  }
   // The peer is alive but slow: wait its service time before resending.
-  c.mra_timeout = r.service_timeout;
+  c.mra_rcvd = true;
   const std::uint8_t t = for_rep ? c.peer_rep_timeout : c.params.cm_response_timeout;
-  arm(c, wcm::cm_timeout(r.service_timeout) + wcm::cm_timeout(t));
+  arm(c, wcm::cm_timeout(peer_timeout(r.service_timeout)) + wcm::cm_timeout(t));
 }
 
 void manager::on_dreq(const soft::mad_in& m, const wcm::mad_header& h) noexcept {

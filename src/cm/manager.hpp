@@ -96,7 +96,7 @@ struct conn {
   std::uint8_t peer_cm_timeout = 16;   // how long the peer allows us to answer its REQ
   std::uint8_t peer_rep_timeout = 16;  // how long the peer may take to answer our REP
   std::uint8_t peer_max_retries = 10;
-  std::uint8_t mra_timeout = 0;        // service timeout of an MRA received
+  bool mra_rcvd = false;               // the peer asked for more time once; later MRAs are ignored
   gid peer_gid{};                      // REQ primary local GID (the peer's port)
   // Retransmission.
   std::unique_ptr<std::array<std::byte, wire::cm::mad_size>> mad;
@@ -226,6 +226,7 @@ class manager final : public soft::gsi_agent {
   void complete(waiter& w, const std::error_code& ec, void* result = nullptr) noexcept;
   void end_connection(conn& c, const std::error_code& why) noexcept;
   void fail_op(conn& c, const std::error_code& ec) noexcept;
+  bool op_cancelled(const conn& c) const noexcept;
   void enter_timewait(conn& c) noexcept;
   void close_conn(conn& c) noexcept;  // closed; freed if no handle
   void erase(conn& c) noexcept;

@@ -406,5 +406,105 @@ TEST_F(cm_udp, a_vanished_peer_resets_the_connection) {
   passive.disconnect();
 }
 
+// A peer that answers every REQ, and keeps answering, with an MRA: the
+// first stretches the wait once, as in Linux's ib_cm; the rest are
+// ignored, so the connect still resends and times out.
+TEST_F(cm_udp, repeated_mras_do_not_hold_a_connect_open) {
+  side a;
+  soft_device_options o;
+  a.name = "cmm_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name());
+  o.name = a.name;
+  o.address = test_address(1);
+  o.port = test_port();
+  o.check_icrc = false;  // the fake peer does not compute ICRCs
+  a.sdev = std::make_unique<soft_device>(o);
+  a.dev = open_device(ctx, o.name);
+  a.p = a.dev.alloc_pd();
+  a.c = a.dev.create_cq(64);
+  gid peer_ip;
+  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
+
+  // The fake peer: the RoCE port on its own address, as a device would be.
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in self{};
+  self.sin_family = AF_INET;
+  self.sin_port = htons(o.port);
+  ::inet_pton(AF_INET, test_address(0).c_str(), &self.sin_addr);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&self), sizeof self), 0);
+  raw_sender raw(test_address(0), test_address(1), o.port);
+
+  qp qa = make_qp(a);
+  cm::connector c(a.dev);
+  cm::conn_params p = fast();
+  p.cm_response_timeout = 12;  // 17 ms
+  p.max_cm_retries = 3;
+  auto conn = c.async_connect(qa, {peer_ip, 7471}, {}, p, use_request);
+  namespace wcm = wire::cm;
+  int reqs = 0;
+  std::uint32_t comm_id = 0;
+  auto next_mra = std::chrono::steady_clock::now();
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (!conn.ready() && std::chrono::steady_clock::now() < until) {
+    ctx.poll();
+    std::byte in[512];
+    const ssize_t n = ::recv(fd, in, sizeof in, 0);
+    wire::packet_view v;
+    wcm::req r;
+    if (n > 0 && wire::decode(std::span(in, static_cast<std::size_t>(n)), true, v) == wire::decode_error::ok &&
+        wcm::decode(v.payload, r) == wcm::mad_error::ok) {
+      ++reqs;
+      comm_id = r.local_comm_id;
+    }
+    if (comm_id != 0 && std::chrono::steady_clock::now() >= next_mra) {
+      wcm::mra m;
+      m.local_comm_id = 99;
+      m.remote_comm_id = comm_id;
+      m.message_mraed = wcm::msg_ref::req;
+      m.service_timeout = 12;
+      std::array<std::byte, wcm::mad_size> mad;
+      wcm::encode(wcm::mad_header{}, m, std::span<std::byte, wcm::mad_size>(mad));
+      raw.send(mad);
+      next_mra += 5ms;
+    }
+  }
+  ::close(fd);
+  ASSERT_TRUE(conn.ready()) << "the MRAs held the connect open; " << reqs << " REQs seen";
+  std::error_code ec;
+  conn.get(ec);
+  EXPECT_EQ(ec, errc::timed_out);
+  EXPECT_EQ(reqs, 4) << "the REQ and its three resends";
+}
+
+// An accept cancelled after its REP went out: when the RTU comes the
+// passive side does not come up; it tells the requester, which did come up,
+// with a DREQ, as a disconnect would.
+TEST_F(cm_udp, a_cancelled_accept_does_not_bring_the_connection_up) {
+  context ctx_a;  // the requester's device moves only when this is polled
+  side a, b;
+  make(a, 0, "", &ctx_a);
+  make(b, 1);
+  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
+  qp qa = make_qp(a), qb = make_qp(b);
+  cm::connector c(a.dev);
+  auto got = l.async_get_request(use_request);
+  auto conn = c.async_connect(qa, {b.ip, 7471}, {}, fast(), use_request);
+  cm::connector passive = got.get().conn;
+  auto accepted = passive.async_accept(qb, {}, fast(), use_request);
+  ctx.poll();
+  ASSERT_FALSE(accepted.ready());  // no RTU yet: the requester's device is idle
+  accepted.cancel();
+  conn.get();  // the REP arrives: the requester is connected
+  auto notified = c.async_notify_disconnect(use_request);
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (!notified.ready() && std::chrono::steady_clock::now() < until) {
+    ctx.poll();
+    ctx_a.poll();
+  }
+  ASSERT_TRUE(notified.ready()) << "the passive side came up for an accept nobody waits for";
+  EXPECT_NE(qb.state(), qp_state::rts);
+  EXPECT_NE(passive.state(), cm::conn_state::established);
+}
+
 }  // namespace
 }  // namespace averbs::test

@@ -186,6 +186,25 @@ TEST_F(cm_test, mra_keeps_a_slow_accept_alive) {
   EXPECT_EQ(c.state(), cm::conn_state::established);
 }
 
+// A peer's timeout fields are capped (about 69 s a step): a REQ that
+// allows 2.4 hours for an answer still gets its MRA after half the cap,
+// not after 1.2 hours.
+TEST_F(cm_test, a_peers_huge_timeout_is_capped) {
+  cm::listener l = cm::listen(dev, at(7000));
+  qp a = make_qp();
+  cm::connector c(dev);
+  cm::conn_params p;
+  p.cm_response_timeout = 31;
+  auto conn = c.async_connect(a, at(7000), {}, p, use_request);
+  ctx->poll();
+  const auto sent0 = dev.counters().packets_sent;
+  advance(30s);
+  EXPECT_EQ(dev.counters().packets_sent, sent0);
+  advance(5s);
+  EXPECT_EQ(dev.counters().packets_sent - sent0, 1u) << "the MRA";
+  EXPECT_FALSE(conn.ready());
+}
+
 TEST_F(cm_test, a_request_nobody_takes_is_forgotten_once_the_requester_gave_up) {
   cm::listener l = cm::listen(dev, at(7000));
   qp a = make_qp();
@@ -268,6 +287,50 @@ TEST_F(cm_test, a_cancelled_disconnect_notification_does_not_block_the_next) {
   std::error_code ec;
   second.get(ec);
   EXPECT_FALSE(ec) << ec.message();
+}
+
+// A connect cancelled before the reply: the REP that comes later is
+// refused, the QP stays in INIT for another try, and the accepting side
+// learns it was rejected.
+TEST_F(cm_test, a_cancelled_connect_refuses_the_late_reply) {
+  cm::listener l = cm::listen(dev, at(7000));
+  qp a = make_qp(), b = make_qp();
+  cm::connector c(dev);
+  auto conn = c.async_connect(a, at(7000), {}, fast(), use_request);
+  ctx->poll();
+  ASSERT_FALSE(conn.ready());
+  conn.cancel();
+  cm::connection_request req = l.get_request();
+  auto accepted = req.conn.async_accept(b, {}, fast(), use_request);
+  ASSERT_TRUE(accepted.wait_for(1s));
+  std::error_code ec;
+  accepted.get(ec);
+  EXPECT_EQ(ec, errc::connection_rejected);
+  EXPECT_EQ(a.state(), qp_state::init);
+  EXPECT_NE(b.state(), qp_state::rts);
+}
+
+// An accept cancelled while its REP is lost: the next resend does not go
+// out; the requester hears a REJ instead.
+TEST_F(cm_test, a_cancelled_accept_stops_resending_its_reply) {
+  cm::listener l = cm::listen(dev, at(7000));
+  qp a = make_qp(), b = make_qp();
+  cm::connector c(dev);
+  auto conn = c.async_connect(a, at(7000), {}, fast(), use_request);
+  cm::connection_request req = l.get_request();
+  sdev->set_faults("drop=1");
+  auto accepted = req.conn.async_accept(b, {}, fast(), use_request);
+  ctx->poll();
+  ASSERT_FALSE(accepted.ready());
+  accepted.cancel();
+  sdev->set_faults("");
+  for (int i = 0; i < 10 && !conn.ready(); ++i) advance(4300us);
+  ASSERT_TRUE(conn.ready());
+  std::error_code ec;
+  conn.get(ec);
+  EXPECT_EQ(ec, errc::connection_rejected);
+  EXPECT_NE(a.state(), qp_state::rts);
+  EXPECT_EQ(b.state(), qp_state::err);
 }
 
 TEST_F(cm_test, notify_reports_a_reset_when_the_qp_fails) {

@@ -461,31 +461,61 @@ std::uint32_t icrc(std::span<const std::byte> ip_udp, std::span<const std::byte>
   return b.value();
 }
 
-std::uint32_t ipv4_id_icrc::delta(std::size_t transport_len, std::uint16_t id) {
+namespace {
+
+// CRC-32 arithmetic in GF(2)[x] mod the CRC polynomial, in the CRC's
+// reflected bit order (bit 31 is x^0): what carrying a CRC state across
+// zero bytes does, without the bytes (the method behind zlib's
+// crc32_combine, written from the algebra).
+constexpr std::uint32_t crc_poly_reflected = 0xEDB88320u;
+
+std::uint32_t mul_mod(std::uint32_t a, std::uint32_t b) noexcept {
+  std::uint32_t product = 0;
+  for (std::uint32_t m = 1u << 31; m != 0; m >>= 1) {
+    if ((a & m) != 0) product ^= b;
+    b = (b & 1u) != 0 ? (b >> 1) ^ crc_poly_reflected : b >> 1;
+  }
+  return product;
+}
+
+// x^(8n) mod P: the factor that n zero bytes apply to a CRC state.
+std::uint32_t zero_bytes_factor(std::size_t n) noexcept {
+  std::uint32_t result = 1u << 31;  // x^0
+  std::uint32_t square = 1u << 23;  // x^8
+  for (; n != 0; n >>= 1) {
+    if ((n & 1) != 0) result = mul_mod(result, square);
+    square = mul_mod(square, square);
+  }
+  return result;
+}
+
+}  // namespace
+
+std::uint32_t ipv4_id_icrc::delta(std::size_t transport_len, std::uint16_t id) noexcept {
   if (id == 0) return 0;
   entry* e = nullptr;
   for (entry& c : cache_)
     if (c.transport_len == transport_len) e = &c;
   if (e == nullptr) {
-    // f(x) = icrc(x) ^ icrc(0) is linear: one value per ID bit, from
-    // packets that are zero but for that bit (and the version nibble, which
-    // says where the UDP header is).
-    constexpr std::size_t max_cache = 8;
-    if (cache_.size() < max_cache) {
-      cache_.push_back({});
-      e = &cache_.back();
-    } else {
-      e = &cache_[next_++ % max_cache];
-    }
+    // f(x) = icrc(x) ^ icrc(0) is linear: one value per ID bit.  For no
+    // transport bytes it comes from headers that are zero but for that bit
+    // (and the version nibble, which says where the UDP header is); the
+    // transport's zero bytes then multiply it by x^(8 * transport_len).
+    static const std::array<std::uint32_t, 16> at_header_end = [] {
+      std::array<std::uint32_t, 16> out{};
+      std::array<std::byte, ipv4_min_header + udp_header> hdr{};
+      hdr[0] = std::byte{0x45};
+      const std::uint32_t base = icrc(hdr, {});
+      for (unsigned b = 0; b < 16; ++b) {
+        put16(hdr.data() + 4, static_cast<std::uint16_t>(1u << b));
+        out[b] = icrc(hdr, {}) ^ base;
+      }
+      return out;
+    }();
+    e = &cache_[next_++ % cache_.size()];
     e->transport_len = transport_len;
-    std::array<std::byte, ipv4_min_header + udp_header> hdr{};
-    hdr[0] = std::byte{0x45};
-    const std::vector<std::byte> zeros(transport_len);
-    const std::uint32_t base = icrc(hdr, zeros);
-    for (unsigned b = 0; b < 16; ++b) {
-      put16(hdr.data() + 4, static_cast<std::uint16_t>(1u << b));
-      e->bit[b] = icrc(hdr, zeros) ^ base;
-    }
+    const std::uint32_t factor = zero_bytes_factor(transport_len);
+    for (unsigned b = 0; b < 16; ++b) e->bit[b] = mul_mod(at_header_end[b], factor);
   }
   std::uint32_t d = 0;
   for (unsigned b = 0; b < 16; ++b)

@@ -982,4 +982,32 @@ TEST(roce_icrc, ipv4_id_delta_matches_an_icrc_computed_with_the_id) {
   }
 }
 
+// More lengths than the cache holds, visited twice in turn: every delta
+// still matches a full computation as entries are replaced.
+TEST(roce_icrc, ipv4_id_delta_stays_right_when_lengths_outnumber_the_cache) {
+  w::ipv4_id_icrc ids;
+  w::ip_udp_params ip;
+  ip.src_gid = {std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0},
+                std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0xFF}, std::byte{0xFF},
+                std::byte{127}, std::byte{0}, std::byte{0}, std::byte{2}};
+  ip.dst_gid = ip.src_gid;
+  ip.dst_gid[15] = std::byte{3};
+  std::mt19937 rng(11);
+  for (int round = 0; round < 2; ++round) {
+    for (std::size_t transport = 12; transport < 12 + 20 * 200; transport += 200) {
+      std::vector<std::byte> t(transport);
+      for (auto& b : t) b = static_cast<std::byte>(rng());
+      std::array<std::byte, 64> hdr;
+      ip.ip_id = 0;
+      const std::size_t hl = w::build_ip_udp(ip, transport + w::icrc_size, hdr);
+      const std::uint32_t id0 = w::icrc(std::span(hdr.data(), hl), t);
+      const auto id = static_cast<std::uint16_t>(1 + rng() % 65535);
+      ip.ip_id = id;
+      w::build_ip_udp(ip, transport + w::icrc_size, hdr);
+      EXPECT_EQ(w::icrc(std::span(hdr.data(), hl), t), id0 ^ ids.delta(transport, id))
+          << "transport " << transport << " id " << id;
+    }
+  }
+}
+
 }  // namespace

@@ -85,7 +85,7 @@ packet* fault_link::clone(const packet* p) noexcept {
   return c;
 }
 
-void fault_link::send(packet* p) noexcept {
+void fault_link::pass(packet* p, bool urgent) noexcept {
   if (cfg_.drop > 0 && uniform() < cfg_.drop) {
     ++dev_.counters_.dropped;
     dev_.free_packet(p);
@@ -102,7 +102,7 @@ void fault_link::send(packet* p) noexcept {
     *where ^= std::byte(1u << (bit % 8));
   }
   if (cfg_.duplicate > 0 && uniform() < cfg_.duplicate) {
-    if (packet* c = clone(p)) inner_.send(c);
+    if (packet* c = clone(p)) urgent ? inner_.send_urgent(c) : inner_.send(c);
   }
   if (cfg_.delay > 0 && uniform() < cfg_.delay) {
     p->own_payload();
@@ -131,7 +131,8 @@ void fault_link::send(packet* p) noexcept {
     held_ = p;  // goes out behind the next packet
     return;
   }
-  inner_.send(p);
+  if (urgent) inner_.send_urgent(p);
+  else inner_.send(p);
   if (held_ != nullptr) {
     inner_.send(std::exchange(held_, nullptr));
   }

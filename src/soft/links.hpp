@@ -23,7 +23,8 @@ class fault_link final : public link {
  public:
   fault_link(device& d, link& inner, const fault_config& cfg);
   ~fault_link() override;
-  void send(packet* p) noexcept override;
+  void send(packet* p) noexcept override { pass(p, false); }
+  void send_urgent(packet* p) noexcept override { pass(p, true); }
   void flush() noexcept override;
   std::size_t poll() noexcept override { return inner_.poll(); }
   std::size_t poll_priority() noexcept override { return inner_.poll_priority(); }
@@ -41,6 +42,10 @@ class fault_link final : public link {
   }
 
  private:
+  // Applies the faults to `p`; what goes on leaves through the inner
+  // link, ahead of its batch if `urgent` (a management datagram keeps its
+  // priority under faults).
+  void pass(packet* p, bool urgent) noexcept;
   double uniform() noexcept;
   packet* clone(const packet* p) noexcept;
   void release_delayed() noexcept;

@@ -291,6 +291,10 @@ void device::watch_locked() noexcept {
     ::epoll_ctl(ep_, EPOLL_CTL_ADD, fd, &ev);
   }
   fds_watched_.store(true, std::memory_order_relaxed);
+  if (timer_fd_stale_) {
+    timer_fd_stale_ = false;
+    if (timer_fd_wanted_ != clock::time_point::max()) set_timer_fd(timer_fd_wanted_);
+  }
 }
 
 void device::unwatch_if_busy() noexcept {
@@ -1220,13 +1224,36 @@ void device::rearm_timer_fd() noexcept {
   const clock::time_point next = timers_.next_deadline();
   if (next == armed_deadline_) return;
   armed_deadline_ = next;
-  if (next == clock::time_point::max()) return;
+  if (next == clock::time_point::max()) {
+    // Nothing left to wait for: a timerfd still armed (read early, before
+    // it fired) would make ep_ readable later with nothing to do, and an
+    // event loop on native_handle() would spin on it.
+    if (!clock_->is_real_time()) return;
+    std::lock_guard sleep(sleep_mu_);
+    timer_fd_stale_ = false;
+    if (std::exchange(timer_fd_set_, false)) {
+      const itimerspec off{};
+      ::timerfd_settime(timer_fd_, 0, &off, nullptr);
+    }
+    return;
+  }
   if (!clock_->is_real_time()) {
     if (next <= clock_->now()) write_one(timer_fd_);
     return;
   }
+  std::lock_guard sleep(sleep_mu_);
+  if (!fds_watched_.load(std::memory_order_relaxed)) {
+    timer_fd_wanted_ = next;  // for watch_locked()
+    timer_fd_stale_ = true;
+    return;
+  }
+  set_timer_fd(next);
+}
+
+void device::set_timer_fd(clock::time_point when) noexcept {
+  timer_fd_set_ = true;
   itimerspec its{};
-  const auto ns = next.time_since_epoch().count();
+  const auto ns = when.time_since_epoch().count();
   its.it_value.tv_sec = ns / 1'000'000'000;
   its.it_value.tv_nsec = ns % 1'000'000'000;
   if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0) its.it_value.tv_nsec = 1;
@@ -1234,8 +1261,21 @@ void device::rearm_timer_fd() noexcept {
 }
 
 void device::run_timers() noexcept {
-  std::uint64_t v;
-  while (::read(timer_fd_, &v, sizeof v) < 0 && errno == EINTR) {
+  // Drain the descriptor if it can have fired: a manual clock's eventfd
+  // always, a timerfd only if armed since it was last drained (the busy
+  // path, which leaves it unarmed, saves the read).
+  auto drain = [this] {
+    std::uint64_t v;
+    ssize_t r;
+    while ((r = ::read(timer_fd_, &v, sizeof v)) < 0 && errno == EINTR) {
+    }
+    return r > 0;
+  };
+  if (!clock_->is_real_time()) {
+    drain();
+  } else {
+    std::lock_guard sleep(sleep_mu_);
+    if (timer_fd_set_ && drain()) timer_fd_set_ = false;  // fired: a one-shot timerfd is now unarmed
   }
   armed_deadline_ = clock::time_point::max();
   timers_.run_expired(clock_->now());

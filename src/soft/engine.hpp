@@ -685,6 +685,13 @@ class device final : public progress_source, public clock_listener {
   int sleepers_ = 0;              // contexts asleep on ep_; Must hold sleep_mu_.
   std::vector<int> sleep_fds_;    // watched unless the CQs are busy-polled; Must hold sleep_mu_.
   std::atomic<bool> fds_watched_{true};  // a fresh device is watched: an event loop may wait on it first
+  // While the CQs are busy-polled (sockets unwatched) nobody sleeps on ep_
+  // and poll_cq() runs the timers by the clock: the timerfd is not
+  // re-armed then (a syscall per deadline); watch_locked() arms it with
+  // this.  Must hold sleep_mu_.
+  clock::time_point timer_fd_wanted_ = clock::time_point::max();
+  bool timer_fd_stale_ = false;
+  bool timer_fd_set_ = false;  // armed since last drained: it may have fired.  Must hold sleep_mu_.
   std::atomic<std::uint32_t> busy_passes_{0};  // link polls since the sockets were (re)watched
   void unwatch_if_busy() noexcept;
   /// Puts the sleep descriptors (back) into ep_.  Must hold sleep_mu_.
@@ -754,6 +761,7 @@ class device final : public progress_source, public clock_listener {
   int timer_fd_ = -1;
   clock::time_point armed_deadline_ = clock::time_point::max();
   void rearm_timer_fd() noexcept;
+  void set_timer_fd(clock::time_point when) noexcept;
   void run_timers() noexcept;
 
   device_counters counters_{};

@@ -259,9 +259,18 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
       disarm_timers(qp);
       qp->sq.release(qp->sq.producer());
       if (qp->srq == nullptr) qp->rq.release(qp->rq.producer());
+      // The engine's own bookkeeping survives: the QP may be linked in
+      // the run queue (a pass that ended on its budget), and older timer
+      // entries must stay stale.
+      const bool scheduled = qp->req.scheduled;
+      qp_t* const next_ready = qp->req.next_ready;
+      const std::uint64_t timer_gen = qp->comp.timer_gen;
       qp->req = {};
+      qp->req.scheduled = scheduled;
+      qp->req.next_ready = next_ready;
       qp->resp = {};
       qp->comp = {};
+      qp->comp.timer_gen = timer_gen;
       qp->state = qp_state::reset;
       qp->sq_draining = false;
       break;

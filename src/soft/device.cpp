@@ -986,8 +986,10 @@ bool device::post_cqe(cq_t* cq, const work_completion& wc, bool solicited) noexc
   cq->q.publish(p + 1);
   ++counters_.completions;
   if (cq->armed) {
-    // Complete every parked notification this completion satisfies
-    // (rxe: solicited-only arms fire on solicited completions only).
+    // Complete every parked notification this completion satisfies.  A
+    // solicited-only arm fires on a receive with the SE bit or on any
+    // completion in error (ibv_req_notify_cq(3)).
+    if (wc.status != wc_status::success) solicited = true;
     for (auto it = cq->notifies.begin(); it != cq->notifies.end();) {
       if (!it->solicited_only || solicited) {
         complete_parked(it->p, {}, nullptr);

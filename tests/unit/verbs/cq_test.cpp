@@ -231,6 +231,23 @@ TEST_F(cq_test, solicited_only_notify_ignores_unsolicited_and_send_completions) 
   p.cq_a.cancel_notifies();
 }
 
+// ibv_req_notify_cq(3): a completion in error counts as solicited.  A
+// receiver waiting for a solicited message hears of its QP failing.
+TEST_F(cq_test, solicited_only_notify_completes_for_a_completion_in_error) {
+  auto p = connected_pair();
+  ASSERT_FALSE(post_empty_recv(p.b, 1));
+  auto r = p.cq_b.async_notify(true, use_request);
+  ctx->poll();
+  ASSERT_FALSE(r.ready());
+  qp_attr at;
+  at.state = qp_state::err;
+  p.b.modify(at, qp_attr_state);
+  EXPECT_TRUE(r.wait_for(0ns)) << "the flushed receive did not release a solicited-only request";
+  const auto wcs = drain(p.cq_b);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::wr_flush_err);
+}
+
 TEST_F(cq_test, solicited_write_with_imm_releases_a_solicited_only_request) {
   auto p = connected_pair();
   auto src = make_buffer(64), remote = make_buffer(64);

@@ -464,7 +464,7 @@ std::error_code context_impl::wait(wait_target& t, std::chrono::nanoseconds time
                                    bool alertable, std::size_t* ran) {
   thread_state& ts = thread_state::current();
   const auto start = real_now();
-  const auto deadline = timeout == std::chrono::nanoseconds::max() ? timeout : start + timeout;
+  const auto deadline = deadline_after(start, timeout);
   const auto spin_until = start + spin_;
   for (;;) {
     if (t.ready()) return {};
@@ -518,8 +518,12 @@ void context_impl::sleep_sources(bool armed) noexcept {
 // Timers and deferred completions
 
 void context_impl::schedule(clock::duration delay, timer_fn fn, void* arg, const timer_payload& p) {
-  const clock::time_point deadline = clock_->now() + delay;
-  if (timers_.schedule(deadline, fn, arg, p)) rearm_timer(deadline);
+  // A delay too long for the clock saturates: the timer never fires (and
+  // arms nothing), rather than wrapping to a deadline in the past.
+  const clock::time_point now = clock_->now();
+  const clock::time_point deadline =
+      delay >= clock::time_point::max() - now ? clock::time_point::max() : now + delay;
+  if (timers_.schedule(deadline, fn, arg, p) && deadline != clock::time_point::max()) rearm_timer(deadline);
 }
 
 void context_impl::rearm_timer(clock::time_point deadline) noexcept {

@@ -269,6 +269,10 @@ struct handler_scope {
 
 /// Monotonic real time, for wait timeouts (never the injectable clock).
 std::chrono::nanoseconds real_now() noexcept;
+/// `now + timeout`, saturating at nanoseconds::max() (which means "never").
+inline std::chrono::nanoseconds deadline_after(std::chrono::nanoseconds now, std::chrono::nanoseconds timeout) noexcept {
+  return timeout >= std::chrono::nanoseconds::max() - now ? std::chrono::nanoseconds::max() : now + timeout;
+}
 
 void* module_acquire(const void* code) noexcept;
 void module_release(void* handle) noexcept;

@@ -158,7 +158,7 @@ std::size_t port_impl::get(std::span<completion_entry> out, std::chrono::nanosec
     ec = make_error_code(errc::would_deadlock);
     return 0;
   }
-  const auto deadline = timeout == std::chrono::nanoseconds::max() ? timeout : real_now() + timeout;
+  const auto deadline = deadline_after(real_now(), timeout);
   for (;;) {
     port_waiter w(*this);
     const auto left = deadline == std::chrono::nanoseconds::max()

@@ -78,6 +78,7 @@ request_group* group_of(const cq_obj* q) noexcept { return q != nullptr ? q->not
 device_obj::~device_obj() {
   events.reset();  // cancels parked get_event requests
   eng->cancel_event_waiters(ctx->detail_impl());
+  if (entry == nullptr) return;  // open_device failed before it became a source of the context
   std::lock_guard lock(entry->mu);
   auto it = entry->sources.find(&ctx->detail_impl());
   if (it != entry->sources.end() && --it->second == 0) {

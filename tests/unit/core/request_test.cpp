@@ -7,6 +7,7 @@
 #include <poll.h>
 
 #include <chrono>
+#include <future>
 #include <thread>
 
 namespace {
@@ -201,6 +202,27 @@ TEST(request, slab_grows_and_every_slot_is_returned) {
   for (auto& r : rs) r.cancel();
   rs.clear();
   EXPECT_EQ(ctx.stats().in_flight, 0u);
+}
+
+// A delay too long for the clock means "never": the deadline saturates
+// instead of wrapping into the past (where it fired at once, or left the
+// timerfd unarmable for every later timer), and later timers still fire.
+TEST(request, a_delay_of_nanoseconds_max_never_fires_and_later_timers_still_do) {
+  averbs::context ctx;
+  averbs::nop_params forever;
+  forever.delay = std::chrono::nanoseconds::max();
+  auto never = averbs::async_nop(ctx, forever, averbs::use_request);
+  averbs::nop_params soon;
+  soon.delay = 2ms;
+  auto r = averbs::async_nop(ctx, soon, averbs::use_request);
+  ASSERT_TRUE(r.wait_for(5s)) << "a later timer did not fire";
+  EXPECT_FALSE(never.ready());
+  // A wait with a timeout just short of max() waits, rather than timing
+  // out at once on an overflowed deadline.
+  auto w = std::async(std::launch::async, [&] { return never.wait_for(std::chrono::nanoseconds::max() - 1ns); });
+  EXPECT_EQ(w.wait_for(50ms), std::future_status::timeout);
+  never.cancel();
+  EXPECT_TRUE(w.get()) << "the cancel completed it, which ends the wait";
 }
 
 }  // namespace

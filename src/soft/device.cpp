@@ -754,6 +754,7 @@ std::error_code device::alloc_mw(pd_t* pd, mw_type type, mw_t*& out) {
   const std::uint32_t key = alloc_key(key_entry::kind::mw, mw.get());
   if (key == 0) return err(errc::no_resources);
   mw->rkey = key;
+  mw->posted_rkey = key;
   mw->handle = key >> 8;
   if (mws_.size() <= mw->handle) mws_.resize(mw->handle + 1);
   out = mw.get();
@@ -765,7 +766,9 @@ std::error_code device::alloc_mw(pd_t* pd, mw_type type, mw_t*& out) {
 
 std::uint32_t device::mw_rkey(mw_t* mw) const {
   std::lock_guard lock(lock_);
-  return mw->rkey;
+  // A type-1 window shows the key of its last posted bind at once, as
+  // libibverbs' ibv_bind_mw() updates mw->rkey when it posts.
+  return mw->type == mw_type::type1 ? mw->posted_rkey : mw->rkey;
 }
 
 std::error_code device::dealloc_mw(mw_t* mw) {
@@ -814,7 +817,7 @@ std::error_code device::bind_mw(qp_t* qp, send_wqe* w) noexcept {
     mw->state = mw_state::free;
     mw->mr = nullptr;
     mw->length = 0;
-    const std::uint8_t byte = static_cast<std::uint8_t>((mw->rkey & 0xFF) + 1);
+    const auto byte = static_cast<std::uint8_t>(w->bind_rkey & 0xFF);  // the key bind_mw handed out
     mw->rkey = (mw->rkey & ~0xFFu) | byte;
     keys_[index].key = byte;
     return {};

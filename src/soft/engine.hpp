@@ -128,7 +128,8 @@ struct mw_t {
   pd_t* pd = nullptr;
   mw_type type = mw_type::type1;
   std::uint32_t handle = 0;
-  std::uint32_t rkey = 0;
+  std::uint32_t rkey = 0;         // the key the window answers to now
+  std::uint32_t posted_rkey = 0;  // type 1: the key of the last bind posted (what bind_mw returned)
   mw_state state = mw_state::free;
   mr_t* mr = nullptr;
   std::uint64_t addr = 0;    // first address the window's rkey names

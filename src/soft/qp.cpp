@@ -661,7 +661,10 @@ std::error_code device::bind_mw1(qp_t* qp, mw_t* mw, std::uint64_t wr_id, std::u
   if (qp->sq.count() >= std::max<std::uint32_t>(qp->cap.max_send_wr, 1)) return err(errc::queue_full);
   // The new key is known at once (libibverbs returns it from ibv_bind_mw);
   // the window changes when the bind WQE executes, in order.
-  new_rkey = (mw->rkey & ~0xFFu) | ((mw->rkey + 1) & 0xFF);
+  // Each posted bind takes the next key after the last one posted, not
+  // after the one in force: binds queued behind other work get distinct
+  // keys.
+  new_rkey = (mw->posted_rkey & ~0xFFu) | ((mw->posted_rkey + 1) & 0xFF);
   const std::uint32_t p = qp->sq.producer();
   auto* w = qp->sq.at<send_wqe>(p);
   std::memset(w, 0, sizeof *w);
@@ -677,6 +680,7 @@ std::error_code device::bind_mw1(qp_t* qp, mw_t* mw, std::uint64_t wr_id, std::u
   w->bind_access = info.access;
   qp->sq_state[p & (qp->sq.size() - 1)] = send_state{};
   qp->sq.publish(p + 1);
+  mw->posted_rkey = new_rkey;
   if (qp->state == qp_state::err) flush_qp(qp);
   else schedule_requester(qp);
   run();

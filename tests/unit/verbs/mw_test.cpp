@@ -84,6 +84,30 @@ TEST_F(mw_test, type1_rebind_makes_the_old_key_fail) {
   EXPECT_REMOTE_ERROR(p, 4, wc_status::rem_access_err);
 }
 
+// Binds queued behind unfinished work (a SEND waiting out RNR NAKs) each
+// get their own key at once, and the window shows the last one posted, as
+// ibv_bind_mw() does; the window then answers to that key.
+TEST_F(mw_test, type1_binds_posted_behind_pending_work_get_distinct_keys) {
+  auto p = connected_pair();
+  auto region = make_buffer(4096, region_access), src = make_buffer(64);
+  mw w = pd_.alloc_mw(mw_type::type1);
+  ASSERT_FALSE(post_send(p.b, wr_opcode::send, {src.whole()}, 9, send_signaled));  // no receive yet: RNR
+  std::uint32_t k1 = 0, k2 = 0;
+  ASSERT_FALSE(p.b.bind_mw(w, 1, send_signaled, {region.m.lkey(), region.addr(), 4096, access_remote_write}, &k1));
+  ASSERT_FALSE(p.b.bind_mw(w, 2, send_signaled, {region.m.lkey(), region.addr(), 4096, access_remote_write}, &k2));
+  EXPECT_NE(k1, k2);
+  EXPECT_EQ(w.rkey(), k2);
+  auto dst = make_buffer(64);
+  ASSERT_FALSE(post_recv(p.a, {dst.whole()}, 5));
+  const auto v = poll(p.cq_b, 3, std::chrono::milliseconds(1));  // the manual clock runs out the RNR wait
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_TRUE(wc_ok(v[1], 1, wc_opcode::bind_mw));
+  EXPECT_TRUE(wc_ok(v[2], 2, wc_opcode::bind_mw));
+  EXPECT_EQ(poll(p.cq_a, 1).size(), 1u);  // the receive
+  ASSERT_FALSE(write(p, src, region.addr(), k2, 3));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 3, wc_opcode::rdma_write));
+}
+
 TEST_F(mw_test, type1_zero_length_bind_invalidates_the_window) {
   auto p = connected_pair();
   auto region = make_buffer(4096, region_access), src = make_buffer(64);

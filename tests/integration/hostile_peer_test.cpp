@@ -164,6 +164,27 @@ class hostile_peer : public ::testing::Test {
     ASSERT_FALSE(qp_.post_send(w));
   }
 
+  /// An SRQ of 16 single-SGE receives.
+  srq make_srq() {
+    srq_attr sa;
+    sa.max_wr = 16;
+    sa.max_sge = 1;
+    return pd_.create_srq(sa);
+  }
+
+  /// Posts `n` receives of `len` bytes, wr_ids 0, 1, ..., back to back in
+  /// the test buffer: to `s` if given, else to the QP.
+  void post_recvs(const mr& m, std::uint32_t n, std::uint32_t len, const srq* s = nullptr) {
+    for (std::uint32_t i = 0; i < n; ++i) {
+      sge g{va(std::size_t{i} * len), len, m.lkey()};
+      recv_wr r;
+      r.wr_id = i;
+      r.sg_list = &g;
+      r.num_sge = 1;
+      ASSERT_FALSE(s != nullptr ? s->post_recv(r) : qp_.post_recv(r));
+    }
+  }
+
   /// Drives the device for a while and returns every completion.
   std::vector<work_completion> drain(std::chrono::milliseconds d = std::chrono::milliseconds(50)) {
     std::vector<work_completion> out;
@@ -270,20 +291,10 @@ TEST_F(hostile_peer, uc_send_too_long_for_its_receive_is_dropped_and_the_qp_carr
 // UC with an SRQ: the receive the long message took completes in error
 // (class E), the QP carries on with the next one.
 TEST_F(hostile_peer, uc_send_too_long_for_an_srq_receive_completes_it_in_error) {
-  srq_attr sa;
-  sa.max_wr = 16;
-  sa.max_sge = 1;
-  srq s = pd_.create_srq(sa);
+  srq s = make_srq();
   make_qp(qp_type::uc, &s);
   mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
-  for (std::uint64_t i = 0; i < 2; ++i) {
-    sge g{va(i * 64), 64, m.lkey()};
-    recv_wr r;
-    r.wr_id = i;
-    r.sg_list = &g;
-    r.num_sge = 1;
-    ASSERT_FALSE(s.post_recv(r));
-  }
+  post_recvs(m, 2, 64, &s);
   send(wire::opcode::uc_send_only, 0, filled(128, 0xAA));
   send(wire::opcode::uc_send_only, 1, filled(32, 0xBB));
   const auto wcs = drain();
@@ -404,14 +415,7 @@ TEST_F(hostile_peer, an_rnr_nak_answers_for_the_packet_pipelined_behind_it) {
   EXPECT_FALSE(extra.has_value()) << "syndrome " << int(extra->aeth.syndrome) << " psn " << extra->bth.psn;
   // The requester resends, now a receive waits: both are taken.
   mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
-  for (std::uint64_t i = 0; i < 2; ++i) {
-    sge g{va(i * 64), 64, m.lkey()};
-    recv_wr r;
-    r.wr_id = i;
-    r.sg_list = &g;
-    r.num_sge = 1;
-    ASSERT_FALSE(qp_.post_recv(r));
-  }
+  post_recvs(m, 2, 64);
   send(wire::opcode::rc_send_only, 0, filled(16, 0xAA));
   send(wire::opcode::rc_send_only, 1, filled(16, 0xBB));
   const auto wcs = drain();
@@ -423,20 +427,10 @@ TEST_F(hostile_peer, an_rnr_nak_answers_for_the_packet_pipelined_behind_it) {
 // finished has left the SRQ: when the QP fails it completes, flushed, and
 // the SRQ's other receives stay for other QPs.
 TEST_F(hostile_peer, an_srq_receive_of_an_unfinished_message_is_flushed_with_the_qp) {
-  srq_attr sa;
-  sa.max_wr = 16;
-  sa.max_sge = 1;
-  srq s = pd_.create_srq(sa);
+  srq s = make_srq();
   make_qp(qp_type::rc, &s);
   mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
-  for (std::uint64_t i = 0; i < 2; ++i) {
-    sge g{va(i * 2048), 2048, m.lkey()};
-    recv_wr r;
-    r.wr_id = i;
-    r.sg_list = &g;
-    r.num_sge = 1;
-    ASSERT_FALSE(s.post_recv(r));
-  }
+  post_recvs(m, 2, 2048, &s);
   send(wire::opcode::rc_send_first, 0, filled(1024, 0xAA));
   ASSERT_TRUE(next_ack().has_value());
   ASSERT_EQ(buf_[0], std::byte{0xAA});

@@ -950,6 +950,15 @@ TEST(roce_aeth, syndrome_helpers_encode_type_and_value) {
   EXPECT_EQ(w::aeth_type_of(0x62), w::aeth_type::nak);
 }
 
+// ::ffff:127.0.0.<last>, as a GID.
+std::array<std::byte, 16> ipv4_gid(std::uint8_t last) {
+  std::array<std::byte, 16> g{};
+  g[10] = g[11] = std::byte{0xFF};
+  g[12] = std::byte{127};
+  g[15] = std::byte{last};
+  return g;
+}
+
 // A GSO segment k carries IPv4 ID k: its ICRC, computed from scratch with
 // that ID, equals the ID-0 ICRC with the precomputed delta XORed in, for
 // every length (first, middle, last packets) and ID.
@@ -961,11 +970,8 @@ TEST(roce_icrc, ipv4_id_delta_matches_an_icrc_computed_with_the_id) {
     std::vector<std::byte> t(transport);
     for (auto& b : t) b = static_cast<std::byte>(rng());
     w::ip_udp_params ip;
-    ip.src_gid = {std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0},
-                  std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0xFF}, std::byte{0xFF},
-                  std::byte{127}, std::byte{0}, std::byte{0}, std::byte{2}};
-    ip.dst_gid = ip.src_gid;
-    ip.dst_gid[15] = std::byte{3};
+    ip.src_gid = ipv4_gid(2);
+    ip.dst_gid = ipv4_gid(3);
     ip.src_port = 0xC123;
     std::array<std::byte, 64> hdr;
     const std::size_t hl = w::build_ip_udp(ip, transport + w::icrc_size, hdr);
@@ -987,11 +993,8 @@ TEST(roce_icrc, ipv4_id_delta_matches_an_icrc_computed_with_the_id) {
 TEST(roce_icrc, ipv4_id_delta_stays_right_when_lengths_outnumber_the_cache) {
   w::ipv4_id_icrc ids;
   w::ip_udp_params ip;
-  ip.src_gid = {std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0},
-                std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0}, std::byte{0xFF}, std::byte{0xFF},
-                std::byte{127}, std::byte{0}, std::byte{0}, std::byte{2}};
-  ip.dst_gid = ip.src_gid;
-  ip.dst_gid[15] = std::byte{3};
+  ip.src_gid = ipv4_gid(2);
+  ip.dst_gid = ipv4_gid(3);
   std::mt19937 rng(11);
   for (int round = 0; round < 2; ++round) {
     for (std::size_t transport = 12; transport < 12 + 20 * 200; transport += 200) {

@@ -493,6 +493,47 @@ std::uint32_t zero_bytes_factor(std::size_t n) noexcept {
 
 std::uint32_t ipv4_id_icrc::delta(std::size_t transport_len, std::uint16_t id) noexcept {
   if (id == 0) return 0;
+  const entry& e = lookup(transport_len);
+  std::uint32_t d = 0;
+  for (unsigned b = 0; b < 16; ++b)
+    if ((id >> b) & 1u) d ^= e.bit[b];
+  return d;
+}
+
+std::optional<std::uint16_t> ipv4_id_icrc::solve(std::size_t transport_len, std::uint32_t d) noexcept {
+  if (d == 0) return std::uint16_t{0};
+  const entry& e = lookup(transport_len);
+  // Gaussian elimination over GF(2): row i is a combination (of ID bits
+  // `ids[i]`) of the per-bit deltas whose lowest set bit, `lead[i]`, no
+  // later row has.
+  std::array<std::uint32_t, 16> row{}, lead{};
+  std::array<std::uint16_t, 16> ids{};
+  unsigned n = 0;
+  for (unsigned b = 0; b < 16; ++b) {
+    std::uint32_t v = e.bit[b];
+    auto m = static_cast<std::uint16_t>(1u << b);
+    for (unsigned i = 0; i < n; ++i)
+      if ((v & lead[i]) != 0) {
+        v ^= row[i];
+        m ^= ids[i];
+      }
+    if (v == 0) continue;  // dependent: cannot happen for CRC-32, harmless
+    row[n] = v;
+    lead[n] = v & (~v + 1);
+    ids[n] = m;
+    ++n;
+  }
+  std::uint16_t id = 0;
+  for (unsigned i = 0; i < n; ++i)
+    if ((d & lead[i]) != 0) {
+      d ^= row[i];
+      id ^= ids[i];
+    }
+  if (d != 0) return std::nullopt;
+  return id;
+}
+
+ipv4_id_icrc::entry& ipv4_id_icrc::lookup(std::size_t transport_len) noexcept {
   entry* e = nullptr;
   for (entry& c : cache_)
     if (c.transport_len == transport_len) e = &c;
@@ -517,10 +558,7 @@ std::uint32_t ipv4_id_icrc::delta(std::size_t transport_len, std::uint16_t id) n
     const std::uint32_t factor = zero_bytes_factor(transport_len);
     for (unsigned b = 0; b < 16; ++b) e->bit[b] = mul_mod(at_header_end[b], factor);
   }
-  std::uint32_t d = 0;
-  for (unsigned b = 0; b < 16; ++b)
-    if ((id >> b) & 1u) d ^= e->bit[b];
-  return d;
+  return *e;
 }
 
 // --- IP and UDP -----------------------------------------------------------------------

@@ -16,6 +16,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <system_error>
 #include <vector>
@@ -265,21 +266,30 @@ std::uint32_t icrc(std::span<const std::byte> ip_udp, std::span<const std::byte>
 /// the packet's bits, so the ICRC with ID k is the ICRC with ID 0 XORed
 /// with a value that depends only on k and the packet's length: the XOR of
 /// one precomputed value per set bit of k.  A UDP GSO send gives its
-/// segments IDs 0, 1, 2 ...; this fixes their ICRCs without recomputing
-/// them, and lets a receiver that cannot see the ID (a UDP socket) check a
-/// segment's ICRC against the few IDs it can have.
+/// segments IDs 0, 1, 2 ...; and a connected socket numbers its datagrams
+/// from a random start.  This fixes their ICRCs without recomputing them,
+/// and lets a receiver that cannot see the ID (a UDP socket) find the one
+/// ID, if any, under which a packet's ICRC is right.
 class ipv4_id_icrc {
  public:
   /// XOR this into the ID-0 ICRC of a packet of `transport_len` transport
   /// bytes (BTH ... pad, no ICRC) to get its ICRC with ID `id`.
   /// A length not cached costs about a microsecond (no allocation).
   std::uint32_t delta(std::size_t transport_len, std::uint16_t id) noexcept;
+  /// The ID whose delta is `d` (the received ICRC XOR the ID-0 one), or
+  /// nullopt if none is: the 16 per-bit deltas are independent (CRC-32
+  /// tells apart every error pattern within 32 bits), so there is at most
+  /// one.  Only 2^16 of the 2^32 values of `d` have an ID: a corrupted
+  /// packet passes for a numbered one with odds 2^-16, so a receiver
+  /// checks that the ID is one the sender can have used, too.
+  std::optional<std::uint16_t> solve(std::size_t transport_len, std::uint32_t d) noexcept;
 
  private:
   struct entry {
     std::size_t transport_len = ~std::size_t{0};
     std::array<std::uint32_t, 16> bit{};  // delta of each ID bit
   };
+  entry& lookup(std::size_t transport_len) noexcept;
   std::array<entry, 8> cache_{};  // a handful of lengths: MTU-sized packets, then the rest
   std::size_t next_ = 0;          // round-robin replacement
 };

@@ -1013,4 +1013,45 @@ TEST(roce_icrc, ipv4_id_delta_stays_right_when_lengths_outnumber_the_cache) {
   }
 }
 
+// A receiver that cannot see the ID finds it from the ICRC: for a packet
+// built with any ID, solve() answers that ID; for a corrupted packet it
+// answers nothing, but for the 2^-16 of corruptions that look numbered.
+TEST(roce_icrc, ipv4_id_solve_finds_the_id_a_packet_was_sent_with) {
+  w::ipv4_id_icrc ids;
+  w::ip_udp_params ip;
+  ip.src_gid = ipv4_gid(2);
+  ip.dst_gid = ipv4_gid(3);
+  ip.src_port = 0xC001;
+  std::mt19937 rng(13);
+  std::size_t unsolved = 0, corrupted = 0;
+  for (std::size_t transport : {std::size_t{16}, std::size_t{20}, std::size_t{12 + 4096}, std::size_t{12 + 333 + 3}}) {
+    std::vector<std::byte> t(transport);
+    for (auto& b : t) b = static_cast<std::byte>(rng());
+    std::array<std::byte, 64> hdr;
+    ip.ip_id = 0;
+    const std::size_t hl = w::build_ip_udp(ip, transport + w::icrc_size, hdr);
+    const std::uint32_t id0 = w::icrc(std::span(hdr.data(), hl), t);
+    EXPECT_EQ(ids.solve(transport, 0), std::optional<std::uint16_t>(0));
+    for (int k = 0; k < 64; ++k) {
+      const auto id = static_cast<std::uint16_t>(k < 2 ? 0xFFFF * k + 1 - k : rng());  // 1, 65535, then random
+      ip.ip_id = id;
+      w::build_ip_udp(ip, transport + w::icrc_size, hdr);
+      const std::uint32_t got = w::icrc(std::span(hdr.data(), hl), t);
+      EXPECT_EQ(ids.solve(transport, got ^ id0), std::optional<std::uint16_t>(id)) << "transport " << transport;
+      // The same packet with one bit of its transport flipped (not in BTH
+      // byte 4, which the ICRC does not cover).
+      std::vector<std::byte> bad = t;
+      std::size_t at = rng() % (bad.size() - 1);
+      if (at >= 4) ++at;
+      bad[at] ^= static_cast<std::byte>(1u << (rng() % 8));
+      ip.ip_id = 0;
+      w::build_ip_udp(ip, transport + w::icrc_size, hdr);
+      const std::uint32_t bad_id0 = w::icrc(std::span(hdr.data(), hl), bad);
+      ++corrupted;
+      if (!ids.solve(transport, got ^ bad_id0)) ++unsolved;
+    }
+  }
+  EXPECT_GE(unsolved, corrupted - 1) << "a flipped bit should almost never look like an ID";
+}
+
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <linux/filter.h>
+#include <linux/net_tstamp.h>
 #include <linux/sock_diag.h>
 #include <netinet/ip.h>
 #include <netinet/udp.h>
@@ -11,6 +12,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #ifndef UDP_NO_CHECK6_TX
 #define UDP_NO_CHECK6_TX 101
@@ -88,6 +90,22 @@ constexpr sock_filter gsi_selector[] = {
 };
 
 [[noreturn]] void fail(const char* what) { throw std::system_error(errno, std::system_category(), what); }
+
+// A datagram sent alone (a ping-pong's) goes in one piece when it is
+// small: the kernel takes about 100 ns less for one iovec than for its
+// header, payload and trailer apart.  `one` then points into `buf`.
+void flatten_small(msghdr& m, std::array<std::byte, 256>& buf, iovec& one) noexcept {
+  std::size_t len = 0;
+  for (std::size_t i = 0; i < m.msg_iovlen; ++i) len += m.msg_iov[i].iov_len;
+  if (len > buf.size() || m.msg_iovlen <= 1) return;
+  one = {buf.data(), 0};
+  for (std::size_t i = 0; i < m.msg_iovlen; ++i) {
+    std::memcpy(buf.data() + one.iov_len, m.msg_iov[i].iov_base, m.msg_iov[i].iov_len);
+    one.iov_len += m.msg_iov[i].iov_len;
+  }
+  m.msg_iov = &one;
+  m.msg_iovlen = 1;
+}
 
 }  // namespace
 
@@ -189,9 +207,21 @@ udp_link::udp_link(device& d, const device_config& cfg)
         }
       }
     }
+    if (raw_fd_ >= 0 && !v6_) {
+      // The probes that learn a flow's IPv4 IDs go here, to our own
+      // address: never onto the wire.  Without it flows stay off.
+      sink_fd_ = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      to_sockaddr(local_, 0, sink_, sink_len_);
+      if (sink_fd_ >= 0 && (::bind(sink_fd_, reinterpret_cast<sockaddr*>(&sink_), sink_len_) != 0 ||
+                            ::getsockname(sink_fd_, reinterpret_cast<sockaddr*>(&sink_), &sink_len_) != 0)) {
+        ::close(sink_fd_);
+        sink_fd_ = -1;
+      }
+    }
     dev_.watch_fd_unless_busy(fd_);
     if (gsi_fd_ >= 0) dev_.watch_fd_unless_busy(gsi_fd_);
   } catch (...) {
+    if (sink_fd_ >= 0) ::close(sink_fd_);
     if (raw_fd_ >= 0) ::close(raw_fd_);
     if (gsi_fd_ >= 0) ::close(gsi_fd_);
     ::close(fd_);
@@ -205,6 +235,9 @@ udp_link::~udp_link() {
     if (p != nullptr) dev_.free_packet(p);
   for (auto& [sport, fd] : gso_fds_)
     if (fd >= 0) ::close(fd);
+  for (auto& [key, f] : flows_)
+    if (f.fd >= 0) ::close(f.fd);
+  if (sink_fd_ >= 0) ::close(sink_fd_);
   if (raw_fd_ >= 0) ::close(raw_fd_);
   if (gsi_fd_ >= 0) ::close(gsi_fd_);
   ::close(fd_);
@@ -286,6 +319,7 @@ int udp_link::gso_fd(std::uint16_t sport) noexcept {
     }
     set_int(fd, SOL_SOCKET, SO_SNDBUF, 4 << 20);
     set_int(fd, SOL_SOCKET, SO_RCVBUF, 4096);  // it sends; nobody sends to it
+    set_int(fd, SOL_SOCKET, SO_REUSEADDR, 1);  // the port's flows bind it too
     sockaddr_storage ss;
     socklen_t len;
     to_sockaddr(local_, sport, ss, len);
@@ -386,6 +420,10 @@ void udp_link::transmit(tx_slot* slots, std::size_t count) noexcept {
 
 void udp_link::transmit_each(tx_slot* slots, std::size_t count) noexcept {
   if (count == 0) return;
+  // A datagram alone (a ping-pong's) through its flow's connected socket.
+  if (count == 1 && raw_fd_ >= 0) {
+    if (flow* f = flow_for(slots[0]); f != nullptr && transmit_flow(slots[0], *f)) return;
+  }
   std::array<mmsghdr, quiet_batch> msgs{};
   for (std::size_t i = 0; i < count; ++i) {
     tx_slot& s = slots[i];
@@ -398,23 +436,11 @@ void udp_link::transmit_each(tx_slot* slots, std::size_t count) noexcept {
   const int fd = raw_fd_ >= 0 ? raw_fd_ : fd_;
   std::size_t sent = 0;
   int spins = 0;
-  // One message alone (a ping-pong's) goes through sendmsg, and a small one
-  // in one piece: each saves about 100 ns of the kernel's.
+  // One message alone (a ping-pong's) goes through sendmsg, which saves
+  // about 100 ns of the kernel's, and a small one in one piece.
   std::array<std::byte, 256> flat;
-  iovec flat_iov{flat.data(), 0};
-  if (count == 1) {
-    msghdr& m = msgs[0].msg_hdr;
-    std::size_t len = 0;
-    for (std::size_t i = 0; i < m.msg_iovlen; ++i) len += m.msg_iov[i].iov_len;
-    if (len <= flat.size() && m.msg_iovlen > 1) {
-      for (std::size_t i = 0; i < m.msg_iovlen; ++i) {
-        std::memcpy(flat.data() + flat_iov.iov_len, m.msg_iov[i].iov_base, m.msg_iov[i].iov_len);
-        flat_iov.iov_len += m.msg_iov[i].iov_len;
-      }
-      m.msg_iov = &flat_iov;
-      m.msg_iovlen = 1;
-    }
-  }
+  iovec flat_iov;
+  if (count == 1) flatten_small(msgs[0].msg_hdr, flat, flat_iov);
   while (sent < count) {
     const int r = count - sent == 1 ? (::sendmsg(fd, &msgs[sent].msg_hdr, 0) >= 0 ? 1 : -1)
                                     : ::sendmmsg(fd, msgs.data() + sent, static_cast<unsigned>(count - sent), 0);
@@ -429,6 +455,167 @@ void udp_link::transmit_each(tx_slot* slots, std::size_t count) noexcept {
     ++sent;
   }
   for (std::size_t i = 0; i < count; ++i) dev_.free_packet(slots[i].p);
+}
+
+std::size_t udp_link::flow_key_hash::operator()(const flow_key& k) const noexcept {
+  std::uint64_t a, b;
+  std::memcpy(&a, k.dst.raw.data(), 8);
+  std::memcpy(&b, k.dst.raw.data() + 8, 8);
+  std::uint64_t h = (a * 0x9E3779B97F4A7C15ull) ^ (b + 0x632BE59BD9B4E019ull);
+  h ^= (std::uint64_t{k.sport} << 16 | std::uint64_t{k.tclass} << 8 | k.hop_limit) * 0xBF58476D1CE4E5B9ull;
+  return static_cast<std::size_t>(h ^ (h >> 31));
+}
+
+udp_link::flow* udp_link::flow_for(const tx_slot& s) noexcept {
+  // RC and UC only (opcode classes 0 and 1): a UD QP sends to many peers
+  // from one port, and the connection manager's first MAD must not wait
+  // for a receiver to learn our numbering.
+  const packet* p = s.p;
+  if ((std::to_integer<unsigned>(p->header[0]) >> 5) > 1 || (!v6_ && sink_fd_ < 0)) return nullptr;
+  const flow_key key{p->dst, s.sport, p->tclass, p->hop_limit};
+  auto it = flows_.find(key);
+  if (it == flows_.end()) {
+    if (flows_.size() >= max_flows) {
+      auto lru = flows_.begin();
+      for (auto i = flows_.begin(); i != flows_.end(); ++i)
+        if (i->second.last_used < lru->second.last_used) lru = i;
+      if (dev_.pass_now() - lru->second.last_used < flow_idle) return nullptr;
+      if (lru->second.fd >= 0) ::close(lru->second.fd);
+      flows_.erase(lru);
+    }
+    flow f;
+    const int af = v6_ ? AF_INET6 : AF_INET;
+    f.fd = ::socket(af, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (f.fd >= 0) {
+      bool ok = set_int(f.fd, SOL_SOCKET, SO_REUSEADDR, 1) == 0;
+      if (v6_) {
+        // As the raw socket sends: UDP checksum 0, flow label 0 (rxe).
+        ok = ok && set_int(f.fd, IPPROTO_IPV6, IPV6_V6ONLY, 1) == 0;
+        set_int(f.fd, IPPROTO_UDP, UDP_NO_CHECK6_TX, 1);
+        set_int(f.fd, IPPROTO_IPV6, IPV6_AUTOFLOWLABEL, 0);
+        ok = ok && set_int(f.fd, IPPROTO_IPV6, IPV6_TCLASS, p->tclass) == 0;
+        ok = ok && set_int(f.fd, IPPROTO_IPV6, IPV6_UNICAST_HOPS, p->hop_limit) == 0;
+      } else {
+        ok = ok && set_int(f.fd, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO) == 0;
+        set_int(f.fd, SOL_SOCKET, SO_NO_CHECK, 1);
+        ok = ok && set_int(f.fd, IPPROTO_IP, IP_TOS, p->tclass) == 0;
+        ok = ok && set_int(f.fd, IPPROTO_IP, IP_TTL, p->hop_limit) == 0;
+      }
+      set_int(f.fd, SOL_SOCKET, SO_SNDBUF, 1 << 20);
+      set_int(f.fd, SOL_SOCKET, SO_RCVBUF, 4096);  // it sends; nobody sends to it
+      sockaddr_storage ss;
+      socklen_t len;
+      to_sockaddr(local_, s.sport, ss, len);
+      // The port may be some other program's (0xC000-0xFFFF is also the
+      // ephemeral range): then this flow's datagrams go through the raw
+      // socket.
+      ok = ok && ::bind(f.fd, reinterpret_cast<sockaddr*>(&ss), len) == 0;
+      to_sockaddr(p->dst, port_, ss, len);
+      ok = ok && ::connect(f.fd, reinterpret_cast<sockaddr*>(&ss), len) == 0;
+      if (!ok) {
+        ::close(f.fd);
+        f.fd = -1;
+      }
+    }
+    try {
+      it = flows_.emplace(key, f).first;
+    } catch (...) {
+      if (f.fd >= 0) ::close(f.fd);
+      return nullptr;
+    }
+  }
+  flow& f = it->second;
+  f.last_used = dev_.pass_now();
+  if (f.fd < 0) return nullptr;
+  if (!v6_ && !f.id_known && !learn_id(f)) {
+    // Not a probe every datagram: the flow gives its socket up (an ICMP
+    // error from a vanished peer pending on it, say).
+    ::close(f.fd);
+    f.fd = -1;
+    return nullptr;
+  }
+  return &f;
+}
+
+bool udp_link::learn_id(flow& f) noexcept {
+  // A connected socket gives every datagram the next number of its own
+  // counter, whatever the destination: so a probe to the sink has the
+  // number before the flow's next datagram.  With SO_TIMESTAMPING (and
+  // not OPT_TSONLY) the error queue hands back the probe with its
+  // headers as the device sent it; loopback does so within sendto.
+  int ts = SOF_TIMESTAMPING_TX_SOFTWARE | SOF_TIMESTAMPING_SOFTWARE;
+  if (::setsockopt(f.fd, SOL_SOCKET, SO_TIMESTAMPING, &ts, sizeof ts) != 0) return false;
+  std::array<std::uint8_t, 256> data;
+  alignas(cmsghdr) char control[256];
+  auto read_error = [&]() -> ssize_t {
+    iovec iov{data.data(), data.size()};
+    msghdr m{};
+    m.msg_iov = &iov;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof control;
+    return ::recvmsg(f.fd, &m, MSG_ERRQUEUE | MSG_DONTWAIT);
+  };
+  while (read_error() >= 0) {
+  }  // nothing stale
+  const std::uint8_t probe = 0;
+  std::optional<std::uint16_t> id;
+  if (::sendto(f.fd, &probe, 1, 0, reinterpret_cast<const sockaddr*>(&sink_), sink_len_) == 1) {
+    std::uint32_t sink_addr;
+    std::memcpy(&sink_addr, &reinterpret_cast<const sockaddr_in*>(&sink_)->sin_addr, 4);
+    for (int tries = 0; tries < 4 && !id; ++tries) {
+      const ssize_t n = read_error();
+      if (n < 0) continue;
+      // The IPv4 header, after the loopback device's Ethernet header.
+      for (std::size_t at : {std::size_t{0}, std::size_t{14}}) {
+        if (static_cast<std::size_t>(n) < at + 20 || (data[at] >> 4) != 4 || data[at + 9] != IPPROTO_UDP ||
+            std::memcmp(data.data() + at + 16, &sink_addr, 4) != 0)
+          continue;
+        id = static_cast<std::uint16_t>(data[at + 4] << 8 | data[at + 5]);
+        break;
+      }
+    }
+  }
+  ts = 0;
+  ::setsockopt(f.fd, SOL_SOCKET, SO_TIMESTAMPING, &ts, sizeof ts);
+  while (read_error() >= 0) {
+  }
+  std::uint8_t discard;
+  while (::recv(sink_fd_, &discard, 1, MSG_DONTWAIT) >= 0) {
+  }
+  if (!id) return false;
+  f.next_id = static_cast<std::uint16_t>(*id + 1);
+  f.id_known = true;
+  ++dev_.counters_.flow_id_probes;
+  return true;
+}
+
+bool udp_link::transmit_flow(tx_slot& s, flow& f) noexcept {
+  // Connected: no address, and the kernel writes the IP and UDP headers.
+  const std::span<std::byte, 4> trailer_icrc(s.trailer.data() + wire::pad_for(s.p->payload_len), 4);
+  if (!v6_) wire::store_icrc(s.p->icrc ^ id_icrc_.delta(s.transport_len, f.next_id), trailer_icrc);
+  msghdr m{};
+  m.msg_iov = s.iov.data() + 1;  // not the raw IP/UDP header
+  m.msg_iovlen = s.iov_count - 1;
+  std::array<std::byte, 256> flat;
+  iovec one;
+  flatten_small(m, flat, one);
+  for (int spins = 0;; ++spins) {
+    if (::sendmsg(f.fd, &m, 0) >= 0) {
+      ++f.next_id;
+      ++dev_.counters_.flow_sends;
+      dev_.free_packet(s.p);
+      return true;
+    }
+    if (errno == EINTR || ((errno == EAGAIN || errno == ENOBUFS) && spins < 64)) continue;
+    break;
+  }
+  // Refused (an ICMP error from a vanished peer, say): the caller sends it
+  // through the raw socket, with its ID-0 ICRC; the count is learned again
+  // before the flow's next datagram.
+  f.id_known = false;
+  if (!v6_) wire::store_icrc(s.p->icrc, trailer_icrc);
+  return false;
 }
 
 std::uint64_t udp_link::receive_overflows() const noexcept {
@@ -473,7 +660,7 @@ std::size_t udp_link::receive(int fd, int rounds, bool front) noexcept {
         ++dev_.counters_.dropped;
         continue;  // the buffer is reused
       }
-      if (!deliver(rx_[i], rx_[i]->buf, msgs[i].msg_len, from, from_port, 0, front)) continue;
+      if (!deliver(rx_[i], rx_[i]->buf, msgs[i].msg_len, from, from_port, front)) continue;
       rx_[i] = nullptr;
       ++total;
     }
@@ -556,7 +743,7 @@ std::size_t udp_link::receive_gro() noexcept {
           continue;
         }
         if (!keep) std::memcpy(p->buf, base + off, n);
-        if (deliver(p, keep ? base + off : p->buf, n, from, from_port, k, false)) ++total;
+        if (deliver(p, keep ? base + off : p->buf, n, from, from_port, false)) ++total;
         else dev_.free_packet(p);
       }
     }
@@ -569,7 +756,7 @@ std::size_t udp_link::receive_gro() noexcept {
 }
 
 bool udp_link::deliver(packet* p, const std::byte* data, std::size_t len, const gid& from, std::uint16_t from_port,
-                       std::uint16_t segment, bool front) noexcept {
+                       bool front) noexcept {
   const std::span<const std::byte> dgram(data, len);
   wire::packet_view v;
   if (wire::decode(dgram, true, v) != wire::decode_error::ok) {
@@ -587,9 +774,7 @@ bool udp_link::deliver(packet* p, const std::byte* data, std::size_t len, const 
     const std::uint32_t with_id0 =
         hl == 0 ? ~v.icrc : wire::icrc(std::span(hdr.data(), hl), dgram.first(len - wire::icrc_size));
     if (with_id0 != v.icrc) {
-      // Segment k of a GSO run carries IPv4 ID k: try that one first.
-      if (segment != 0) rx_id_hint_ = static_cast<std::uint16_t>(segment - 1);
-      if (hl == 0 || v6_ || !icrc_matches_segment(with_id0, v.icrc, len - wire::icrc_size)) {
+      if (hl == 0 || v6_ || !icrc_matches_id(from, from_port, len - wire::icrc_size, with_id0 ^ v.icrc)) {
         ++dev_.counters_.icrc_errors;
         return false;
       }
@@ -615,18 +800,58 @@ bool udp_link::deliver(packet* p, const std::byte* data, std::size_t len, const 
   return true;
 }
 
-bool udp_link::icrc_matches_segment(std::uint32_t with_id0, std::uint32_t got, std::size_t transport_len) noexcept {
-  // A GSO segment k carries ID k; segments tend to arrive in order, so the
-  // ID after the last match is tried first.
-  constexpr std::uint16_t ids = 63;  // 1 .. 63
-  const std::uint16_t first = rx_id_hint_ < ids ? rx_id_hint_ : 0;  // index of ID rx_id_hint_ + 1
-  for (std::uint16_t n = 0; n < ids; ++n) {
-    const auto k = static_cast<std::uint16_t>(1 + (first + n) % ids);
-    if ((with_id0 ^ id_icrc_.delta(transport_len, k)) == got) {
-      rx_id_hint_ = k;
-      return true;
-    }
+bool udp_link::icrc_matches_id(const gid& from, std::uint16_t from_port, std::size_t transport_len,
+                               std::uint32_t d) noexcept {
+  // Senders number IPv4 datagrams three ways: ID 0 (an unconnected socket
+  // with DF, or a raw one, as ours), 0..n-1 (the segments of a GSO run
+  // from such a socket), or a connected socket's counter, random at
+  // first and then one up per datagram.  A receiver that cannot see the
+  // ID finds it from the ICRC (solve), and takes it only if it is one of
+  // these: an ID near the last one the source used (or its first, or the
+  // first after `rx_idle` of silence), so a corrupted datagram passes with
+  // odds of about 2^-23 instead of 2^-16.
+  constexpr int window = 256;
+  const clock::time_point now = dev_.pass_now();
+  std::uint64_t a, b;
+  std::memcpy(&a, from.raw.data(), 8);
+  std::memcpy(&b, from.raw.data() + 8, 8);
+  std::uint64_t h = (a ^ (b * 0x9E3779B97F4A7C15ull) ^ from_port) * 0xBF58476D1CE4E5B9ull;
+  rx_flow& f = rx_flows_[(h >> 32) % rx_flows_.size()];
+  const bool known = f.used && f.port == from_port && f.from == from;
+  // The usual case: the ID after the last one.
+  if (known && id_icrc_.delta(transport_len, static_cast<std::uint16_t>(f.last + 1)) == d) {
+    ++f.last;
+    f.has_candidate = false;
+    f.seen = now;
+    return true;
   }
+  const std::optional<std::uint16_t> id = id_icrc_.solve(transport_len, d);
+  if (!id) return false;
+  if (*id < 64) return true;  // a GSO segment
+  if (!known || now - f.seen >= rx_idle) {
+    // The first numbered datagram from this source (or one whose entry
+    // another source took over), or the first after a silence.
+    f = rx_flow{from, from_port, *id, 0, true, false, now};
+    return true;
+  }
+  const auto ahead = static_cast<std::int16_t>(*id - f.last);
+  if (ahead >= -window && ahead <= window) {
+    if (ahead > 0) f.last = *id;
+    f.has_candidate = false;
+    f.seen = now;
+    return true;
+  }
+  // Far from the source's count: a new socket there (a restarted peer) or
+  // a corrupted datagram.  Two in a row that agree are the former.
+  const auto after_candidate = static_cast<std::int16_t>(*id - f.candidate);
+  if (f.has_candidate && after_candidate > 0 && after_candidate <= window) {
+    f.last = *id;
+    f.has_candidate = false;
+    f.seen = now;
+    return true;
+  }
+  f.candidate = *id;
+  f.has_candidate = true;
   return false;
 }
 

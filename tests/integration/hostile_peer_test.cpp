@@ -27,7 +27,8 @@ class hostile_peer : public ::testing::Test {
     o.name = std::string("hostile_") + ::testing::UnitTest::GetInstance()->current_test_info()->name();
     o.address = test_address(0);
     o.port = test_port();
-    o.check_icrc = false;
+    o.check_icrc = check_icrc_;
+    if (manual_time_) o.clock = &clock_;
     sdev_ = std::make_unique<soft_device>(o);
     dev_ = open_device(ctx_, o.name);
     pd_ = dev_.alloc_pd();
@@ -88,9 +89,12 @@ class hostile_peer : public ::testing::Test {
   }
 
   /// Sends one packet to the device: headers for `op`, `payload`, pad and a
-  /// zero ICRC.
+  /// zero ICRC -- or, given `ip_id`, the ICRC of the packet had it left
+  /// with that IPv4 ID (the device cannot see the real one, 0), and then
+  /// if `corrupt` one payload bit flipped, as a fault on the wire would.
   void send(wire::opcode op, std::uint32_t psn, std::span<const std::byte> payload,
-            wire::transport_headers h = {}) {
+            wire::transport_headers h = {}, std::optional<std::uint16_t> ip_id = std::nullopt,
+            bool corrupt = false) {
     h.bth.opcode = static_cast<std::uint8_t>(op);
     h.bth.dest_qp = qp_.num();
     h.bth.psn = psn;
@@ -102,6 +106,21 @@ class hostile_peer : public ::testing::Test {
     pkt.resize(n);
     pkt.insert(pkt.end(), payload.begin(), payload.end());
     pkt.resize(pkt.size() + h.bth.pad + wire::icrc_size, std::byte{0});
+    if (ip_id) {
+      wire::ip_udp_params ip;
+      std::memcpy(ip.src_gid.data(), peer_gid_.raw.data(), 16);
+      std::memcpy(ip.dst_gid.data(), dev_.query_gid(1, 0).raw.data(), 16);
+      ip.src_port = test_port();
+      ip.dst_port = test_port();
+      ip.ip_id = *ip_id;
+      std::array<std::byte, 64> hdr;
+      const std::size_t hl = wire::build_ip_udp(ip, pkt.size(), hdr);
+      ASSERT_EQ(hl, 28u);
+      const std::span<std::byte> transport(pkt.data(), pkt.size() - wire::icrc_size);
+      wire::store_icrc(wire::icrc(std::span(hdr.data(), hl), transport),
+                       std::span<std::byte, 4>(pkt.data() + transport.size(), 4));
+      if (corrupt && !payload.empty()) pkt[n] ^= std::byte{0x10};
+    }
     ASSERT_EQ(::sendto(fd_, pkt.data(), pkt.size(), 0, reinterpret_cast<sockaddr*>(&to_), sizeof to_),
               static_cast<ssize_t>(pkt.size()));
   }
@@ -197,6 +216,9 @@ class hostile_peer : public ::testing::Test {
   std::vector<std::byte> filled(std::size_t n, std::uint8_t v) { return std::vector<std::byte>(n, std::byte{v}); }
   std::uint64_t va(std::size_t off = 0) const { return reinterpret_cast<std::uintptr_t>(buf_.data()) + off; }
 
+  bool check_icrc_ = false;   // set before SetUp
+  bool manual_time_ = false;  // likewise: the device's time moves only when the test says
+  manual_clock clock_;        // outlives the device
   context ctx_;
   std::unique_ptr<soft_device> sdev_;
   device dev_;
@@ -441,6 +463,55 @@ TEST_F(hostile_peer, an_srq_receive_of_an_unfinished_message_is_flushed_with_the
   ASSERT_EQ(wcs.size(), 1u);
   EXPECT_EQ(wcs[0].wr_id, 0u);
   EXPECT_EQ(wcs[0].status, wc_status::wr_flush_err);
+}
+
+// The ICRC covers the IPv4 ID, which a UDP socket does not show: a device
+// that checks ICRCs finds the ID each datagram was sent with from its ICRC,
+// and takes it if the source can have used it.  A connected socket (a
+// flow's, docs/wire.md) numbers datagrams from a random start: the first
+// one sets the count, the next ones follow it, a number far from it is
+// refused once and accepted when the next agrees (a new socket there), and
+// a corrupted datagram, whatever ID it might pass for, is refused.
+class hostile_peer_icrc : public hostile_peer {
+ protected:
+  void SetUp() override {
+    check_icrc_ = true;
+    manual_time_ = true;
+    hostile_peer::SetUp();
+  }
+};
+
+TEST_F(hostile_peer_icrc, numbered_datagrams_are_taken_as_a_connected_socket_numbers_them) {
+  make_qp(qp_type::uc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post_recvs(m, 12, 64);
+  std::uint32_t psn = 0;
+  std::uint8_t fill = 0;
+  // Sends a SEND Only numbered `id` (corrupted if asked) and answers
+  // whether it completed a receive.
+  auto delivered = [&](std::uint16_t id, bool corrupt = false) {
+    send(wire::opcode::uc_send_only, psn, filled(16, ++fill), {}, id, corrupt);
+    psn = (psn + 1) & 0xFFFFFF;
+    const auto wcs = drain(std::chrono::milliseconds(30));
+    return wcs.size() == 1 && wcs[0].status == wc_status::success;
+  };
+  EXPECT_TRUE(delivered(0));        // an unconnected socket with DF
+  EXPECT_TRUE(delivered(5));        // a GSO run's sixth segment
+  EXPECT_TRUE(delivered(40000));    // the first numbered one sets the count
+  EXPECT_TRUE(delivered(40001));
+  EXPECT_TRUE(delivered(40003));    // one lost on the way
+  EXPECT_FALSE(delivered(40004, true));
+  EXPECT_TRUE(delivered(40005));
+  EXPECT_FALSE(delivered(9000));    // far from the count: once refused
+  EXPECT_TRUE(delivered(9001));     // the next agrees: a new socket
+  EXPECT_TRUE(delivered(9002));
+  EXPECT_FALSE(delivered(40006));   // the old count is gone
+  EXPECT_TRUE(delivered(9003));
+  clock_.advance(std::chrono::milliseconds(100));
+  EXPECT_TRUE(delivered(20000));    // after a silence a new count is taken at once
+  EXPECT_TRUE(delivered(20001));
+  EXPECT_EQ(dev_.counters().icrc_errors, 3u);
+  EXPECT_EQ(qp_.query().state, qp_state::rts);
 }
 
 }  // namespace

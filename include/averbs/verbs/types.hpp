@@ -393,6 +393,11 @@ struct device_counters {
   std::uint64_t gso_runs = 0;  ///< runs of packets sent as one UDP GSO datagram
   std::uint64_t gso_packets = 0;  ///< packets sent inside those runs
   std::uint64_t gro_runs = 0;  ///< datagrams received holding several packets (UDP GRO)
+  /// Datagrams sent alone through a flow's connected socket (RC and UC,
+  /// with a raw socket), and the probes that learned those sockets' IPv4
+  /// IDs (one per flow, and again after a failed send).
+  std::uint64_t flow_sends = 0;
+  std::uint64_t flow_id_probes = 0;
   /// Runs of MIDDLE packets of one message the in-process link carried as
   /// one (each counts in packets_sent as the packets it stands for).
   std::uint64_t loopback_runs = 0;

@@ -56,7 +56,10 @@ class request_waiter final : public wait_target {
  public:
   request_waiter(slot& s, request_id id) : s_(s), id_(id) {}
   bool ready() noexcept override {
-    return state_of(s_.word.load(std::memory_order_acquire)) == state_completed;
+    // Not while the completer may still wake this thread: it might be
+    // gone by then.
+    const std::uint64_t w = s_.word.load(std::memory_order_acquire);
+    return state_of(w) == state_completed && (w & flag_delivering) == 0;
   }
   bool arm(thread_state& ts) noexcept override {
     s_.waiter.store(&ts, std::memory_order_release);
@@ -94,7 +97,9 @@ std::error_code request_wait(context_impl& ctx, request_id id, std::chrono::nano
   if (timeout != std::chrono::nanoseconds::zero() && in_handler())
     return make_error_code(errc::would_deadlock);
   request_waiter w(s, id);
-  return ctx.wait(w, timeout, alertable);
+  const std::error_code ec = ctx.wait(w, timeout, alertable);
+  wait_delivered(s.word);  // a wait that timed out as the request completed
+  return ec;
 }
 
 std::error_code request_take(context_impl& ctx, request_id id, void* out) noexcept {

@@ -220,8 +220,13 @@ void context_impl::abandon(request_id id) noexcept {
   free_slot(id.index);
 }
 
+void wait_delivered(const std::atomic<std::uint64_t>& word) noexcept {
+  while ((word.load(std::memory_order_acquire) & flag_delivering) != 0) cpu_relax();
+}
+
 void context_impl::free_slot(std::uint32_t index) noexcept {
   slot& s = at(index);
+  wait_delivered(s.word);  // the completer still writes fd_signaled and the descriptor
   if (s.has_result) {
     s.manage(result_op::destroy, s.result, nullptr);
     s.has_result = false;
@@ -295,8 +300,20 @@ bool context_impl::complete(request_id id, const std::error_code& ec, void* resu
 
 void context_impl::publish(slot& s, std::uint32_t index) noexcept {
   std::uint64_t w = s.word.load(std::memory_order_relaxed);
-  while (!s.word.compare_exchange_weak(w, (w & ~std::uint64_t{state_mask}) | state_completed,
-                                       std::memory_order_acq_rel, std::memory_order_relaxed)) {
+  for (;;) {
+    // A waiting thread or an armed descriptor is signalled after the state
+    // says "completed" (a waiter that wakes must find it so): until then
+    // the slot stays, for the waiter may see "completed" first, take the
+    // result and free it.
+    const bool signals = s.kind == delivery_kind::request &&
+                         (w & (flag_initiating | flag_orphaned)) == 0 &&
+                         (w & (flag_waiter | flag_fd_armed)) != 0;
+    const std::uint64_t desired = (w & ~std::uint64_t{state_mask}) | state_completed |
+                                  (signals ? std::uint64_t{flag_delivering} : std::uint64_t{0});
+    if (s.word.compare_exchange_weak(w, desired, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+      w = desired;
+      break;
+    }
   }
   if ((w & flag_initiating) != 0) return;  // the initiator delivers on return
   deliver(s, index, w);
@@ -316,6 +333,7 @@ void context_impl::deliver(slot& s, std::uint32_t index, std::uint64_t w) noexce
       if ((w & flag_waiter) != 0) {
         if (thread_state* t = s.waiter.load(std::memory_order_acquire); t != nullptr) t->wake();
       }
+      if ((w & flag_delivering) != 0) s.word.fetch_and(~std::uint64_t{flag_delivering}, std::memory_order_release);
       return;
     case delivery_kind::port:
       if (!s.port->push_request(index)) free_slot(index);

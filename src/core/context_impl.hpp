@@ -45,6 +45,10 @@ enum : std::uint32_t {
   flag_fd_armed = 1u << 4,    // native_handle() was asked for
   flag_orphaned = 1u << 5,    // the request<T> handle was dropped
   flag_cancelled = 1u << 6,
+  // Completed, and the completer is still signalling the request's
+  // descriptor or waking its waiter: the slot must not be freed (or the
+  // waiter's thread leave its wait) until it clears.
+  flag_delivering = 1u << 7,
 };
 
 inline std::uint32_t gen_of(std::uint64_t w) noexcept { return static_cast<std::uint32_t>(w >> 32); }
@@ -53,6 +57,10 @@ inline std::uint32_t state_of(std::uint64_t w) noexcept {
 }
 
 inline constexpr std::uint32_t no_index = 0xFFFFFFFFu;
+
+/// Spins while a completer still signals the slot behind `word` (a few
+/// microseconds at most: an eventfd write and a wake).
+void wait_delivered(const std::atomic<std::uint64_t>& word) noexcept;
 
 struct slot {
   std::atomic<std::uint64_t> word{0};

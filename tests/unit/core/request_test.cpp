@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <thread>
@@ -223,6 +224,41 @@ TEST(request, a_delay_of_nanoseconds_max_never_fires_and_later_timers_still_do) 
   EXPECT_EQ(w.wait_for(50ms), std::future_status::timeout);
   never.cancel();
   EXPECT_TRUE(w.get()) << "the cancel completed it, which ends the wait";
+}
+
+// A completer on another thread publishes "completed" and then signals the
+// request's descriptor.  A waiter that sees "completed" first takes the
+// result and frees the slot at once; the next request in that slot must
+// not inherit the signal (its descriptor readable while it is pending).
+TEST(request, a_completer_signalling_late_does_not_touch_the_next_occupant) {
+  averbs::context ctx;
+  std::atomic<manual_op*> go{nullptr};
+  std::atomic<bool> stop{false};
+  std::thread completer([&] {
+    while (!stop.load()) {
+      if (manual_op* op = go.exchange(nullptr)) op->done.complete({}, 5);
+    }
+  });
+  int spurious = 0;
+  for (int i = 0; i < 3000; ++i) {
+    manual_op op;
+    auto r = async_manual(ctx, op, averbs::use_request);
+    (void)r.native_handle();  // the completer must signal it
+    go.store(&op);
+    while (!r.ready()) {
+    }
+    ASSERT_EQ(r.get(), 5);
+    manual_op next;
+    auto r2 = async_manual(ctx, next, averbs::use_request);
+    pollfd pfd{r2.native_handle(), POLLIN, 0};
+    if (::poll(&pfd, 1, 0) != 0) ++spurious;
+    ASSERT_FALSE(r2.ready());
+    next.done.complete({}, 0);
+    r2.get();
+  }
+  stop.store(true);
+  completer.join();
+  EXPECT_EQ(spurious, 0) << "a pending request's descriptor was readable";
 }
 
 }  // namespace

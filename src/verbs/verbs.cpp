@@ -9,6 +9,7 @@
 
 #include <arpa/inet.h>
 
+#include <atomic>
 #include <cstring>
 
 namespace averbs {
@@ -24,6 +25,22 @@ std::error_code unusable(const O* o, const void* e, const device_obj& d) {
   if (o == nullptr) return err(errc::invalid_argument);
   if (d.removed()) return err(errc::device_removed);
   if (e == nullptr) return err(errc::stale_handle);
+  return {};
+}
+
+// Destroys the engine object in `slot` (a handle's) with `destroy`.  Copies
+// of one handle share it: of two threads destroying them at once, one takes the object
+// and the other finds none (stale_handle), instead of both freeing it.  A
+// refused destroy puts it back.
+template <class E, class F>
+std::error_code destroy_once(E*& slot, const device_obj& d, F&& destroy) {
+  if (d.removed()) return err(errc::device_removed);
+  E* e = std::atomic_ref<E*>(slot).exchange(nullptr, std::memory_order_acq_rel);
+  if (e == nullptr) return err(errc::stale_handle);
+  if (auto ec = destroy(e)) {
+    std::atomic_ref<E*>(slot).store(e, std::memory_order_release);
+    return ec;
+  }
   return {};
 }
 
@@ -306,18 +323,18 @@ void start_create_qp(const std::shared_ptr<pd_obj>& p, const qp_init_attr& attr,
 }
 
 void start_dealloc_pd(const std::shared_ptr<pd_obj>& p, completer<void> c) noexcept {
-  if (auto ec = unusable(p.get(), p ? p->e : nullptr, *p->dev)) return void(c.fail(ec));
-  if (auto ec = p->dev->eng->dealloc_pd(p->e)) return void(c.fail(ec));
-  p->e = nullptr;
+  if (p == nullptr) return void(c.fail(err(errc::invalid_argument)));
+  if (auto ec = destroy_once(p->e, *p->dev, [&](soft::pd_t* e) { return p->dev->eng->dealloc_pd(e); }))
+    return void(c.fail(ec));
   c.complete({});
 }
 
 // --- mr, mw, ah -----------------------------------------------------------------
 
 void start_dereg_mr(const std::shared_ptr<mr_obj>& m, completer<void> c) noexcept {
-  if (auto ec = unusable(m.get(), m ? m->e : nullptr, *m->pd->dev)) return void(c.fail(ec));
-  if (auto ec = m->pd->dev->eng->dereg_mr(m->e)) return void(c.fail(ec));
-  m->e = nullptr;
+  if (m == nullptr) return void(c.fail(err(errc::invalid_argument)));
+  if (auto ec = destroy_once(m->e, *m->pd->dev, [&](soft::mr_t* e) { return m->pd->dev->eng->dereg_mr(e); }))
+    return void(c.fail(ec));
   c.complete({});
 }
 
@@ -339,16 +356,18 @@ void start_rereg_mr(const std::shared_ptr<mr_obj>& m, int flags, const std::shar
 }
 
 void start_dealloc_mw(const std::shared_ptr<mw_obj>& m, completer<void> c) noexcept {
-  if (auto ec = unusable(m.get(), m ? m->e : nullptr, *m->pd->dev)) return void(c.fail(ec));
-  if (auto ec = m->pd->dev->eng->dealloc_mw(m->e)) return void(c.fail(ec));
-  m->e = nullptr;
+  if (m == nullptr) return void(c.fail(err(errc::invalid_argument)));
+  if (auto ec =
+          destroy_once(m->e, *m->pd->dev, [&](soft::mw_t* e) { return m->pd->dev->eng->dealloc_mw(e); }))
+    return void(c.fail(ec));
   c.complete({});
 }
 
 void start_destroy_ah(const std::shared_ptr<ah_obj>& a, completer<void> c) noexcept {
-  if (auto ec = unusable(a.get(), a ? a->e : nullptr, *a->pd->dev)) return void(c.fail(ec));
-  if (auto ec = a->pd->dev->eng->destroy_ah(a->e)) return void(c.fail(ec));
-  a->e = nullptr;
+  if (a == nullptr) return void(c.fail(err(errc::invalid_argument)));
+  if (auto ec =
+          destroy_once(a->e, *a->pd->dev, [&](soft::ah_t* e) { return a->pd->dev->eng->destroy_ah(e); }))
+    return void(c.fail(ec));
   c.complete({});
 }
 
@@ -370,9 +389,9 @@ void start_resize_cq(const std::shared_ptr<cq_obj>& q, std::uint32_t cqe, comple
 }
 
 void start_destroy_cq(const std::shared_ptr<cq_obj>& q, completer<void> c) noexcept {
-  if (auto ec = unusable(q.get(), q ? q->e : nullptr, *q->dev)) return void(c.fail(ec));
-  if (auto ec = q->dev->eng->destroy_cq(q->e)) return void(c.fail(ec));
-  q->e = nullptr;
+  if (q == nullptr) return void(c.fail(err(errc::invalid_argument)));
+  if (auto ec = destroy_once(q->e, *q->dev, [&](soft::cq_t* e) { return q->dev->eng->destroy_cq(e); }))
+    return void(c.fail(ec));
   c.complete({});
 }
 
@@ -393,9 +412,10 @@ void start_query_srq(const std::shared_ptr<srq_obj>& s, completer<srq_attr> c) n
 }
 
 void start_destroy_srq(const std::shared_ptr<srq_obj>& s, completer<void> c) noexcept {
-  if (auto ec = unusable(s.get(), s ? s->e : nullptr, *s->pd->dev)) return void(c.fail(ec));
-  if (auto ec = s->pd->dev->eng->destroy_srq(s->e)) return void(c.fail(ec));
-  s->e = nullptr;
+  if (s == nullptr) return void(c.fail(err(errc::invalid_argument)));
+  if (auto ec =
+          destroy_once(s->e, *s->pd->dev, [&](soft::srq_t* e) { return s->pd->dev->eng->destroy_srq(e); }))
+    return void(c.fail(ec));
   c.complete({});
 }
 
@@ -417,9 +437,10 @@ void start_query_qp(const std::shared_ptr<qp_obj>& q, completer<qp_attr> c) noex
 }
 
 void start_destroy_qp(const std::shared_ptr<qp_obj>& q, completer<void> c) noexcept {
-  if (auto ec = unusable(q.get(), q ? q->e : nullptr, *q->pd->dev)) return void(c.fail(ec));
-  if (auto ec = q->pd->dev->eng->destroy_qp(q->e)) return void(c.fail(ec));
-  q->e = nullptr;
+  if (q == nullptr) return void(c.fail(err(errc::invalid_argument)));
+  if (auto ec =
+          destroy_once(q->e, *q->pd->dev, [&](soft::qp_t* e) { return q->pd->dev->eng->destroy_qp(e); }))
+    return void(c.fail(ec));
   c.complete({});
 }
 

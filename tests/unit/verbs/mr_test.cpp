@@ -4,6 +4,9 @@
 // statuses, re-registration, zero-based regions, deregistration.
 #include "verbs_fixture.hpp"
 
+#include <atomic>
+#include <thread>
+
 namespace averbs::test {
 namespace {
 
@@ -95,6 +98,32 @@ TEST_F(mr_test, dereg_twice_is_stale_handle) {
   std::error_code ec;
   b.m.dereg(ec);
   EXPECT_EQ(ec, make_error_code(errc::stale_handle));
+}
+
+// Copies of one handle destroyed by two threads at once: one destroy
+// frees the region, the other is told it is stale; nothing is freed twice
+// (the address sanitizer run would report it).
+TEST_F(mr_test, two_threads_deregistering_copies_of_one_handle_free_it_once) {
+  std::vector<std::byte> bytes(64);
+  for (int i = 0; i < 300; ++i) {
+    mr a = pd_.reg_mr(bytes.data(), bytes.size(), access_local_write);
+    mr b = a;  // the same region
+    std::error_code ea, eb;
+    std::atomic<int> ready{0};
+    std::thread t([&] {
+      ready.fetch_add(1);
+      while (ready.load() < 2) {
+      }
+      b.dereg(eb);
+    });
+    ready.fetch_add(1);
+    while (ready.load() < 2) {
+    }
+    a.dereg(ea);
+    t.join();
+    ASSERT_TRUE(!ea != !eb) << "exactly one succeeds: " << ea.message() << " / " << eb.message();
+    EXPECT_EQ(ea ? ea : eb, make_error_code(errc::stale_handle));
+  }
 }
 
 // ---------------------------------------------------------------------------

@@ -109,6 +109,7 @@ context_impl::context_impl(const context_options& opts)
 }
 
 context_impl::~context_impl() {
+  free_dropped();  // a completion that came after shutdown()
   for (std::uint32_t c = 0; c < max_chunks; ++c) {
     slot* chunk = chunks_[c].load(std::memory_order_relaxed);
     if (chunk == nullptr) break;
@@ -133,6 +134,7 @@ void context_impl::shutdown() noexcept {
     const std::uint64_t w = at(i).word.load(std::memory_order_acquire);
     if (state_of(w) == state_pending) complete({i, gen_of(w)}, make_error_code(errc::operation_aborted), nullptr, true);
   }
+  free_dropped();
 }
 
 // ---------------------------------------------------------------------------
@@ -323,7 +325,7 @@ void context_impl::deliver(slot& s, std::uint32_t index, std::uint64_t w) noexce
   switch (s.kind) {
     case delivery_kind::request:
       if ((w & flag_orphaned) != 0) {
-        free_slot(index);
+        free_later(index);
         return;
       }
       if ((w & flag_fd_armed) != 0) {
@@ -336,12 +338,12 @@ void context_impl::deliver(slot& s, std::uint32_t index, std::uint64_t w) noexce
       if ((w & flag_delivering) != 0) s.word.fetch_and(~std::uint64_t{flag_delivering}, std::memory_order_release);
       return;
     case delivery_kind::port:
-      if (!s.port->push_request(index)) free_slot(index);
+      if (!s.port->push_request(index)) free_later(index);
       return;
     case delivery_kind::thread:
       if (!s.thread->push(*this, index)) {
         counters_.handlers_dropped.fetch_add(1, std::memory_order_relaxed);
-        free_slot(index);
+        free_later(index);
       }
       return;
     case delivery_kind::immediate: {
@@ -451,6 +453,12 @@ void context_impl::remove_source(progress_source& src) noexcept {
 }
 
 std::size_t context_impl::poll() noexcept {
+  const std::size_t worked = poll_sources();
+  free_dropped();  // outside sources_mu_: a handler may hold a device's last handle
+  return worked;
+}
+
+std::size_t context_impl::poll_sources() noexcept {
   std::shared_lock lock(sources_mu_);
   epoll_event evs[16];
   const int n = ::epoll_wait(ep_, evs, 16, 0);
@@ -588,6 +596,33 @@ void context_impl::defer_completion(request_id id, const std::error_code& ec, st
     }
   }
   if (need_write) write_one(deferred_fd_);
+}
+
+void context_impl::free_later(std::uint32_t index) noexcept {
+  std::uint32_t head = dropped_head_.load(std::memory_order_relaxed);
+  do {
+    at(index).next_free.store(head, std::memory_order_relaxed);
+  } while (!dropped_head_.compare_exchange_weak(head, index, std::memory_order_release, std::memory_order_relaxed));
+  // The next poll frees it: ring the doorbell a sleeping waiter watches.
+  bool need_write = false;
+  {
+    std::lock_guard lock(deferred_mu_);
+    if (!deferred_signaled_) {
+      deferred_signaled_ = true;
+      need_write = true;
+    }
+  }
+  if (need_write) write_one(deferred_fd_);
+}
+
+void context_impl::free_dropped() noexcept {
+  if (dropped_head_.load(std::memory_order_relaxed) == no_index) return;
+  std::uint32_t index = dropped_head_.exchange(no_index, std::memory_order_acquire);
+  while (index != no_index) {
+    const std::uint32_t next = at(index).next_free.load(std::memory_order_relaxed);
+    free_slot(index);
+    index = next;
+  }
 }
 
 void context_impl::drain_deferred() noexcept {

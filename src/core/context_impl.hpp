@@ -166,6 +166,15 @@ class context_impl final : public clock_listener {
   void deliver(slot& s, std::uint32_t index, std::uint64_t old_word) noexcept;
   void run_timers() noexcept;
   void drain_deferred() noexcept;
+  std::size_t poll_sources() noexcept;
+  /// Frees the slot of a completion nobody will take (its thread exited,
+  /// its port closed, its handle dropped) later, outside the completer's
+  /// locks: destroying the handler or the result may release the last
+  /// reference on an object whose destructor takes the lock the completer
+  /// holds (a verbs handle, under the device lock).
+  void free_later(std::uint32_t index) noexcept;
+  /// Frees the slots free_later() queued.  Holds no lock of ours.
+  void free_dropped() noexcept;
   void rearm_timer(clock::time_point deadline) noexcept;
   void progress_thread_main() noexcept;
 
@@ -176,6 +185,7 @@ class context_impl final : public clock_listener {
   std::unique_ptr<std::atomic<slot*>[]> chunks_;
   std::atomic<std::uint32_t> capacity_{0};
   std::atomic<std::uint64_t> free_head_;  // aba tag << 32 | index
+  std::atomic<std::uint32_t> dropped_head_{no_index};  // free_later()'s, linked by next_free
   std::mutex grow_mu_;
 
   int ep_ = -1;

@@ -8,6 +8,7 @@
 #include <coroutine>
 #include <exception>
 #include <future>
+#include <thread>
 
 namespace averbs::test {
 namespace {
@@ -173,6 +174,40 @@ TEST_F(cq_test, notify_completes_on_the_next_completion) {
   r.get(ec);
   EXPECT_FALSE(ec) << ec.message();
   EXPECT_EQ(drain(p.cq_b).size(), 1u);  // the notification consumed nothing
+}
+
+// A notification's handler runs on the thread that asked for it; if that
+// thread has exited the handler is dropped.  The notification completes
+// under the device's lock, and a handler holding the last handle of a QP
+// of that device must not be destroyed there (its destructor takes the
+// lock: the post below deadlocked).  It is freed at the context's next
+// poll, and the QP with it.
+TEST_F(cq_test, a_dropped_notify_handler_holding_the_last_qp_handle_is_freed_outside_the_device_lock) {
+  cq shared = dev.create_cq(16);
+  qp_init_attr ia;
+  ia.send_cq = shared;
+  ia.recv_cq = shared;
+  ia.cap = {4, 4, 1, 1, 0};
+  ia.type = qp_type::rc;
+  qp poster = pd_.create_qp(ia);
+  const std::uint64_t before = dev.query().max_qp;  // the device answers at all
+  {
+    qp held = pd_.create_qp(ia);
+    std::thread t([&, held]() mutable {
+      shared.async_notify(false, [q = std::move(held)](std::error_code) {});
+    });
+    t.join();
+  }  // the handler holds the only handle of `held` now
+  poster.modify(init_attr({}), init_mask(qp_type::rc));
+  qp_attr err_state;
+  err_state.state = qp_state::err;
+  poster.modify(err_state, qp_attr_state);
+  ASSERT_FALSE(post_empty_recv(poster, 9));  // completes at once, flushed, and fires the notification
+  ctx->poll();
+  EXPECT_EQ(ctx->stats().handlers_dropped, 1u);
+  EXPECT_EQ(ctx->stats().in_flight, 0u);
+  EXPECT_EQ(dev.query().max_qp, before) << "the device still answers";
+  EXPECT_EQ(drain(shared).size(), 1u);
 }
 
 TEST_F(cq_test, notify_ignores_completions_queued_before_it) {

@@ -641,15 +641,25 @@ bool device::resolve_rkey(qp_t* qp, std::uint32_t rkey, std::uint64_t va, std::u
 // ---------------------------------------------------------------------------
 // MR
 
-std::error_code device::reg_mr(pd_t* pd, std::uint64_t addr, std::uint64_t length, std::uint32_t access,
-                               mr_t*& out) {
+namespace {
+
+// The access flags of a region, at registration or re-registration.
+std::error_code check_mr_access(std::uint32_t access) {
   // IBTA 10.6.3.1: remote write or atomic access needs local write.
   if ((access & (access_remote_write | access_remote_atomic)) != 0 && (access & access_local_write) == 0)
-    return err(errc::invalid_argument);
+    return make_error_code(errc::invalid_argument);
   constexpr std::uint32_t known = access_local_write | access_remote_write | access_remote_read |
                                   access_remote_atomic | access_mw_bind | access_zero_based |
                                   access_relaxed_ordering;
-  if ((access & ~known) != 0) return err(errc::not_supported);
+  if ((access & ~known) != 0) return make_error_code(errc::not_supported);
+  return {};
+}
+
+}  // namespace
+
+std::error_code device::reg_mr(pd_t* pd, std::uint64_t addr, std::uint64_t length, std::uint32_t access,
+                               mr_t*& out) {
+  if (auto ec = check_mr_access(access)) return ec;
   if (length == 0) return err(errc::invalid_argument);  // ib_umem_get: no pages
   if (addr + length < addr) return err(errc::invalid_argument);
   std::lock_guard lock(lock_);
@@ -680,13 +690,14 @@ std::error_code device::rereg_mr(mr_t* mr, int flags, pd_t* pd, std::uint64_t ad
   if (flags == 0 || (flags & ~(change_translation | change_pd | change_access)) != 0)
     return err(errc::invalid_argument);
   const std::uint32_t new_access = (flags & change_access) != 0 ? access : mr->access;
-  if ((new_access & (access_remote_write | access_remote_atomic)) != 0 &&
-      (new_access & access_local_write) == 0)
-    return err(errc::invalid_argument);
+  if (auto ec = check_mr_access(new_access)) return ec;
   if ((flags & change_translation) != 0 && (length == 0 || addr + length < addr))
     return err(errc::invalid_argument);
   std::lock_guard lock(lock_);
   if (mr->bound_mws != 0) return err(errc::invalid_state);
+  // The new keys first: a region that cannot have them stays as it was.
+  const std::uint32_t key = alloc_key(key_entry::kind::mr, mr);
+  if (key == 0) return err(errc::no_resources);
   if ((flags & change_pd) != 0 && pd != mr->pd) {
     drop_child(mr->pd, pds_, free_pds_, live_pds_);
     mr->pd = pd;
@@ -701,7 +712,6 @@ std::error_code device::rereg_mr(mr_t* mr, int flags, pd_t* pd, std::uint64_t ad
   mr->iova = (mr->access & access_zero_based) != 0 ? 0 : mr->host_addr;
   // A re-registered region gets new keys, as rxe does.
   free_key(mr->lkey);
-  const std::uint32_t key = alloc_key(key_entry::kind::mr, mr);
   const std::uint32_t old_index = mr->lkey >> 8, index = key >> 8;
   if (index != old_index) {
     if (mrs_.size() <= index) mrs_.resize(index + 1);

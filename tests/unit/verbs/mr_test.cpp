@@ -386,6 +386,24 @@ TEST_F(mr_test, rereg_changes_the_keys_and_the_old_rkey_fails) {
   EXPECT_REMOTE_ERROR(p, 33, wc_status::rem_access_err);
 }
 
+// Re-registration checks the access flags as registration does: an
+// unknown bit is refused and leaves the region, keys and all, as it was.
+TEST_F(mr_test, rereg_with_an_unknown_access_bit_is_refused_and_changes_nothing) {
+  auto p = connected_pair();
+  auto local = make_buffer(16), remote = make_buffer(16);
+  const std::uint32_t key = remote.m.rkey();
+  std::error_code ec;
+  remote.m.rereg(rereg_change_access, nullptr, nullptr, 0, lw | rw | (1u << 30), ec);
+  EXPECT_EQ(ec, make_error_code(errc::not_supported));
+  EXPECT_EQ(remote.m.rkey(), key);
+  local.fill(7);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 34, send_signaled, remote.addr(), key));
+  const auto v = drain(p.cq_a);
+  ASSERT_EQ(v.size(), 1u);
+  EXPECT_EQ(v[0].status, wc_status::success);
+  EXPECT_TRUE(remote.all(7));
+}
+
 TEST_F(mr_test, rereg_translation_moves_the_region_to_the_new_buffer) {
   auto p = connected_pair();
   auto local = make_buffer(256), remote = make_buffer(256);

@@ -988,6 +988,15 @@ TEST(roce_icrc, ipv4_id_delta_matches_an_icrc_computed_with_the_id) {
   }
 }
 
+// The ICRC of transport bytes `t` (BTH ... pad) sent with IPv4 ID `id`,
+// the other header fields from `ip`.
+std::uint32_t icrc_with_id(w::ip_udp_params ip, std::span<const std::byte> t, std::uint16_t id) {
+  ip.ip_id = id;
+  std::array<std::byte, 64> hdr;
+  const std::size_t hl = w::build_ip_udp(ip, t.size() + w::icrc_size, hdr);
+  return w::icrc(std::span(hdr.data(), hl), t);
+}
+
 // More lengths than the cache holds, visited twice in turn: every delta
 // still matches a full computation as entries are replaced.
 TEST(roce_icrc, ipv4_id_delta_stays_right_when_lengths_outnumber_the_cache) {
@@ -1000,14 +1009,8 @@ TEST(roce_icrc, ipv4_id_delta_stays_right_when_lengths_outnumber_the_cache) {
     for (std::size_t transport = 12; transport < 12 + 20 * 200; transport += 200) {
       std::vector<std::byte> t(transport);
       for (auto& b : t) b = static_cast<std::byte>(rng());
-      std::array<std::byte, 64> hdr;
-      ip.ip_id = 0;
-      const std::size_t hl = w::build_ip_udp(ip, transport + w::icrc_size, hdr);
-      const std::uint32_t id0 = w::icrc(std::span(hdr.data(), hl), t);
       const auto id = static_cast<std::uint16_t>(1 + rng() % 65535);
-      ip.ip_id = id;
-      w::build_ip_udp(ip, transport + w::icrc_size, hdr);
-      EXPECT_EQ(w::icrc(std::span(hdr.data(), hl), t), id0 ^ ids.delta(transport, id))
+      EXPECT_EQ(icrc_with_id(ip, t, id), icrc_with_id(ip, t, 0) ^ ids.delta(transport, id))
           << "transport " << transport << " id " << id;
     }
   }
@@ -1027,16 +1030,11 @@ TEST(roce_icrc, ipv4_id_solve_finds_the_id_a_packet_was_sent_with) {
   for (std::size_t transport : {std::size_t{16}, std::size_t{20}, std::size_t{12 + 4096}, std::size_t{12 + 333 + 3}}) {
     std::vector<std::byte> t(transport);
     for (auto& b : t) b = static_cast<std::byte>(rng());
-    std::array<std::byte, 64> hdr;
-    ip.ip_id = 0;
-    const std::size_t hl = w::build_ip_udp(ip, transport + w::icrc_size, hdr);
-    const std::uint32_t id0 = w::icrc(std::span(hdr.data(), hl), t);
+    const std::uint32_t id0 = icrc_with_id(ip, t, 0);
     EXPECT_EQ(ids.solve(transport, 0), std::optional<std::uint16_t>(0));
     for (int k = 0; k < 64; ++k) {
       const auto id = static_cast<std::uint16_t>(k < 2 ? 0xFFFF * k + 1 - k : rng());  // 1, 65535, then random
-      ip.ip_id = id;
-      w::build_ip_udp(ip, transport + w::icrc_size, hdr);
-      const std::uint32_t got = w::icrc(std::span(hdr.data(), hl), t);
+      const std::uint32_t got = icrc_with_id(ip, t, id);
       EXPECT_EQ(ids.solve(transport, got ^ id0), std::optional<std::uint16_t>(id)) << "transport " << transport;
       // The same packet with one bit of its transport flipped (not in BTH
       // byte 4, which the ICRC does not cover).
@@ -1044,11 +1042,8 @@ TEST(roce_icrc, ipv4_id_solve_finds_the_id_a_packet_was_sent_with) {
       std::size_t at = rng() % (bad.size() - 1);
       if (at >= 4) ++at;
       bad[at] ^= static_cast<std::byte>(1u << (rng() % 8));
-      ip.ip_id = 0;
-      w::build_ip_udp(ip, transport + w::icrc_size, hdr);
-      const std::uint32_t bad_id0 = w::icrc(std::span(hdr.data(), hl), bad);
       ++corrupted;
-      if (!ids.solve(transport, got ^ bad_id0)) ++unsolved;
+      if (!ids.solve(transport, got ^ icrc_with_id(ip, bad, 0))) ++unsolved;
     }
   }
   EXPECT_GE(unsolved, corrupted - 1) << "a flipped bit should almost never look like an ID";

@@ -502,6 +502,12 @@ void device::destroy_qp_locked(qp_t* qp) noexcept {
   }
   std::erase(ack_ready_, qp);
   std::erase(lazy_acks_, qp);
+  // A type-2 window bound through this QP stays bound but no QP can use it
+  // (rxe keeps the QP alive behind the window for as long): it must not
+  // name a later QP that happens to get this one's memory.
+  if (live_mws_ != 0)
+    for (auto& w : mws_)
+      if (w != nullptr && w->qp == qp) w->qp = nullptr;
   auto drop_cq = [this](cq_t* cq) {
     if (--cq->users == 0 && cq->released) {
       const std::uint32_t i = cq->handle;

@@ -275,6 +275,25 @@ TEST_F(mw_test, type2_window_used_through_another_qp_is_rem_access_err) {
   EXPECT_TRUE(wc_ok(poll_one(p1.cq_a), 2, wc_opcode::rdma_write));
 }
 
+// A type-2 window outlives the QP it was bound through, and no other QP
+// can use it, even one that gets the destroyed QP's memory (destroying
+// the old pair responder first, then requester, makes the allocator hand
+// their memory to the new pair in the same roles).
+TEST_F(mw_test, type2_window_of_a_destroyed_qp_is_refused_to_every_later_qp) {
+  auto region = make_buffer(4096, region_access), src = make_buffer(64);
+  mw w = pd_.alloc_mw(mw_type::type2);
+  std::uint32_t key;
+  {
+    auto p1 = connected_pair();
+    key = bind_type2(p1.b, p1.cq_b, w, region, 0, 4096);
+    p1.b.destroy();
+    p1.a.destroy();
+  }
+  auto p2 = connected_pair();
+  ASSERT_FALSE(write(p2, src, region.addr(), key, 1));
+  EXPECT_REMOTE_ERROR(p2, 1, wc_status::rem_access_err);
+}
+
 TEST_F(mw_test, type2_bind_while_bound_is_mw_bind_err) {
   // IBTA 10.6.7.2.3 / rxe: a bound type-2 window must be invalidated first.
   auto p = connected_pair();

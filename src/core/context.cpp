@@ -42,6 +42,12 @@ bool cancel_request(context_impl& ctx, request_id id) noexcept {
 void set_cancel_hook(context_impl& ctx, request_id id, cancel_fn fn, void* arg) noexcept {
   slot* s = ctx.lookup(id.index);
   if (s == nullptr) return;
+  // Only on the request itself, still pending: a completer that sets its
+  // hook after the request completed and its slot went to another one
+  // must not hang its hook there.  (Inside the initiation the slot cannot
+  // be freed: the initiator delivers.)
+  const std::uint64_t w = s->word.load(std::memory_order_acquire);
+  if (gen_of(w) != id.generation || state_of(w) != state_pending) return;
   s->cancel_arg.store(arg, std::memory_order_relaxed);
   s->cancel_hook.store(fn, std::memory_order_release);
 }

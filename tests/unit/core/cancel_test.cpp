@@ -155,4 +155,24 @@ TEST(cancel, cancel_hook_lets_the_operation_drop_its_reference) {
   EXPECT_EQ(ec, errc::operation_aborted);
 }
 
+// A completer that sets its cancel hook after its request completed (and
+// the slot went to the next request) hangs nothing on the next request:
+// cancelling that one calls no stranger's hook.
+TEST(cancel, a_hook_set_after_completion_does_not_land_on_the_next_request) {
+  averbs::context ctx;
+  averbs::detail::completer<int> first;
+  auto r1 = averbs::detail::initiate<int>(ctx, nullptr, averbs::use_request,
+                                          [&](averbs::detail::completer<int> c) noexcept { first = c; });
+  ASSERT_TRUE(first.complete({}, 1));
+  EXPECT_EQ(r1.get(), 1);  // frees the slot
+  averbs::detail::completer<int> second;
+  auto r2 = averbs::detail::initiate<int>(ctx, nullptr, averbs::use_request,
+                                          [&](averbs::detail::completer<int> c) noexcept { second = c; });
+  ASSERT_EQ(second.id().index, first.id().index) << "the test needs the slot reused";
+  bool called = false;
+  first.on_cancel([](void* arg, averbs::detail::request_id) noexcept { *static_cast<bool*>(arg) = true; }, &called);
+  EXPECT_TRUE(r2.cancel());
+  EXPECT_FALSE(called);
+}
+
 }  // namespace

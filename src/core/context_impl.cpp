@@ -184,6 +184,9 @@ std::uint32_t context_impl::grow() {
 }
 
 slot_ref context_impl::begin(const initiation& in) {
+  // The calling thread's state first: creating it may throw, and nothing
+  // is taken yet.
+  thread_state* const ts = in.kind == delivery_kind::thread ? &thread_state::current() : nullptr;
   std::uint32_t index = pop_free();
   if (index == no_index) index = grow();
   if (index == no_index) throw std::system_error(make_error_code(errc::no_resources), "request slab full");
@@ -198,11 +201,8 @@ slot_ref context_impl::begin(const initiation& in) {
   s.key = in.key;
   s.port = in.port;
   if (s.port != nullptr) s.port->add_ref();
-  s.thread = nullptr;
-  if (in.kind == delivery_kind::thread) {
-    s.thread = &thread_state::current();
-    s.thread->add_ref();
-  }
+  s.thread = ts;
+  if (ts != nullptr) ts->add_ref();
   s.module = in.handler != nullptr ? module_acquire(reinterpret_cast<const void*>(in.handler)) : nullptr;
   s.handler = in.handler;
   s.cancel_hook.store(nullptr, std::memory_order_relaxed);

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/resource.h>
 
 #include <memory>
 #include <stdexcept>
@@ -179,4 +180,38 @@ TEST(callback, handler_dropped_when_its_thread_exits_and_the_slot_is_freed) {
   EXPECT_EQ(ctx.stats().in_flight, 0u);
 }
 
+// A callback is queued for its thread, whose state (an eventfd) is made on
+// first use.  When it cannot be made, starting the operation throws and
+// takes nothing: the request slot it would have had is the next one's.
+TEST(callback, a_thread_that_cannot_get_its_wake_descriptor_leaks_no_request) {
+  averbs::context ctx;
+  auto index_of_next = [&] {
+    averbs::detail::completer<int> c;
+    auto r = averbs::detail::initiate<int>(ctx, nullptr, averbs::use_request,
+                                           [&](averbs::detail::completer<int> x) noexcept { c = x; });
+    const std::uint32_t index = c.id().index;
+    c.complete({}, 0);
+    r.get();  // frees the slot: the next request takes it again
+    return index;
+  };
+  const std::uint32_t free_slot = index_of_next();
+  bool threw = false;
+  std::thread t([&] {
+    rlimit old{};
+    ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+    rlimit none = old;
+    none.rlim_cur = 0;  // no new descriptor for anyone until restored
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &none), 0);
+    try {
+      averbs::async_nop(ctx, {}, [](std::error_code, std::uint64_t) {});
+    } catch (const std::system_error&) {
+      threw = true;
+    }
+    ::setrlimit(RLIMIT_NOFILE, &old);
+  });
+  t.join();
+  EXPECT_TRUE(threw) << "the thread's state needs an eventfd";
+  EXPECT_EQ(index_of_next(), free_slot) << "the failed start kept a slot";
+  EXPECT_EQ(ctx.stats().in_flight, 0u);
+}
 }  // namespace

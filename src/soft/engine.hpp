@@ -661,6 +661,9 @@ class device final : public progress_source, public clock_listener {
                   std::uint32_t len) noexcept;
   std::error_code invalidate_rkey(pd_t* pd, std::uint32_t rkey, qp_t* qp) noexcept;
   std::error_code bind_mw(qp_t* qp, send_wqe* w) noexcept;
+  /// Whether `mw` is one of this device's windows (a caller may pass
+  /// another device's).  Must hold lock_.
+  bool owns(const mw_t* mw) const noexcept { return mw->handle < mws_.size() && mws_[mw->handle].get() == mw; }
   std::uint32_t alloc_key(key_entry::kind k, void* obj) noexcept;
   void free_key(std::uint32_t key) noexcept;
 

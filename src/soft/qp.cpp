@@ -583,7 +583,7 @@ std::error_code device::post_one_send(qp_t* qp, const send_wr& wr) noexcept {
   if (length > limits::max_msg_size) return err(errc::message_too_long);
   if (op == wr_opcode::bind_mw) {
     mw = engine_object(wr.bind_mw);
-    if (mw == nullptr) return err(errc::invalid_argument);
+    if (mw == nullptr || !owns(mw)) return err(errc::invalid_argument);
   }
   if (qp->sq.count() >= std::max<std::uint32_t>(qp->cap.max_send_wr, 1) ||
       (qp->cap.max_send_wr == 0))
@@ -660,7 +660,7 @@ std::error_code device::post_send(qp_t* qp, const send_wr* wrs, std::size_t n, s
 std::error_code device::bind_mw1(qp_t* qp, mw_t* mw, std::uint64_t wr_id, std::uint32_t flags,
                                  const mw_bind_info& info, std::uint32_t& new_rkey) {
   std::lock_guard lock(lock_);
-  if (mw->type != mw_type::type1) return err(errc::invalid_argument);
+  if (!owns(mw) || mw->type != mw_type::type1) return err(errc::invalid_argument);
   const qp_state s = qp->state;
   if (s == qp_state::reset || s == qp_state::init || s == qp_state::rtr) return err(errc::invalid_state);
   if (qp->type == qp_type::ud) return err(errc::invalid_argument);

@@ -322,6 +322,29 @@ TEST_F(mw_test, bind_wr_without_a_window_bad_flow) {
 // ---------------------------------------------------------------------------
 // Bind and invalidate errors
 
+// A window of another device cannot be bound through this device's QP:
+// it would name this device's window of the same index.
+TEST_F(mw_test, bind_of_another_devices_window_bad_flow) {
+  auto p = connected_pair();
+  auto region = make_buffer(4096, region_access);
+  const std::string other_name = std::string("t_mw_test.other_device");
+  soft_device other_dev(soft_device_options{other_name, &clock, {gid::from_ipv4(0x7F000001)}});
+  device other = open_device(*ctx, other_name);
+  pd other_pd = other.alloc_pd();
+  mw other1 = other_pd.alloc_mw(mw_type::type1), other2 = other_pd.alloc_mw(mw_type::type2);
+  mw mine = pd_.alloc_mw(mw_type::type2);  // the same index on this device
+  const std::uint32_t mine_key = mine.rkey();
+  EXPECT_EQ(p.a.bind_mw(other1, 1, send_signaled, {region.m.lkey(), region.addr(), 64, access_remote_write}),
+            make_error_code(errc::invalid_argument));
+  send_wr bw = make_wr(wr_opcode::bind_mw, {}, 2);
+  bw.bind_mw = &other2;
+  bw.bind_rkey = inc_rkey(other2.rkey());
+  bw.bind_info = {region.m.lkey(), region.addr(), 64, access_remote_write};
+  EXPECT_EQ(p.a.post_send(bw), make_error_code(errc::invalid_argument));
+  EXPECT_EQ(mine.rkey(), mine_key) << "this device's window is untouched";
+  EXPECT_TRUE(drain(p.cq_a).empty());
+}
+
 TEST_F(mw_test, alloc_of_type_3_bad_flow) {
   std::error_code ec;
   mw w = pd_.alloc_mw(static_cast<mw_type>(3), ec);

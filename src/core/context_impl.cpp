@@ -218,6 +218,15 @@ slot_ref context_impl::begin(const initiation& in) {
 void context_impl::abandon(request_id id) noexcept {
   slot& s = at(id.index);
   s.handler = nullptr;  // never constructed
+  // The request is in its group already, whose cancel may be completing
+  // it on another thread: take it as a completer would (that cancel then
+  // loses), or let the cancel finish (it unlinks the slot) before freeing.
+  std::uint64_t w = s.word.load(std::memory_order_acquire);
+  while (state_of(w) == state_pending &&
+         !s.word.compare_exchange_weak(w, (w & ~std::uint64_t{state_mask}) | state_completed,
+                                       std::memory_order_acq_rel, std::memory_order_acquire)) {
+  }
+  while (state_of(s.word.load(std::memory_order_acquire)) == state_completing) cpu_relax();
   if (s.group != nullptr) s.group->unlink(id.index);
   free_slot(id.index);
 }

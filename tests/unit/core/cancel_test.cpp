@@ -8,6 +8,7 @@
 #include <array>
 #include <atomic>
 #include <future>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -173,6 +174,48 @@ TEST(cancel, a_hook_set_after_completion_does_not_land_on_the_next_request) {
   first.on_cancel([](void* arg, averbs::detail::request_id) noexcept { *static_cast<bool*>(arg) = true; }, &called);
   EXPECT_TRUE(r2.cancel());
   EXPECT_FALSE(called);
+}
+
+// A handler whose move throws leaves the operation unstarted (the caller
+// gets the exception) after its request joined the group; the group's
+// cancel, running on another thread at the same time, may be completing
+// that request.  Neither side frees it twice or loses the group's other
+// requests.
+TEST(cancel, a_handler_that_fails_to_move_races_its_groups_cancel_cleanly) {
+  averbs::context ctx;
+  averbs::request_group g(ctx);
+  struct bad_handler {
+    bad_handler() = default;
+    bad_handler(bad_handler&&) { throw std::runtime_error("no room"); }
+    void operator()(std::error_code, std::uint64_t) const {}
+  };
+  averbs::nop_params p;
+  p.delay = 1h;
+  p.group = &g;
+  auto keep = averbs::async_nop(ctx, p, averbs::use_request);  // one that must survive every round
+  std::atomic<bool> stop{false};
+  std::thread canceller([&] {
+    while (!stop.load()) g.cancel();
+  });
+  int threw = 0;
+  for (int i = 0; i < 20000; ++i) {
+    try {
+      averbs::async_nop(ctx, p, bad_handler{});
+    } catch (const std::runtime_error&) {
+      ++threw;
+    }
+  }
+  stop.store(true);
+  canceller.join();
+  EXPECT_EQ(threw, 20000);
+  std::error_code ec;
+  keep.get(ec);
+  EXPECT_EQ(ec, errc::operation_aborted) << "the group's cancel reached the other request";
+  EXPECT_EQ(g.pending(), 0u);
+  EXPECT_EQ(ctx.stats().in_flight, 0u);
+  auto after = averbs::async_nop(ctx, p, averbs::use_request);
+  EXPECT_EQ(g.pending(), 1u) << "the group still links requests";
+  EXPECT_EQ(g.cancel(), 1u);
 }
 
 }  // namespace

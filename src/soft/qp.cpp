@@ -238,8 +238,18 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
     qp->mtu_bytes = mtu_bytes(a.path_mtu);
   }
   if ((mask & m_timeout) != 0) qp->timeout = a.timeout;
-  if ((mask & m_retry) != 0) qp->retry_cnt = a.retry_cnt;
-  if ((mask & m_rnr_retry) != 0) qp->rnr_retry = a.rnr_retry;
+  // A QP already sending (SQD -> SQD) uses new retry counts from its next
+  // request on, as rxe sets them at once; the working counts are otherwise
+  // refilled only by progress.
+  const bool sending = cur == qp_state::rts || cur == qp_state::sqd;
+  if ((mask & m_retry) != 0) {
+    qp->retry_cnt = a.retry_cnt;
+    if (sending) qp->comp.retry_left = a.retry_cnt;
+  }
+  if ((mask & m_rnr_retry) != 0) {
+    qp->rnr_retry = a.rnr_retry;
+    if (sending) qp->comp.rnr_left = a.rnr_retry;
+  }
   if ((mask & m_rq_psn) != 0) qp->rq_psn = a.rq_psn & wire::psn_mask;
   if ((mask & m_rd_atomic) != 0) qp->max_rd_atomic = a.max_rd_atomic;
   if ((mask & m_min_rnr) != 0) qp->min_rnr_timer = a.min_rnr_timer;

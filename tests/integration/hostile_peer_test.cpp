@@ -356,6 +356,42 @@ TEST_F(hostile_peer, a_peer_that_naks_the_same_psn_forever_ends_in_retry_exc_err
   EXPECT_EQ(qp_.query().state, qp_state::err);
 }
 
+// retry_cnt changed in SQD applies to the next request at once (rxe sets
+// its working count with the attribute): with 0 the first timeout ends it.
+TEST_F(hostile_peer, a_retry_count_lowered_in_sqd_applies_to_the_next_request) {
+  make_qp(qp_type::rc, nullptr, 8, 7);  // about 1 ms timeout, seven retries
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::send, 16, m);
+  ASSERT_TRUE(next_request());
+  respond(wire::opcode::rc_ack, 0, wire::aeth_ack_unlimited);
+  work_completion wc[4];
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  std::size_t got = 0;
+  while (got == 0 && std::chrono::steady_clock::now() < until) got = cq_.poll(wc);
+  ASSERT_EQ(got, 1u);
+  ASSERT_EQ(wc[0].status, wc_status::success);
+  qp_attr at;
+  at.state = qp_state::sqd;
+  qp_.modify(at, qp_attr_state);  // nothing outstanding: drained at once
+  at = {};
+  at.state = qp_state::sqd;
+  at.retry_cnt = 0;
+  qp_.modify(at, qp_attr_state | qp_attr_retry_cnt);
+  at = {};
+  at.state = qp_state::rts;
+  qp_.modify(at, qp_attr_state);
+  post(wr_opcode::send, 16, m);  // never answered
+  int requests = 0;
+  got = 0;
+  while (got == 0 && std::chrono::steady_clock::now() < until) {
+    if (next_request(std::chrono::milliseconds(1))) ++requests;
+    got = cq_.poll(wc);
+  }
+  ASSERT_EQ(got, 1u);
+  EXPECT_EQ(wc[0].status, wc_status::retry_exc_err);
+  EXPECT_EQ(requests, 1) << "sent again although retry_cnt is 0";
+}
+
 // An ACK for a PSN the requester allocated but has not sent yet (the tail
 // of a message held back by the window) is a forgery: it must not complete
 // the message, and the transfer goes on when the real ACKs come.

@@ -184,6 +184,12 @@ TEST(callback, handler_dropped_when_its_thread_exits_and_the_slot_is_freed) {
 // first use.  When it cannot be made, starting the operation throws and
 // takes nothing: the request slot it would have had is the next one's.
 TEST(callback, a_thread_that_cannot_get_its_wake_descriptor_leaks_no_request) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // UBSan checks a pointer's readability through a pipe, which cannot
+  // open at RLIMIT_NOFILE 0, and reports the thrown exception as a bad
+  // object.  The release build runs this test.
+  GTEST_SKIP() << "needs RLIMIT_NOFILE 0 for a moment, which the sanitizer runtime does not survive";
+#endif
   averbs::context ctx;
   auto index_of_next = [&] {
     averbs::detail::completer<int> c;

@@ -520,7 +520,8 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
   send_state& st = qp->sq_state[i & mask];
   auto* w = qp->sq.at<send_wqe>(i);
   const auto op = static_cast<wr_opcode>(w->opcode);
-  const std::uint32_t mtu = qp->type == qp_type::ud ? 4096 : qp->mtu_bytes;
+  // UD has no path MTU: a message fits the port's (rxe: the netdev's).
+  const std::uint32_t mtu = qp->type == qp_type::ud ? mtu_bytes(active_mtu_) : qp->mtu_bytes;
 
   auto fail = [&](wc_status s) {
     st.state = wqe_state::done;

@@ -163,10 +163,11 @@ class udp_link final : public link {
     std::size_t operator()(const flow_key& k) const noexcept;
   };
   struct flow {
-    int fd = -1;                 // -1: this flow's datagrams go through the raw socket
+    int fd = -1;                 // -1: this flow's datagrams go through the raw socket (for now)
     std::uint16_t next_id = 0;   // IPv4: the ID of its next datagram
     bool id_known = false;       // IPv4: false until learned (again, after a failed send)
     clock::time_point last_used{};
+    clock::time_point retry_at{};  // without a socket: when to try again
   };
   // Past this many flows a new one goes through the raw socket, unless the
   // least recently used one has been idle for `flow_idle`: it is closed
@@ -174,9 +175,12 @@ class udp_link final : public link {
   // after `rx_idle` (below) without question.
   static constexpr std::size_t max_flows = 64;
   static constexpr std::chrono::seconds flow_idle{1};
+  static constexpr std::chrono::milliseconds flow_retry{100};
   /// The flow that sends the datagram in `s` (an RC or UC packet from a
   /// device with a raw socket), or null: it goes through the raw socket.
   flow* flow_for(const tx_slot& s) noexcept;
+  /// A flow's socket for packets like `p` from `sport`, or -1.
+  int open_flow_socket(const packet& p, std::uint16_t sport) noexcept;
   /// Sends `s` through `f`; false if the socket refused (the caller sends
   /// it another way).
   bool transmit_flow(tx_slot& s, flow& f) noexcept;

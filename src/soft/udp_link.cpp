@@ -474,67 +474,74 @@ udp_link::flow* udp_link::flow_for(const tx_slot& s) noexcept {
   if ((std::to_integer<unsigned>(p->header[0]) >> 5) > 1 || (!v6_ && sink_fd_ < 0)) return nullptr;
   const flow_key key{p->dst, s.sport, p->tclass, p->hop_limit};
   auto it = flows_.find(key);
+  const clock::time_point now = dev_.pass_now();
   if (it == flows_.end()) {
     if (flows_.size() >= max_flows) {
       auto lru = flows_.begin();
       for (auto i = flows_.begin(); i != flows_.end(); ++i)
         if (i->second.last_used < lru->second.last_used) lru = i;
-      if (dev_.pass_now() - lru->second.last_used < flow_idle) return nullptr;
+      if (now - lru->second.last_used < flow_idle) return nullptr;
       if (lru->second.fd >= 0) ::close(lru->second.fd);
       flows_.erase(lru);
     }
-    flow f;
-    const int af = v6_ ? AF_INET6 : AF_INET;
-    f.fd = ::socket(af, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (f.fd >= 0) {
-      bool ok = set_int(f.fd, SOL_SOCKET, SO_REUSEADDR, 1) == 0;
-      if (v6_) {
-        // As the raw socket sends: UDP checksum 0, flow label 0 (rxe).
-        ok = ok && set_int(f.fd, IPPROTO_IPV6, IPV6_V6ONLY, 1) == 0;
-        set_int(f.fd, IPPROTO_UDP, UDP_NO_CHECK6_TX, 1);
-        set_int(f.fd, IPPROTO_IPV6, IPV6_AUTOFLOWLABEL, 0);
-        ok = ok && set_int(f.fd, IPPROTO_IPV6, IPV6_TCLASS, p->tclass) == 0;
-        ok = ok && set_int(f.fd, IPPROTO_IPV6, IPV6_UNICAST_HOPS, p->hop_limit) == 0;
-      } else {
-        ok = ok && set_int(f.fd, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO) == 0;
-        set_int(f.fd, SOL_SOCKET, SO_NO_CHECK, 1);
-        ok = ok && set_int(f.fd, IPPROTO_IP, IP_TOS, p->tclass) == 0;
-        ok = ok && set_int(f.fd, IPPROTO_IP, IP_TTL, p->hop_limit) == 0;
-      }
-      set_int(f.fd, SOL_SOCKET, SO_SNDBUF, 1 << 20);
-      set_int(f.fd, SOL_SOCKET, SO_RCVBUF, 4096);  // it sends; nobody sends to it
-      sockaddr_storage ss;
-      socklen_t len;
-      to_sockaddr(local_, s.sport, ss, len);
-      // The port may be some other program's (0xC000-0xFFFF is also the
-      // ephemeral range): then this flow's datagrams go through the raw
-      // socket.
-      ok = ok && ::bind(f.fd, reinterpret_cast<sockaddr*>(&ss), len) == 0;
-      to_sockaddr(p->dst, port_, ss, len);
-      ok = ok && ::connect(f.fd, reinterpret_cast<sockaddr*>(&ss), len) == 0;
-      if (!ok) {
-        ::close(f.fd);
-        f.fd = -1;
-      }
-    }
     try {
-      it = flows_.emplace(key, f).first;
+      it = flows_.emplace(key, flow{}).first;
     } catch (...) {
-      if (f.fd >= 0) ::close(f.fd);
       return nullptr;
     }
   }
   flow& f = it->second;
-  f.last_used = dev_.pass_now();
-  if (f.fd < 0) return nullptr;
+  f.last_used = now;
+  if (f.fd < 0) {
+    // A flow without a socket tries again now and then: the port may be
+    // free by now, a vanished peer back.
+    if (now < f.retry_at) return nullptr;
+    f.retry_at = now + flow_retry;
+    f.fd = open_flow_socket(*p, s.sport);
+    f.id_known = false;
+    if (f.fd < 0) return nullptr;
+  }
   if (!v6_ && !f.id_known && !learn_id(f)) {
-    // Not a probe every datagram: the flow gives its socket up (an ICMP
-    // error from a vanished peer pending on it, say).
+    // Not a probe every datagram: the flow gives its socket up for a while
+    // (an ICMP error from a vanished peer pending on it, say).
     ::close(f.fd);
     f.fd = -1;
     return nullptr;
   }
   return &f;
+}
+
+int udp_link::open_flow_socket(const packet& p, std::uint16_t sport) noexcept {
+  const int fd = ::socket(v6_ ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  bool ok = set_int(fd, SOL_SOCKET, SO_REUSEADDR, 1) == 0;
+  if (v6_) {
+    // As the raw socket sends: UDP checksum 0, flow label 0 (rxe).
+    ok = ok && set_int(fd, IPPROTO_IPV6, IPV6_V6ONLY, 1) == 0;
+    set_int(fd, IPPROTO_UDP, UDP_NO_CHECK6_TX, 1);
+    set_int(fd, IPPROTO_IPV6, IPV6_AUTOFLOWLABEL, 0);
+    ok = ok && set_int(fd, IPPROTO_IPV6, IPV6_TCLASS, p.tclass) == 0;
+    ok = ok && set_int(fd, IPPROTO_IPV6, IPV6_UNICAST_HOPS, p.hop_limit) == 0;
+  } else {
+    ok = ok && set_int(fd, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO) == 0;
+    set_int(fd, SOL_SOCKET, SO_NO_CHECK, 1);
+    ok = ok && set_int(fd, IPPROTO_IP, IP_TOS, p.tclass) == 0;
+    ok = ok && set_int(fd, IPPROTO_IP, IP_TTL, p.hop_limit) == 0;
+  }
+  set_int(fd, SOL_SOCKET, SO_SNDBUF, 1 << 20);
+  set_int(fd, SOL_SOCKET, SO_RCVBUF, 4096);  // it sends; nobody sends to it
+  sockaddr_storage ss;
+  socklen_t len;
+  to_sockaddr(local_, sport, ss, len);
+  // The port may be some other program's (0xC000-0xFFFF is also the
+  // ephemeral range): then this flow's datagrams go through the raw
+  // socket.
+  ok = ok && ::bind(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0;
+  to_sockaddr(p.dst, port_, ss, len);
+  ok = ok && ::connect(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0;
+  if (ok) return fd;
+  ::close(fd);
+  return -1;
 }
 
 bool udp_link::learn_id(flow& f) noexcept {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // RoCEv2 over real UDP sockets between two devices of one process.
 #include "udp_pair.hpp"
+#include "wire/roce.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -14,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <thread>
 
 namespace averbs::test {
 namespace {
@@ -185,6 +187,51 @@ TEST_F(udp, ud_grh_does_not_report_a_recycled_packets_ttl_and_tos) {
   // IPv4 in the 40-byte GRH: the header is in its last 20 bytes.
   EXPECT_EQ(b.buf[20 + 1], std::byte{0});   // TOS
   EXPECT_EQ(b.buf[20 + 8], std::byte{64});  // TTL
+}
+
+// An RC flow whose source port another program holds sends through the
+// raw socket; once the port is free it gets its own connected socket (the
+// flow tries again every 100 ms).  Root only: flows need the raw socket.
+TEST_F(udp, a_flow_whose_port_was_taken_gets_its_socket_when_the_port_is_free) {
+  if (::geteuid() != 0) GTEST_SKIP() << "flows go with the raw socket, which needs CAP_NET_RAW";
+  make(a, 0);
+  make(b, 1);
+  make_qps(qp_type::rc, 4096);
+  const std::uint16_t sport = wire::udp_source_port(0, a.q.num(), b.q.num());
+  const int blocker = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(blocker, 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_port = htons(sport);
+  ASSERT_EQ(::inet_pton(AF_INET, test_address(0).c_str(), &at.sin_addr), 1);
+  ASSERT_EQ(::bind(blocker, reinterpret_cast<sockaddr*>(&at), sizeof at), 0) << "the QP's source port is in use";
+  // One 8-byte SEND at a time, as a ping-pong's: each leaves alone.
+  auto exchange = [&] {
+    sge rg{reinterpret_cast<std::uintptr_t>(b.buf.data()), 64, b.m.lkey()};
+    recv_wr r;
+    r.sg_list = &rg;
+    r.num_sge = 1;
+    ASSERT_FALSE(b.q.post_recv(r));
+    sge sg{reinterpret_cast<std::uintptr_t>(a.buf.data()), 8, a.m.lkey()};
+    send_wr w;
+    w.opcode = wr_opcode::send;
+    w.sg_list = &sg;
+    w.num_sge = 1;
+    w.flags = send_signaled;
+    ASSERT_FALSE(a.q.post_send(w));
+    ASSERT_EQ(poll(b.c, 1).size(), 1u);
+    ASSERT_EQ(poll(a.c, 1).size(), 1u);
+  };
+  exchange();
+  const std::uint64_t while_taken = a.dev.counters().flow_sends;
+  exchange();
+  EXPECT_EQ(a.dev.counters().flow_sends, while_taken) << "sent through a socket on a port another one holds";
+  ::close(blocker);
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  exchange();
+  exchange();
+  EXPECT_GT(a.dev.counters().flow_sends, while_taken) << "the flow never took the freed port";
+  EXPECT_EQ(b.dev.counters().icrc_errors, 0u);
 }
 
 // UD has no path MTU: a message must fit the port's active MTU, which

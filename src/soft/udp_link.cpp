@@ -91,6 +91,16 @@ constexpr sock_filter gsi_selector[] = {
 
 [[noreturn]] void fail(const char* what) { throw std::system_error(errno, std::system_category(), what); }
 
+// A hash of an address and up to 48 more bits (port, TOS, TTL): for the
+// sender's flow table and the receiver's per-source IDs.
+std::uint64_t hash_of(const gid& g, std::uint64_t extra) noexcept {
+  std::uint64_t a, b;
+  std::memcpy(&a, g.raw.data(), 8);
+  std::memcpy(&b, g.raw.data() + 8, 8);
+  const std::uint64_t h = (a ^ (b * 0x9E3779B97F4A7C15ull) ^ extra) * 0xBF58476D1CE4E5B9ull;
+  return h ^ (h >> 31);
+}
+
 // A datagram sent alone (a ping-pong's) goes in one piece when it is
 // small: the kernel takes about 100 ns less for one iovec than for its
 // header, payload and trailer apart.  `one` then points into `buf`.
@@ -458,12 +468,8 @@ void udp_link::transmit_each(tx_slot* slots, std::size_t count) noexcept {
 }
 
 std::size_t udp_link::flow_key_hash::operator()(const flow_key& k) const noexcept {
-  std::uint64_t a, b;
-  std::memcpy(&a, k.dst.raw.data(), 8);
-  std::memcpy(&b, k.dst.raw.data() + 8, 8);
-  std::uint64_t h = (a * 0x9E3779B97F4A7C15ull) ^ (b + 0x632BE59BD9B4E019ull);
-  h ^= (std::uint64_t{k.sport} << 16 | std::uint64_t{k.tclass} << 8 | k.hop_limit) * 0xBF58476D1CE4E5B9ull;
-  return static_cast<std::size_t>(h ^ (h >> 31));
+  return static_cast<std::size_t>(
+      hash_of(k.dst, std::uint64_t{k.sport} << 16 | std::uint64_t{k.tclass} << 8 | k.hop_limit));
 }
 
 udp_link::flow* udp_link::flow_for(const tx_slot& s) noexcept {
@@ -819,11 +825,7 @@ bool udp_link::icrc_matches_id(const gid& from, std::uint16_t from_port, std::si
   // odds of about 2^-23 instead of 2^-16.
   constexpr int window = 256;
   const clock::time_point now = dev_.pass_now();
-  std::uint64_t a, b;
-  std::memcpy(&a, from.raw.data(), 8);
-  std::memcpy(&b, from.raw.data() + 8, 8);
-  std::uint64_t h = (a ^ (b * 0x9E3779B97F4A7C15ull) ^ from_port) * 0xBF58476D1CE4E5B9ull;
-  rx_flow& f = rx_flows_[(h >> 32) % rx_flows_.size()];
+  rx_flow& f = rx_flows_[(hash_of(from, from_port) >> 32) % rx_flows_.size()];
   const bool known = f.used && f.port == from_port && f.from == from;
   // The usual case: the ID after the last one.
   if (known && id_icrc_.delta(transport_len, static_cast<std::uint16_t>(f.last + 1)) == d) {

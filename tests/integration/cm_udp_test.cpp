@@ -31,13 +31,16 @@ class cm_udp : public ::testing::Test {
     gid ip;
     std::string name;
   };
-  void make(side& s, int which, const std::string& faults = "", context* in = nullptr) {
+  /// A device on test_address(which); `check_icrc` false for one whose
+  /// peer is the test's own socket, which computes no ICRC.
+  void make(side& s, int which, const std::string& faults = "", context* in = nullptr, bool check_icrc = true) {
     soft_device_options o;
     s.name = "cm" + std::to_string(which) + "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
     o.name = s.name;
     o.address = test_address(which);
     o.port = test_port();
     o.faults = faults;
+    o.check_icrc = check_icrc;
     s.sdev = std::make_unique<soft_device>(o);
     s.dev = open_device(in != nullptr ? *in : ctx, o.name);
     s.p = s.dev.alloc_pd();
@@ -297,21 +300,11 @@ class raw_sender {
 
 TEST_F(cm_udp, garbage_on_qp1_leaves_the_cm_working) {
   side b;
-  soft_device_options o;
-  b.name = "cmg_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name());
-  o.name = b.name;
-  o.address = test_address(1);
-  o.port = test_port();
-  o.check_icrc = false;  // the raw sender does not compute ICRCs
-  b.sdev = std::make_unique<soft_device>(o);
-  b.dev = open_device(ctx, o.name);
-  b.p = b.dev.alloc_pd();
-  b.c = b.dev.create_cq(64);
-  gid::parse(o.address, b.ip);
+  make(b, 1, "", nullptr, false);  // the raw sender does not compute ICRCs
   cm::listener l = cm::listen(b.dev, {b.ip, 7471});
   auto parked = l.async_get_request(use_request);
 
-  raw_sender raw(test_address(0), test_address(1), o.port);
+  raw_sender raw(test_address(0), test_address(1), test_port());
   std::mt19937 rng(5);
   namespace wcm = wire::cm;
   std::array<std::byte, wcm::mad_size> mad;
@@ -411,16 +404,7 @@ TEST_F(cm_udp, a_vanished_peer_resets_the_connection) {
 // ignored, so the connect still resends and times out.
 TEST_F(cm_udp, repeated_mras_do_not_hold_a_connect_open) {
   side a;
-  soft_device_options o;
-  a.name = "cmm_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name());
-  o.name = a.name;
-  o.address = test_address(1);
-  o.port = test_port();
-  o.check_icrc = false;  // the fake peer does not compute ICRCs
-  a.sdev = std::make_unique<soft_device>(o);
-  a.dev = open_device(ctx, o.name);
-  a.p = a.dev.alloc_pd();
-  a.c = a.dev.create_cq(64);
+  make(a, 1, "", nullptr, false);  // the fake peer does not compute ICRCs
   gid peer_ip;
   ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
 
@@ -429,10 +413,10 @@ TEST_F(cm_udp, repeated_mras_do_not_hold_a_connect_open) {
   ASSERT_GE(fd, 0);
   sockaddr_in self{};
   self.sin_family = AF_INET;
-  self.sin_port = htons(o.port);
+  self.sin_port = htons(test_port());
   ::inet_pton(AF_INET, test_address(0).c_str(), &self.sin_addr);
   ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&self), sizeof self), 0);
-  raw_sender raw(test_address(0), test_address(1), o.port);
+  raw_sender raw(test_address(0), test_address(1), test_port());
 
   qp qa = make_qp(a);
   cm::connector c(a.dev);

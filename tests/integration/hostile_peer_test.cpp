@@ -213,6 +213,20 @@ class hostile_peer : public ::testing::Test {
     return out;
   }
 
+  /// On an RC QP: posts a 16-byte SEND, answers its request with an ACK
+  /// packet of AETH `syndrome`, and returns every completion.
+  std::vector<work_completion> send_answered_with(std::uint8_t syndrome) {
+    make_qp(qp_type::rc);
+    mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+    post(wr_opcode::send, 16, m);
+    if (!next_request()) {
+      ADD_FAILURE() << "the SEND never left";
+      return {};
+    }
+    respond(wire::opcode::rc_ack, 0, syndrome);
+    return drain();
+  }
+
   std::vector<std::byte> filled(std::size_t n, std::uint8_t v) { return std::vector<std::byte>(n, std::byte{v}); }
   std::uint64_t va(std::size_t off = 0) const { return reinterpret_cast<std::uintptr_t>(buf_.data()) + off; }
 
@@ -436,12 +450,7 @@ TEST_F(hostile_peer, a_read_response_with_an_rnr_nak_syndrome_is_a_bad_response)
 
 // AETH type 2 is reserved: an ACK packet carrying it acknowledges nothing.
 TEST_F(hostile_peer, an_ack_of_the_reserved_aeth_type_is_a_bad_response) {
-  make_qp(qp_type::rc);
-  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
-  post(wr_opcode::send, 16, m);
-  ASSERT_TRUE(next_request().has_value());
-  respond(wire::opcode::rc_ack, 0, 0x40 | 0x1F);
-  const auto wcs = drain();
+  const auto wcs = send_answered_with(0x40 | 0x1F);
   ASSERT_EQ(wcs.size(), 1u);
   EXPECT_EQ(wcs[0].status, wc_status::bad_resp_err);
 }
@@ -449,12 +458,7 @@ TEST_F(hostile_peer, an_ack_of_the_reserved_aeth_type_is_a_bad_response) {
 // A NAK code the specification reserves is a remote operational error,
 // as rxe reports it.
 TEST_F(hostile_peer, a_reserved_nak_code_is_a_remote_operational_error) {
-  make_qp(qp_type::rc);
-  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
-  post(wr_opcode::send, 16, m);
-  ASSERT_TRUE(next_request().has_value());
-  respond(wire::opcode::rc_ack, 0, 0x60 | 0x09);
-  const auto wcs = drain();
+  const auto wcs = send_answered_with(0x60 | 0x09);
   ASSERT_EQ(wcs.size(), 1u);
   EXPECT_EQ(wcs[0].status, wc_status::rem_op_err);
 }

@@ -141,6 +141,25 @@ class udp_pair_test : public ::testing::Test {
     }
   }
 
+  /// Posts one receive of the first `len` bytes of `e`'s buffer.
+  static std::error_code post_recv(endpoint& e, std::uint32_t len) {
+    sge g{reinterpret_cast<std::uintptr_t>(e.buf.data()), len, e.m.lkey()};
+    recv_wr r;
+    r.sg_list = &g;
+    r.num_sge = 1;
+    return e.q.post_recv(r);
+  }
+  /// Posts one signaled SEND of the first `len` bytes of `e`'s buffer.
+  static std::error_code post_send(endpoint& e, std::uint32_t len) {
+    sge g{reinterpret_cast<std::uintptr_t>(e.buf.data()), len, e.m.lkey()};
+    send_wr w;
+    w.opcode = wr_opcode::send;
+    w.sg_list = &g;
+    w.num_sge = 1;
+    w.flags = send_signaled;
+    return e.q.post_send(w);
+  }
+
   /// Polls `q` (and keeps both devices progressing) until n completions.
   std::vector<work_completion> poll(const cq& q, std::size_t n,
                                     std::chrono::milliseconds patience = std::chrono::seconds(20)) {

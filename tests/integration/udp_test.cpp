@@ -27,18 +27,8 @@ TEST_F(udp, rc_send_write_read_over_udp) {
   make(b, 1);
   make_qps(qp_type::rc, 1 << 20);
   for (std::size_t i = 0; i < a.buf.size(); ++i) a.buf[i] = std::byte(i * 7);
-  sge g{reinterpret_cast<std::uintptr_t>(b.buf.data()), 1 << 20, b.m.lkey()};
-  recv_wr r;
-  r.sg_list = &g;
-  r.num_sge = 1;
-  ASSERT_FALSE(b.q.post_recv(r));
-  sge s{reinterpret_cast<std::uintptr_t>(a.buf.data()), 100000, a.m.lkey()};
-  send_wr w;
-  w.opcode = wr_opcode::send;
-  w.sg_list = &s;
-  w.num_sge = 1;
-  w.flags = send_signaled;
-  ASSERT_FALSE(a.q.post_send(w));
+  ASSERT_FALSE(post_recv(b, 1 << 20));
+  ASSERT_FALSE(post_send(a, 100000));
   auto wa = poll(a.c, 1);
   auto wb = poll(b.c, 1);
   ASSERT_EQ(wa.size(), 1u);
@@ -207,18 +197,8 @@ TEST_F(udp, a_flow_whose_port_was_taken_gets_its_socket_when_the_port_is_free) {
   ASSERT_EQ(::bind(blocker, reinterpret_cast<sockaddr*>(&at), sizeof at), 0) << "the QP's source port is in use";
   // One 8-byte SEND at a time, as a ping-pong's: each leaves alone.
   auto exchange = [&] {
-    sge rg{reinterpret_cast<std::uintptr_t>(b.buf.data()), 64, b.m.lkey()};
-    recv_wr r;
-    r.sg_list = &rg;
-    r.num_sge = 1;
-    ASSERT_FALSE(b.q.post_recv(r));
-    sge sg{reinterpret_cast<std::uintptr_t>(a.buf.data()), 8, a.m.lkey()};
-    send_wr w;
-    w.opcode = wr_opcode::send;
-    w.sg_list = &sg;
-    w.num_sge = 1;
-    w.flags = send_signaled;
-    ASSERT_FALSE(a.q.post_send(w));
+    ASSERT_FALSE(post_recv(b, 64));
+    ASSERT_FALSE(post_send(a, 8));
     ASSERT_EQ(poll(b.c, 1).size(), 1u);
     ASSERT_EQ(poll(a.c, 1).size(), 1u);
   };

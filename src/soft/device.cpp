@@ -343,6 +343,7 @@ device::device(const device_config& cfg)
                                   : cfg.gids) {
   ep_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (ep_ < 0) throw std::system_error(errno, std::system_category(), "epoll_create1");
+  clock_is_steady_ = dynamic_cast<const steady_clock*>(clock_) != nullptr;
   if (clock_->is_real_time()) {
     timer_fd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   } else {
@@ -1328,6 +1329,10 @@ void device::progress() noexcept {
 
 void device::poll_link() noexcept {
   unwatch_if_busy();
+  // Read before the socket, so a datagram's receive checks (udp_link's
+  // ICRC rule) and the pass that handles it use this read too.
+  const auto now = yield_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  if (yield_) seed_pass(now);
   // New data waits in the socket while older work is queued (a pass that
   // ended on its budget): the queue stays short, the kernel buffers the
   // rest.
@@ -1338,7 +1343,6 @@ void device::poll_link() noexcept {
   // first (the turnaround of a ping-pong) unless they are overdue; a long
   // pass reads them as it goes (run()).
   if (!yield_) return;
-  const auto now = std::chrono::steady_clock::now();
   const auto interval = link_->management_active(now) ? busy_priority_interval : priority_interval;
   poll_priority_every(now, got == 0 ? interval : 2 * interval);
 }
@@ -1472,10 +1476,17 @@ void device::on_ack_timer() noexcept {
 void device::run() noexcept {
   if (running_) return;
   running_ = true;
-  pass_now_valid_ = false;
   const bool held_before = acks_held_;
   const std::uint64_t sent_before = counters_.packets_sent;
-  const auto started = yield_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+  std::chrono::steady_clock::time_point started{};
+  if (pass_started_valid_) {
+    started = pass_started_;  // the poll just before read it (pass_now_ too, if seeded)
+    pass_started_valid_ = false;
+  } else {
+    pass_now_valid_ = false;
+    if (yield_) seed_pass(started = std::chrono::steady_clock::now());
+    pass_started_valid_ = false;
+  }
   yield_now_ = false;
   std::uint32_t tick = 0;
   for (;;) {
@@ -1486,7 +1497,9 @@ void device::run() noexcept {
     // work stays queued and the progress descriptor says so.
     ++tick;
     if ((tick & 63) == 0) pass_now_valid_ = false;  // a long pass reads the clock again now and then
-    if (yield_ && tick > 1) {
+    // The budget is checked only when there is more to do: a short pass
+    // (one message in, its answer out) reads the clock once.
+    if (yield_ && tick > 1 && (rx_head_ != nullptr || req_head_ != nullptr || !ack_ready_.empty() || yield_now_)) {
       const auto now = std::chrono::steady_clock::now();
       // Every microsecond while connections are being set up: a MAD then
       // waits little behind a long pass, for a little bulk throughput.  A
@@ -1593,6 +1606,7 @@ void device::run() noexcept {
   }
   running_ = false;
   pass_now_valid_ = false;
+  pass_started_valid_ = false;
 }
 
 }  // namespace averbs::soft

@@ -594,12 +594,24 @@ class device final : public progress_source, public clock_listener {
   /// 64 turns of the pass loop (microseconds), which only makes a
   /// deadline early by as much.
   clock::time_point pass_now() noexcept {
-    if (!running_) return clock_->now();
     if (!pass_now_valid_) {
+      if (!running_) return clock_->now();
       pass_now_ = clock_->now();
       pass_now_valid_ = true;
     }
     return pass_now_;
+  }
+  /// One clock read for a poll and the pass after it (a clock read costs
+  /// ~25 ns on the reference VM, and a ping-pong's turnaround read it
+  /// eight times): the pass's budget starts at `now`, and when the device
+  /// clock is CLOCK_MONOTONIC too, pass_now() is `now` as well.
+  void seed_pass(std::chrono::steady_clock::time_point now) noexcept {
+    pass_started_ = now;
+    pass_started_valid_ = true;
+    if (clock_is_steady_) {
+      pass_now_ = clock::time_point(std::chrono::duration_cast<clock::duration>(now.time_since_epoch()));
+      pass_now_valid_ = true;
+    }
   }
   void destroy_qp_locked(qp_t* qp) noexcept;
   void receive_gsi(packet* p) noexcept;
@@ -680,7 +692,10 @@ class device final : public progress_source, public clock_listener {
   mutable std::mutex lock_;
   bool running_ = false;
   clock::time_point pass_now_{};
-  bool pass_now_valid_ = false;  // pass_now_ was read in this pass
+  bool pass_now_valid_ = false;  // pass_now_ was read in this pass (or seeded for it)
+  std::chrono::steady_clock::time_point pass_started_{};
+  bool pass_started_valid_ = false;  // seed_pass() gave the next pass its start
+  bool clock_is_steady_ = false;     // clock_ reads CLOCK_MONOTONIC, as std::chrono::steady_clock
   link* link_;                    // faults_ when faults are set, else base_link_
   std::unique_ptr<link> base_link_;
   std::unique_ptr<link> faults_;

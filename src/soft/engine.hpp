@@ -245,6 +245,12 @@ struct qp_t {
   std::uint32_t rq_psn = 0;
   bool sqd_notify = false;
   bool sq_draining = false;
+  // The alternate path: checked, kept and reported, never used (one port).
+  ah_attr alt_av{};
+  std::uint16_t alt_pkey_index = 0;
+  std::uint8_t alt_port = 0;
+  std::uint8_t alt_timeout = 0;
+  mig_state path_mig_state = mig_state::migrated;
 
   // Go-back-N (IBTA 9.7.6.2): a WQE's PSN range is fixed when it starts,
   // taken from `next_psn`, which never goes back.  A retry only moves the

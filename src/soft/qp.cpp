@@ -188,8 +188,12 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
   if ((mask & ~known) != 0) return err(errc::invalid_argument);
   const qp_state cur = qp->state;
   if ((mask & m_cur) != 0 && a.cur_state != cur) return err(errc::invalid_argument);
-  // While the send queue drains, only a move to error is allowed (rxe).
-  if (cur == qp_state::sqd && qp->sq_draining && (mask & m_state) != 0 && a.state != qp_state::err)
+  // While the send queue drains, only the moves that abandon it are
+  // allowed: to error, and to reset (IBTA 10.3.1 allows Reset from any
+  // state, as the kernel's ib_modify_qp_is_ok and hardware do; rxe refuses
+  // it, which leaves a program no way to recycle such a QP but through ERR).
+  if (cur == qp_state::sqd && qp->sq_draining && (mask & m_state) != 0 && a.state != qp_state::err &&
+      a.state != qp_state::reset)
     return err(errc::invalid_state);
   const qp_state next = (mask & m_state) != 0 ? a.state : cur;
   if (static_cast<unsigned>(next) > 6) return err(errc::invalid_argument);
@@ -217,12 +221,18 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
       (a.qp_access_flags & ~(access_local_write | access_remote_write | access_remote_read |
                              access_remote_atomic | access_mw_bind)) != 0)
     return err(errc::invalid_argument);
-  if ((mask & m_av) != 0) {
-    // RoCE needs a GRH (rdma_check_ah_attr) naming a local source GID.
-    if (!a.ah.is_global || a.ah.port_num != 1 || a.ah.grh.sgid_index >= gids_.size() ||
-        a.ah.grh.dgid.is_zero())
-      return err(errc::invalid_argument);
-  }
+  // RoCE needs a GRH (rdma_check_ah_attr) naming a local source GID.
+  auto bad_av = [&](const ah_attr& ah) {
+    return !ah.is_global || ah.port_num != 1 || ah.grh.sgid_index >= gids_.size() || ah.grh.dgid.is_zero();
+  };
+  if ((mask & m_av) != 0 && bad_av(a.ah)) return err(errc::invalid_argument);
+  // The alternate path is checked as the primary one (rxe_qp_chk_attr);
+  // it is kept and reported, but a one-port soft device never migrates.
+  if ((mask & m_alt) != 0 && (bad_av(a.alt_ah) || a.alt_port_num != 1 ||
+                              a.alt_pkey_index >= limits::pkey_table_len || a.alt_timeout > 31))
+    return err(errc::invalid_argument);
+  if ((mask & m_mig) != 0 && static_cast<unsigned>(a.path_mig_state) > static_cast<unsigned>(mig_state::armed))
+    return err(errc::invalid_argument);
 
   // Apply.
   if ((mask & m_access) != 0) qp->access_flags = a.qp_access_flags;
@@ -233,6 +243,13 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
     qp->av = a.ah;
     qp->sgid = gids_[a.ah.grh.sgid_index];
   }
+  if ((mask & m_alt) != 0) {
+    qp->alt_av = a.alt_ah;
+    qp->alt_pkey_index = a.alt_pkey_index;
+    qp->alt_port = a.alt_port_num;
+    qp->alt_timeout = a.alt_timeout;
+  }
+  if ((mask & m_mig) != 0) qp->path_mig_state = a.path_mig_state;
   if ((mask & m_mtu) != 0) {
     qp->path_mtu = a.path_mtu;
     qp->mtu_bytes = mtu_bytes(a.path_mtu);
@@ -355,6 +372,11 @@ std::error_code device::query_qp(qp_t* qp, qp_attr& o, qp_cap& init_cap) {
   o.timeout = qp->timeout;
   o.retry_cnt = qp->retry_cnt;
   o.rnr_retry = qp->rnr_retry;
+  o.alt_ah = qp->alt_av;
+  o.alt_pkey_index = qp->alt_pkey_index;
+  o.alt_port_num = qp->alt_port;
+  o.alt_timeout = qp->alt_timeout;
+  o.path_mig_state = qp->path_mig_state;
   init_cap = qp->cap;
   return {};
 }

@@ -487,9 +487,9 @@ TEST_F(qp_test, modify_to_a_state_beyond_err_bad_flow) {
   EXPECT_EQ(q.query().state, qp_state::reset);
 }
 
-TEST_F(qp_test, sqd_while_draining_accepts_only_err_bad_flow) {
-  // docs/verbs.md: while SQD is still draining only a move to ERR is
-  // accepted (rxe __qp_chk_state).
+TEST_F(qp_test, sqd_while_draining_accepts_only_err_or_reset_bad_flow) {
+  // docs/verbs.md: while SQD is still draining only the moves that abandon
+  // the send queue are accepted, ERR and RESET (IBTA 10.3.1).
   qp q = stuck_rc();
   auto buf = make_buffer(64);
   const sge g = buf.whole();
@@ -498,10 +498,28 @@ TEST_F(qp_test, sqd_while_draining_accepts_only_err_bad_flow) {
   EXPECT_TRUE(q.query().sq_draining);
   EXPECT_EQ(modify(q, good(qp_state::rts, qp_state::sqd), qp_attr_state), errc::invalid_state);
   EXPECT_EQ(modify(q, good(qp_state::sqd, qp_state::sqd), qp_attr_state), errc::invalid_state);
-  EXPECT_EQ(modify(q, good(qp_state::reset, qp_state::sqd), qp_attr_state), errc::invalid_state);
   EXPECT_EQ(q.query().state, qp_state::sqd);
   EXPECT_EQ(modify(q, good(qp_state::err, qp_state::sqd), qp_attr_state), std::error_code{});
   EXPECT_EQ(q.query().state, qp_state::err);
+}
+
+TEST_F(qp_test, sqd_while_draining_resets_without_completions_and_comes_back) {
+  // IBTA 10.3.1: Reset from any state; rxe refuses it while draining.
+  qp q = stuck_rc();
+  auto buf = make_buffer(64);
+  const sge g = buf.whole();
+  ASSERT_EQ(q.post_send(send_of(1, &g)), std::error_code{});
+  ASSERT_EQ(modify(q, good(qp_state::sqd, qp_state::rts), qp_attr_state), std::error_code{});
+  ASSERT_TRUE(q.query().sq_draining);
+  ASSERT_EQ(modify(q, good(qp_state::reset, qp_state::sqd), qp_attr_state), std::error_code{});
+  EXPECT_EQ(q.query().state, qp_state::reset);
+  EXPECT_FALSE(q.query().sq_draining);
+  EXPECT_TRUE(drain().empty());  // RESET discards the send without a completion
+  // The QP is usable again: up to RTS, a send, drained in SQD at once
+  // when nothing is outstanding.
+  ASSERT_TRUE(reach(q, qp_state::rts));
+  ASSERT_EQ(modify(q, good(qp_state::sqd, qp_state::rts), qp_attr_state), std::error_code{});
+  EXPECT_FALSE(q.query().sq_draining);
 }
 
 // ===========================================================================
@@ -828,6 +846,47 @@ TEST_F(qp_test, sq_psn_is_masked_to_24_bits) {
 
 // ===========================================================================
 // 6. Query returns what was set.
+
+TEST_F(qp_test, alternate_path_is_checked_kept_and_reported) {
+  // rxe_qp_chk_attr checks the alternate path as the primary one; query
+  // reports what was set (ibv_query_qp), though one port never migrates.
+  qp q = fresh(qp_type::rc);
+  ASSERT_TRUE(reach(q, qp_state::rts));
+  const std::uint32_t mask = qp_attr_state | qp_attr_alt_path | qp_attr_path_mig_state;
+  auto with = [&](auto change) {
+    qp_attr a = good(qp_state::rts, qp_state::rts);
+    change(a);
+    return modify(q, a, mask);
+  };
+  EXPECT_EQ(with([](qp_attr& a) { a.alt_port_num = 2; }), errc::invalid_argument);
+  EXPECT_EQ(with([](qp_attr& a) { a.alt_pkey_index = 1; }), errc::invalid_argument);
+  EXPECT_EQ(with([](qp_attr& a) { a.alt_timeout = 32; }), errc::invalid_argument);
+  EXPECT_EQ(with([](qp_attr& a) { a.alt_ah.is_global = false; }), errc::invalid_argument);
+  EXPECT_EQ(with([](qp_attr& a) { a.alt_ah.grh.sgid_index = 200; }), errc::invalid_argument);
+  EXPECT_EQ(with([](qp_attr& a) { a.alt_ah.grh.dgid = gid{}; }), errc::invalid_argument);
+  EXPECT_EQ(with([](qp_attr& a) { a.path_mig_state = static_cast<mig_state>(3); }), errc::invalid_argument);
+  const qp_attr before = q.query();
+  EXPECT_EQ(before.alt_timeout, 0);  // nothing of the refused ones was kept
+  EXPECT_EQ(before.alt_port_num, 0);
+  EXPECT_EQ(before.path_mig_state, mig_state::migrated);
+
+  ASSERT_EQ(with([](qp_attr& a) {
+              a.alt_timeout = 9;
+              a.alt_ah.grh.dgid = gid::from_ipv4(0x7F000002);
+              a.alt_ah.grh.hop_limit = 7;
+              a.path_mig_state = mig_state::armed;
+            }),
+            std::error_code{});
+  const qp_attr got = q.query();
+  EXPECT_EQ(got.alt_timeout, 9);
+  EXPECT_EQ(got.alt_port_num, 1);
+  EXPECT_EQ(got.alt_pkey_index, 0);
+  EXPECT_TRUE(got.alt_ah.is_global);
+  EXPECT_EQ(got.alt_ah.grh.dgid, gid::from_ipv4(0x7F000002));
+  EXPECT_EQ(got.alt_ah.grh.hop_limit, 7);
+  EXPECT_EQ(got.path_mig_state, mig_state::armed);
+  EXPECT_EQ(got.ah.grh.dgid, gid::from_ipv4(0x7F000001));  // the primary path is untouched
+}
 
 TEST_F(qp_test, rc_query_returns_every_attribute_set) {
   qp q = fresh(qp_type::rc);

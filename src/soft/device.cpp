@@ -576,7 +576,13 @@ std::uint32_t device::alloc_key(key_entry::kind k, void* obj) noexcept {
     free_keys_.pop_back();
   } else {
     if (keys_.size() >= (1u << 24)) return 0;
-    keys_.emplace_back();
+    try {
+      // free_key() must not allocate: room for every index, ahead.
+      if (free_keys_.capacity() <= keys_.size()) free_keys_.reserve(std::max<std::size_t>(64, 2 * keys_.size()));
+      keys_.emplace_back();
+    } catch (const std::bad_alloc&) {
+      return 0;  // no resources, as the callers say
+    }
     index = static_cast<std::uint32_t>(keys_.size() - 1);
   }
   key_entry& e = keys_[index];

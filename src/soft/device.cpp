@@ -807,6 +807,8 @@ std::error_code device::bind_mw(qp_t* qp, send_wqe* w) noexcept {
   mw_t* mw = mws_[index].get();
   const auto want = static_cast<mw_type>(w->mw_type);
   if (mw->type != want || mw->pd != qp->pd) return make_error_code(wc_status::mw_bind_err);
+  if (want == mw_type::type1 && (w->bind_access & access_zero_based) != 0)
+    return make_error_code(wc_status::mw_bind_err);  // o10-36.2.2 (bind_mw1 refuses it first)
   if (want == mw_type::type2) {
     // The new key keeps the index and changes the key byte; a valid type-2
     // window must be invalidated before it is bound again.

@@ -693,6 +693,9 @@ std::error_code device::bind_mw1(qp_t* qp, mw_t* mw, std::uint64_t wr_id, std::u
                                  const mw_bind_info& info, std::uint32_t& new_rkey) {
   std::lock_guard lock(lock_);
   if (!owns(mw) || mw->type != mw_type::type1) return err(errc::invalid_argument);
+  // A type-1 window is never zero-based (IBTA o10-36.2.2; rxe's provider
+  // refuses it at post time too).
+  if ((info.access & access_zero_based) != 0) return err(errc::invalid_argument);
   const qp_state s = qp->state;
   if (s == qp_state::reset || s == qp_state::init || s == qp_state::rtr) return err(errc::invalid_state);
   if (qp->type == qp_type::ud) return err(errc::invalid_argument);

@@ -135,6 +135,22 @@ TEST_F(mw_test, type1_bind_of_a_type2_window_bad_flow) {
   EXPECT_TRUE(drain(p.cq_b).empty());
 }
 
+TEST_F(mw_test, type1_zero_based_bind_bad_flow) {
+  // IBTA o10-36.2.2: only a type-2 window may be zero-based (rxe refuses
+  // it with EINVAL).  The window keeps its binding and key.
+  auto p = connected_pair();
+  auto region = make_buffer(4096, region_access);
+  mw w = pd_.alloc_mw(mw_type::type1);
+  std::uint32_t key = 0;
+  ASSERT_FALSE(p.b.bind_mw(w, 1, 0, {region.m.lkey(), region.addr(), 4096, access_remote_write}, &key));
+  std::uint32_t refused = 0;
+  EXPECT_EQ(p.b.bind_mw(w, 2, send_signaled,
+                        {region.m.lkey(), region.addr(), 4096, access_remote_write | access_zero_based}, &refused),
+            make_error_code(errc::invalid_argument));
+  EXPECT_TRUE(drain(p.cq_b).empty());
+  EXPECT_EQ(w.rkey(), key);
+}
+
 TEST_F(mw_test, type1_bind_on_a_ud_qp_bad_flow) {
   qp_options o;
   o.type = qp_type::ud;

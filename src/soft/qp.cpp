@@ -282,8 +282,11 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
   }
   switch (next) {
     case qp_state::reset: {
-      // Discard all queued work without completions (IBTA 10.3.1).
+      // Discard all queued work without completions (IBTA 10.3.1).  Not
+      // the SRQ's: a receive taken from it for an unfinished message is
+      // flushed, as a move to ERR does, rather than lost.
       disarm_timers(qp);
+      flush_held_srq_recv(qp);
       qp->sq.release(qp->sq.producer());
       if (qp->srq == nullptr) qp->rq.release(qp->rq.producer());
       // The engine's own bookkeeping survives: the QP may be linked in
@@ -440,16 +443,23 @@ void device::flush_qp(qp_t* qp) noexcept {
       post_cqe(qp->rcq, wc, false);
     }
     qp->rq.release(rp);
-  } else if (qp->resp.have_wqe) {
-    // A receive the responder took from the SRQ for a message it did not
-    // finish: it left the SRQ, so it completes here, flushed, as in rxe.
-    work_completion wc;
-    wc.wr_id = qp->resp.wqe->wr_id;
-    wc.status = wc_status::wr_flush_err;
-    wc.opcode = wc_opcode::recv;
-    wc.qp_num = qp->qpn;
-    post_cqe(qp->rcq, wc, false);
+  } else {
+    flush_held_srq_recv(qp);
   }
+  qp->resp.have_wqe = false;
+}
+
+void device::flush_held_srq_recv(qp_t* qp) noexcept {
+  // A receive the responder took from the SRQ for a message it did not
+  // finish has left the SRQ: it completes, flushed, as in rxe, or the
+  // program would never see its buffer again.
+  if (qp->srq == nullptr || !qp->resp.have_wqe) return;
+  work_completion wc;
+  wc.wr_id = qp->resp.wqe->wr_id;
+  wc.status = wc_status::wr_flush_err;
+  wc.opcode = wc_opcode::recv;
+  wc.qp_num = qp->qpn;
+  post_cqe(qp->rcq, wc, false);
   qp->resp.have_wqe = false;
 }
 

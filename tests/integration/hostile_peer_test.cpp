@@ -505,6 +505,27 @@ TEST_F(hostile_peer, an_srq_receive_of_an_unfinished_message_is_flushed_with_the
   EXPECT_EQ(wcs[0].status, wc_status::wr_flush_err);
 }
 
+// The same receive when the QP is reset instead: RESET discards the QP's
+// own queues without completions, but this receive is the SRQ's and would
+// be lost (rxe loses it); it completes, flushed, and the SRQ's other
+// receive is left alone.
+TEST_F(hostile_peer, an_srq_receive_of_an_unfinished_message_is_flushed_on_reset) {
+  srq s = make_srq();
+  make_qp(qp_type::rc, &s);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post_recvs(m, 2, 2048, &s);
+  send(wire::opcode::rc_send_first, 0, filled(1024, 0xAA));
+  ASSERT_TRUE(next_ack().has_value());
+  ASSERT_EQ(buf_[0], std::byte{0xAA});
+  qp_attr at;
+  at.state = qp_state::reset;
+  qp_.modify(at, qp_attr_state);
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].wr_id, 0u);
+  EXPECT_EQ(wcs[0].status, wc_status::wr_flush_err);
+}
+
 // The ICRC covers the IPv4 ID, which a UDP socket does not show: a device
 // that checks ICRCs finds the ID each datagram was sent with from its ICRC,
 // and takes it if the source can have used it.  A connected socket (a

@@ -644,6 +644,7 @@ class device final : public progress_source, public clock_listener {
   void on_qp_timer(std::uint32_t qpn, std::uint64_t gen, bool rnr) noexcept;
   void qp_to_error(qp_t* qp) noexcept;
   void flush_held_srq_recv(qp_t* qp) noexcept;
+  void set_source_port(qp_t* qp) noexcept;
   void flush_qp(qp_t* qp) noexcept;
   void check_sq_drained(qp_t* qp) noexcept;
   bool post_cqe(cq_t* cq, const work_completion& wc, bool solicited) noexcept;

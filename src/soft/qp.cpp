@@ -276,6 +276,10 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
   if ((mask & m_sqd_notify) != 0) qp->sqd_notify = a.en_sqd_async_notify;
   if (qp->type == qp_type::ud && (mask & m_qkey) == 0 && cur == qp_state::reset) qp->qkey = 0;
 
+  // A path changed in SQD (SQD -> SQD, IBTA 10.3.1) leaves from the source
+  // port of its new flow label, as rxe computes it at every modify.
+  if ((mask & m_av) != 0 && qp->type != qp_type::ud && (cur == qp_state::rts || cur == qp_state::sqd))
+    set_source_port(qp);
   if ((mask & m_state) == 0 || next == cur) {
     if (next == qp_state::sqd && (mask & m_state) != 0) check_sq_drained(qp);
     return {};
@@ -328,9 +332,7 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
         qp->comp.retry_left = qp->retry_cnt;
         qp->comp.retry_counted = false;
         qp->comp.rnr_left = qp->rnr_retry;
-        const std::uint32_t remote = qp->type == qp_type::ud ? qp->qpn : qp->dest_qpn;
-        qp->sport = qp->type == qp_type::ud ? wire::ud_source_port(qp->qpn)
-                                            : wire::udp_source_port(qp->av.grh.flow_label, qp->qpn, remote);
+        set_source_port(qp);
         if (qp->type == qp_type::ud) qp->sgid = gids_.empty() ? gid{} : gids_[0];
       }
       qp->sq_draining = false;
@@ -350,6 +352,12 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
       break;
   }
   return {};
+}
+
+void device::set_source_port(qp_t* qp) noexcept {
+  const std::uint32_t remote = qp->type == qp_type::ud ? qp->qpn : qp->dest_qpn;
+  qp->sport = qp->type == qp_type::ud ? wire::ud_source_port(qp->qpn)
+                                      : wire::udp_source_port(qp->av.grh.flow_label, qp->qpn, remote);
 }
 
 std::error_code device::query_qp(qp_t* qp, qp_attr& o, qp_cap& init_cap) {

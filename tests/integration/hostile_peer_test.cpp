@@ -152,12 +152,17 @@ class hostile_peer : public ::testing::Test {
   }
 
   /// Drives the device until it sends a request packet (anything but an
-  /// ACK) and returns its headers.
-  std::optional<wire::transport_headers> next_request(std::chrono::milliseconds patience = std::chrono::seconds(5)) {
+  /// ACK) and returns its headers (and, given `from_port`, its UDP source
+  /// port).
+  std::optional<wire::transport_headers> next_request(std::chrono::milliseconds patience = std::chrono::seconds(5),
+                                                      std::uint16_t* from_port = nullptr) {
     const auto until = std::chrono::steady_clock::now() + patience;
     std::byte in[2048];
     while (std::chrono::steady_clock::now() < until) {
-      const ssize_t n = ::recv(fd_, in, sizeof in, 0);
+      sockaddr_in from{};
+      socklen_t from_len = sizeof from;
+      const ssize_t n = ::recvfrom(fd_, in, sizeof in, 0, reinterpret_cast<sockaddr*>(&from), &from_len);
+      if (from_port != nullptr) *from_port = ntohs(from.sin_port);
       if (n <= 0) {
         (void)cq_.poll({});  // drives the device; completions stay for the test (a zero-size poll takes none)
         continue;
@@ -524,6 +529,44 @@ TEST_F(hostile_peer, an_srq_receive_of_an_unfinished_message_is_flushed_on_reset
   ASSERT_EQ(wcs.size(), 1u);
   EXPECT_EQ(wcs[0].wr_id, 0u);
   EXPECT_EQ(wcs[0].status, wc_status::wr_flush_err);
+}
+
+// A path changed in SQD (SQD -> SQD with a new flow label) takes effect
+// on the wire: the requests after it leave from the UDP source port of the
+// new flow label (rxe computes it at every modify), not the old one.
+TEST_F(hostile_peer, a_flow_label_changed_in_sqd_moves_the_source_port) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  std::uint16_t before = 0;
+  post(wr_opcode::send, 16, m);
+  ASSERT_TRUE(next_request(std::chrono::seconds(5), &before).has_value());
+  if (before == test_port())
+    GTEST_SKIP() << "no raw socket (needs CAP_NET_RAW): every datagram leaves from the RoCE port";
+  EXPECT_EQ(before, wire::udp_source_port(0, qp_.num(), peer_qpn));
+  respond(wire::opcode::rc_ack, 0, wire::aeth_ack_unlimited);
+  ASSERT_EQ(drain().size(), 1u);
+
+  qp_attr at;
+  at.state = qp_state::sqd;
+  qp_.modify(at, qp_attr_state);
+  ASSERT_FALSE(qp_.query().sq_draining);
+  at = {};
+  at.state = qp_state::sqd;
+  at.ah.is_global = true;
+  at.ah.grh.dgid = peer_gid_;
+  at.ah.grh.flow_label = 0x12345;
+  qp_.modify(at, qp_attr_state | qp_attr_av);
+  at = {};
+  at.state = qp_state::rts;
+  qp_.modify(at, qp_attr_state);
+
+  std::uint16_t after = 0;
+  post(wr_opcode::send, 16, m);
+  const auto req = next_request(std::chrono::seconds(5), &after);
+  ASSERT_TRUE(req.has_value());
+  EXPECT_EQ(req->bth.psn, 1u);
+  EXPECT_EQ(after, wire::udp_source_port(0x12345, qp_.num(), peer_qpn));
+  EXPECT_NE(after, before);
 }
 
 // The ICRC covers the IPv4 ID, which a UDP socket does not show: a device

@@ -492,8 +492,12 @@ TEST_F(hostile_peer, an_rnr_nak_answers_for_the_packet_pipelined_behind_it) {
 
 // A receive the responder took from an SRQ for a message that never
 // finished has left the SRQ: when the QP fails it completes, flushed, and
-// the SRQ's other receives stay for other QPs.
-TEST_F(hostile_peer, an_srq_receive_of_an_unfinished_message_is_flushed_with_the_qp) {
+// the SRQ's other receives stay for other QPs.  RESET discards the QP's
+// own queues without completions, but this receive is the SRQ's and would
+// be lost (rxe loses it): it is flushed too.
+class hostile_peer_srq : public hostile_peer, public ::testing::WithParamInterface<qp_state> {};
+
+TEST_P(hostile_peer_srq, a_receive_of_an_unfinished_message_is_flushed_when_the_qp_stops) {
   srq s = make_srq();
   make_qp(qp_type::rc, &s);
   mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
@@ -502,7 +506,7 @@ TEST_F(hostile_peer, an_srq_receive_of_an_unfinished_message_is_flushed_with_the
   ASSERT_TRUE(next_ack().has_value());
   ASSERT_EQ(buf_[0], std::byte{0xAA});
   qp_attr at;
-  at.state = qp_state::err;
+  at.state = GetParam();
   qp_.modify(at, qp_attr_state);
   const auto wcs = drain();
   ASSERT_EQ(wcs.size(), 1u);
@@ -510,26 +514,10 @@ TEST_F(hostile_peer, an_srq_receive_of_an_unfinished_message_is_flushed_with_the
   EXPECT_EQ(wcs[0].status, wc_status::wr_flush_err);
 }
 
-// The same receive when the QP is reset instead: RESET discards the QP's
-// own queues without completions, but this receive is the SRQ's and would
-// be lost (rxe loses it); it completes, flushed, and the SRQ's other
-// receive is left alone.
-TEST_F(hostile_peer, an_srq_receive_of_an_unfinished_message_is_flushed_on_reset) {
-  srq s = make_srq();
-  make_qp(qp_type::rc, &s);
-  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
-  post_recvs(m, 2, 2048, &s);
-  send(wire::opcode::rc_send_first, 0, filled(1024, 0xAA));
-  ASSERT_TRUE(next_ack().has_value());
-  ASSERT_EQ(buf_[0], std::byte{0xAA});
-  qp_attr at;
-  at.state = qp_state::reset;
-  qp_.modify(at, qp_attr_state);
-  const auto wcs = drain();
-  ASSERT_EQ(wcs.size(), 1u);
-  EXPECT_EQ(wcs[0].wr_id, 0u);
-  EXPECT_EQ(wcs[0].status, wc_status::wr_flush_err);
-}
+INSTANTIATE_TEST_SUITE_P(err_and_reset, hostile_peer_srq, ::testing::Values(qp_state::err, qp_state::reset),
+                         [](const ::testing::TestParamInfo<qp_state>& i) {
+                           return std::string(i.param == qp_state::err ? "err" : "reset");
+                         });
 
 // A path changed in SQD (SQD -> SQD with a new flow label) takes effect
 // on the wire: the requests after it leave from the UDP source port of the

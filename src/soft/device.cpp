@@ -1486,15 +1486,14 @@ void device::run() noexcept {
   running_ = true;
   const bool held_before = acks_held_;
   const std::uint64_t sent_before = counters_.packets_sent;
-  std::chrono::steady_clock::time_point started{};
-  if (pass_started_valid_) {
-    started = pass_started_;  // the poll just before read it (pass_now_ too, if seeded)
-    pass_started_valid_ = false;
-  } else {
+  // The poll just before read the clock (pass_now_ too, if seeded);
+  // otherwise read it here.  Only a yielding device uses `started`.
+  if (!pass_started_valid_) {
     pass_now_valid_ = false;
-    if (yield_) seed_pass(started = std::chrono::steady_clock::now());
-    pass_started_valid_ = false;
+    if (yield_) seed_pass(std::chrono::steady_clock::now());
   }
+  const auto started = pass_started_;
+  pass_started_valid_ = false;
   yield_now_ = false;
   std::uint32_t tick = 0;
   for (;;) {

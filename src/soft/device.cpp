@@ -494,6 +494,7 @@ bool device::find_gid(const gid& g, std::uint32_t& index) const {
 device_counters device::counters() const {
   std::lock_guard lock(lock_);
   device_counters c = counters_;
+  c.packet_buffers = packet_store_.size();
   c.receive_overflows = link_->receive_overflows();
   return c;
 }
@@ -1572,8 +1573,14 @@ void device::run() noexcept {
         free_packet(p);
         continue;
       }
-      if (response) complete_rx(qp, p);
-      else respond(qp, p);
+      if (response) {
+        complete_rx(qp, p);
+      } else if (qp->resp.reading.active || qp->resp.held_head != nullptr) {
+        hold_request(qp, p);  // behind the READ being answered
+        continue;
+      } else {
+        respond(qp, p);
+      }
       free_packet(p);
       continue;
     }
@@ -1586,6 +1593,7 @@ void device::run() noexcept {
       req_head_ = qp->req.next_ready;
       if (req_head_ == nullptr) req_tail_ = nullptr;
       qp->req.scheduled = false;
+      if (qp->resp.reading.active || qp->resp.held_head != nullptr) responder_turn(qp);
       requester(qp);
       continue;
     }

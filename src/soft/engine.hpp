@@ -54,6 +54,7 @@ struct mw_t;
 struct cq_t;
 struct srq_t;
 struct qp_t;
+struct packet;
 
 // ---------------------------------------------------------------------------
 // Work-queue entry layouts.  Warning: frozen once rings live in shared
@@ -306,6 +307,26 @@ struct qp_t {
     bool ack_lazy = false;         // an ACK nobody asked for waits (queue_lazy_ack)
     std::vector<rd_resource> resources;
     std::uint32_t res_head = 0;
+    // The READ being answered.  Its responses leave a send batch per turn
+    // of the run queue (device::responder_turn), as rxe's responder sends
+    // one per step, not all at once: a 2 GiB READ neither holds the device
+    // lock for its whole length nor queues half a million packets.  The
+    // requests that arrive meanwhile wait in `held`, in order, so the
+    // responder still executes requests one after the other (a WRITE
+    // behind the READ cannot change what the READ returns).
+    struct read_reply {
+      bool active = false;
+      bool replay = false;          // a duplicate's: a failure ends it silently
+      std::uint32_t first_psn = 0;  // of its first response
+      std::uint32_t packets = 0;
+      std::uint32_t sent = 0;
+      std::uint64_t va = 0;
+      std::uint32_t rkey = 0;
+      std::uint32_t length = 0;
+    } reading;
+    packet* held_head = nullptr;
+    packet* held_tail = nullptr;
+    std::uint32_t held = 0;
   } resp;
 };
 
@@ -652,8 +673,11 @@ class device final : public progress_source, public clock_listener {
   void send_ack(qp_t* qp, std::uint8_t syndrome, std::uint32_t psn) noexcept;
   void send_rnr_nak(qp_t* qp, std::uint32_t psn) noexcept;
   void send_atomic_ack(qp_t* qp, std::uint32_t psn, std::uint64_t orig) noexcept;
-  bool send_read_responses(qp_t* qp, std::uint32_t from_psn, std::byte* host, std::uint64_t addr,
-                           std::uint32_t length) noexcept;
+  void start_read_reply(qp_t* qp, std::uint32_t psn, const wire::reth& t, bool replay) noexcept;
+  bool pump_read_reply(qp_t* qp) noexcept;
+  void responder_turn(qp_t* qp) noexcept;
+  void hold_request(qp_t* qp, packet* p) noexcept;
+  void drop_held_requests(qp_t* qp) noexcept;
   packet* new_packet(qp_t* qp, wire::opcode op, std::uint32_t psn) noexcept;
   void finish_packet(qp_t* qp, packet* p) noexcept;
   void transmit(packet* p) noexcept;

@@ -37,6 +37,10 @@ inline constexpr std::uint32_t vendor_id = 0xFFFFFF;
 // Transport window (rxe): unacknowledged PSNs and packets between AckReqs.
 inline constexpr std::uint32_t max_unacked_psns = 128;
 inline constexpr std::uint32_t max_pkts_per_ack = 64;
+// Request packets a responder keeps while it answers a READ (the requests
+// behind it; past this they are dropped and resent).  A requester's own
+// window bounds them: 128 PSNs here, rxe's is similar.
+inline constexpr std::uint32_t max_held_requests = 1024;
 // Go-back-N resends a requester starts, without counting them against
 // retry_cnt, for sequence NAKs that repeat the same PSN (each means the
 // last resend was lost too).  Past this the timer alone retries, counted,

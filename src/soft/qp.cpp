@@ -291,6 +291,7 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
       // flushed, as a move to ERR does, rather than lost.
       disarm_timers(qp);
       flush_held_srq_recv(qp);
+      drop_held_requests(qp);
       qp->sq.release(qp->sq.producer());
       if (qp->srq == nullptr) qp->rq.release(qp->rq.producer());
       // The engine's own bookkeeping survives: the QP may be linked in
@@ -455,6 +456,7 @@ void device::flush_qp(qp_t* qp) noexcept {
     flush_held_srq_recv(qp);
   }
   qp->resp.have_wqe = false;
+  drop_held_requests(qp);  // and the READ being answered: an ERR QP sends nothing
 }
 
 void device::flush_held_srq_recv(qp_t* qp) noexcept {

@@ -956,12 +956,9 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       const std::uint32_t n = packets_for(t.length, mtu);
       res = {rd_resource::kind::read, psn, psn_add(psn, n - 1), t.va, t.rkey, t.length, 0};
       ++r.msn;  // counted at execution (C9-148)
-      if (!send_read_responses(qp, psn, host, addr, t.length)) {
-        error(resp_error::operational, wc_status::success);
-        return;
-      }
       r.psn = psn_add(psn, n);
       r.last_opcode = p->hdr.bth.opcode;
+      start_read_reply(qp, psn, t, false);
       return;
     }
     const wire::atomic_eth& a = p->hdr.atomic;
@@ -1139,41 +1136,140 @@ void device::respond(qp_t* qp, packet* p) noexcept {
   }
 }
 
-// False when the memory could not be read (the responses sent so far stand).
-bool device::send_read_responses(qp_t* qp, std::uint32_t from_psn, std::byte* host, std::uint64_t addr,
-                                 std::uint32_t length) noexcept {
-  flush_ack(qp);
+void device::start_read_reply(qp_t* qp, std::uint32_t psn, const wire::reth& t, bool replay) noexcept {
+  flush_ack(qp);  // the requests before it are acknowledged first
+  auto& rd = qp->resp.reading;
+  rd = {};
+  rd.active = true;
+  rd.replay = replay;
+  rd.first_psn = psn;
+  rd.packets = packets_for(t.length, qp->mtu_bytes);
+  rd.va = t.va;
+  rd.rkey = t.rkey;
+  rd.length = t.length;
+  // The first batch now: a READ of a few packets is answered at once.
+  if (!pump_read_reply(qp)) schedule_requester(qp);
+}
+
+// Sends the next batch of the READ being answered; true once nothing is
+// left to send (all sent, or given up).  The R_Key is resolved again for
+// every batch: the region may have been deregistered or the window
+// invalidated since the request (the responses sent so far stand).
+bool device::pump_read_reply(qp_t* qp) noexcept {
+  auto& rd = qp->resp.reading;
   const std::uint32_t mtu = qp->mtu_bytes;
-  const std::uint32_t n = packets_for(length, mtu);
-  for (std::uint32_t k = 0; k < n; ++k) {
-    opcode op = n == 1 ? opcode::rc_read_response_only
-                : k == 0 ? opcode::rc_read_response_first
-                : k == n - 1 ? opcode::rc_read_response_last
-                             : opcode::rc_read_response_middle;
-    packet* p = new_packet(qp, op, psn_add(from_psn, k));
-    if (p == nullptr) return true;  // out of memory: the requester asks again for the rest
+  auto fail = [&](wire::nak_code code) {
+    rd.active = false;
+    if (rd.replay) return;  // the requester times out and asks again
+    send_ack(qp, wire::aeth_nak(code), psn_add(rd.first_psn, rd.sent));
+    raise_event(code == wire::nak_code::remote_access_error ? event_type::qp_access_err : event_type::qp_req_err,
+                qp->qpn);
+    qp_to_error(qp);
+  };
+  const std::uint32_t batch = static_cast<std::uint32_t>(yield_ ? link_->send_batch() : 64);
+  const std::uint32_t end = rd.packets - rd.sent > batch ? rd.sent + batch : rd.packets;
+  const std::uint64_t from = std::uint64_t{rd.sent} * mtu;  // bytes of this batch: [from, to)
+  const std::uint64_t to = std::min<std::uint64_t>(std::uint64_t{end} * mtu, rd.length);
+  std::byte* host = nullptr;
+  std::uint64_t addr = 0;
+  if (to > from && !resolve_rkey(qp, rd.rkey, rd.va + from, to - from, access_remote_read, host, addr)) {
+    fail(wire::nak_code::remote_access_error);
+    return true;
+  }
+  for (; rd.sent < end; ++rd.sent) {
+    const std::uint32_t k = rd.sent;
+    const std::uint32_t n = rd.packets;
+    const opcode op = n == 1 ? opcode::rc_read_response_only
+                      : k == 0 ? opcode::rc_read_response_first
+                      : k == n - 1 ? opcode::rc_read_response_last
+                                   : opcode::rc_read_response_middle;
+    const std::uint64_t at = std::uint64_t{k} * mtu - from;  // into this batch
+    const auto len = static_cast<std::uint32_t>(std::min<std::uint64_t>(mtu, to - from - at));
+    packet* p = new_packet(qp, op, psn_add(rd.first_psn, k));
+    if (p == nullptr) {  // out of memory: the requester asks again for the rest
+      rd.active = false;
+      return true;
+    }
     p->hdr.aeth.syndrome = wire::aeth_ack_unlimited;
     p->hdr.aeth.msn = qp->resp.msn & 0xFFFFFF;
-    const std::uint32_t off = k * mtu;
-    const std::uint32_t len = std::min(mtu, length - off);
     p->payload_len = len;
     if (len != 0) {
       // A snapshot, not a reference: the responder's memory may change
-      // (a WRITE later in this pass, the application) before the batch
-      // leaves, and the response must carry what the READ saw, under an
-      // ICRC computed over the same bytes.
+      // (a WRITE of another QP, the application) before the batch leaves,
+      // and the response must carry what the READ saw, under an ICRC
+      // computed over the same bytes.
       if (host != nullptr) {
-        std::memcpy(p->buf, host + off, len);
-      } else if (!mem_->read(addr + off, p->buf, len)) {
+        std::memcpy(p->buf, host + at, len);
+      } else if (!mem_->read(addr + at, p->buf, len)) {
         free_packet(p);
-        return false;
+        fail(wire::nak_code::remote_operational_error);
+        return true;
       }
       p->segs[0] = {p->buf, len};
       p->nsegs = 1;
     }
     finish_packet(qp, p);
   }
+  if (rd.sent < rd.packets) return false;
+  rd.active = false;
   return true;
+}
+
+// The QP's turn on the run queue for its responder: the READ being
+// answered, then the requests held behind it, in order, until another READ
+// starts or nothing is held.  A QP that leaves the responding states drops
+// them (its packets are dropped on arrival, too).
+void device::responder_turn(qp_t* qp) noexcept {
+  const qp_state s = qp->state;
+  if (s != qp_state::rtr && s != qp_state::rts && s != qp_state::sqd && s != qp_state::sqe) {
+    drop_held_requests(qp);
+    return;
+  }
+  auto& r = qp->resp;
+  for (;;) {
+    if (r.reading.active && !pump_read_reply(qp)) {
+      schedule_requester(qp);
+      return;
+    }
+    packet* p = r.held_head;
+    if (p == nullptr || qp->state == qp_state::err) return;  // (qp_to_error dropped the rest)
+    r.held_head = p->next;
+    if (r.held_head == nullptr) r.held_tail = nullptr;
+    --r.held;
+    p->next = nullptr;
+    respond(qp, p);
+    free_packet(p);
+  }
+}
+
+void device::hold_request(qp_t* qp, packet* p) noexcept {
+  auto& r = qp->resp;
+  if (r.held >= limits::max_held_requests) {
+    ++counters_.dropped;
+    free_packet(p);
+    return;
+  }
+  // It outlives this poll's receive buffer.  (A run, which references the
+  // requester's memory and is too long for `buf`, comes only over the
+  // in-process link, whose pass runs until the READ and what it holds are
+  // done.)
+  if (p->run == 1) p->own_payload();
+  p->next = nullptr;
+  if (r.held_tail != nullptr) r.held_tail->next = p;
+  else r.held_head = p;
+  r.held_tail = p;
+  ++r.held;
+}
+
+void device::drop_held_requests(qp_t* qp) noexcept {
+  auto& r = qp->resp;
+  r.reading.active = false;
+  while (packet* p = r.held_head) {
+    r.held_head = p->next;
+    free_packet(p);
+  }
+  r.held_tail = nullptr;
+  r.held = 0;
 }
 
 void device::respond_duplicate(qp_t* qp, packet* p) noexcept {
@@ -1193,7 +1289,7 @@ void device::respond_duplicate(qp_t* qp, packet* p) noexcept {
       std::byte* host = nullptr;
       std::uint64_t addr = 0;
       if (t.length != 0 && !resolve_rkey(qp, t.rkey, t.va, t.length, access_remote_read, host, addr)) return;
-      (void)send_read_responses(qp, psn, host, addr, t.length);  // unreadable: the requester times out
+      start_read_reply(qp, psn, t, true);  // unreadable: the requester times out
       return;
     }
     return;  // unknown: silently dropped

@@ -41,6 +41,108 @@ TEST_F(udp, rc_send_write_read_over_udp) {
   EXPECT_EQ(b.dev.counters().icrc_errors, 0u);
 }
 
+// A long READ does not hold up the device's other QPs: its responses go
+// out a batch per turn, and a SEND on another QP that arrives behind the
+// READ request is executed while the READ is still being answered, not
+// after its 16,384 responses.  The data of both arrives whole.
+TEST_F(udp, a_long_read_does_not_hold_up_another_qps_send) {
+  constexpr std::size_t len = 16u << 20;
+  make(a, 0);
+  make(b, 1);
+  make_qps(qp_type::rc, 4096);  // the SEND's pair
+  qp a_send = a.q, b_send = b.q;
+  mr am_send = a.m, bm_send = b.m;
+  std::vector<std::byte> abuf_send = std::move(a.buf), bbuf_send = std::move(b.buf);
+  make_qps(qp_type::rc, len);  // the READ's pair: a.q <-> b.q
+  for (std::size_t i = 0; i < len; ++i) b.buf[i] = std::byte(i * 29 + 3);
+  for (std::size_t i = 0; i < abuf_send.size(); ++i) abuf_send[i] = std::byte(i + 5);
+  sge rg{reinterpret_cast<std::uintptr_t>(bbuf_send.data()), 4096, bm_send.lkey()};
+  recv_wr r;
+  r.wr_id = 2;
+  r.sg_list = &rg;
+  r.num_sge = 1;
+  ASSERT_FALSE(b_send.post_recv(r));
+
+  sge g{reinterpret_cast<std::uintptr_t>(a.buf.data()), static_cast<std::uint32_t>(len), a.m.lkey()};
+  send_wr w;
+  w.wr_id = 1;
+  w.opcode = wr_opcode::rdma_read;
+  w.sg_list = &g;
+  w.num_sge = 1;
+  w.flags = send_signaled;
+  w.remote_addr = reinterpret_cast<std::uintptr_t>(b.buf.data());
+  w.rkey = b.m.rkey();
+  ASSERT_FALSE(a.q.post_send(w));
+  sge sg{reinterpret_cast<std::uintptr_t>(abuf_send.data()), 4096, am_send.lkey()};
+  send_wr s;
+  s.wr_id = 2;
+  s.opcode = wr_opcode::send;
+  s.sg_list = &sg;
+  s.num_sge = 1;
+  s.flags = send_signaled;
+  ASSERT_FALSE(a_send.post_send(s));
+
+  // Drive both devices; when the SEND's receive completes at b, count
+  // the packets b has sent so far (READ responses, and the SEND's ACK).
+  std::uint64_t sent_by_then = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  work_completion rwc{};
+  while (sent_by_then == 0 && std::chrono::steady_clock::now() < until) {
+    a.c.poll({});
+    if (b.c.poll({&rwc, 1}) == 1) sent_by_then = b.dev.counters().packets_sent;
+  }
+  ASSERT_NE(sent_by_then, 0u) << "no receive completion at b";
+  EXPECT_EQ(rwc.status, wc_status::success);
+  EXPECT_LT(sent_by_then, len / 1024 / 2) << "the SEND waited for the READ's responses";
+  const auto wcs = poll(a.c, 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  for (const auto& wc : wcs) EXPECT_EQ(wc.status, wc_status::success);
+  EXPECT_EQ(a.buf, b.buf);
+  EXPECT_EQ(abuf_send, bbuf_send);
+}
+
+// The responder resolves the R_Key of a READ again for every batch of
+// responses: a region deregistered while a long READ is being answered
+// ends it with a remote access NAK (the requester's READ completes with
+// rem_access_err, both QPs go to error), and the SEND held behind the READ
+// is dropped with the responder's QP, its receive flushed.
+TEST_F(udp, a_region_deregistered_mid_read_ends_it_with_a_remote_access_error) {
+  constexpr std::size_t len = 16u << 20;
+  make(a, 0);
+  make(b, 1);
+  make_qps(qp_type::rc, len);
+  ASSERT_FALSE(post_recv(b, 64));
+  sge g{reinterpret_cast<std::uintptr_t>(a.buf.data()), static_cast<std::uint32_t>(len), a.m.lkey()};
+  send_wr w;
+  w.wr_id = 1;
+  w.opcode = wr_opcode::rdma_read;
+  w.sg_list = &g;
+  w.num_sge = 1;
+  w.flags = send_signaled;
+  w.remote_addr = reinterpret_cast<std::uintptr_t>(b.buf.data());
+  w.rkey = b.m.rkey();
+  ASSERT_FALSE(a.q.post_send(w));
+  ASSERT_FALSE(post_send(a, 64));  // held behind the READ at b
+  // Drive both devices until a part of the READ has arrived.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (a.dev.counters().packets_received < 1000 && std::chrono::steady_clock::now() < until) {
+    a.c.poll({});
+    b.c.poll({});
+  }
+  ASSERT_GE(a.dev.counters().packets_received, 1000u);
+  ASSERT_LT(a.dev.counters().packets_received, len / 1024) << "the READ was answered already";
+  b.m.dereg();
+  const auto wa = poll(a.c, 2);
+  ASSERT_EQ(wa.size(), 2u);
+  EXPECT_EQ(wa[0].wr_id, 1u);
+  EXPECT_EQ(wa[0].status, wc_status::rem_access_err);
+  EXPECT_EQ(wa[1].status, wc_status::wr_flush_err);
+  const auto wb = poll(b.c, 1);
+  ASSERT_EQ(wb.size(), 1u);
+  EXPECT_EQ(wb[0].status, wc_status::wr_flush_err);
+  EXPECT_EQ(b.q.query().state, qp_state::err);
+}
+
 /// A plain UDP socket that sends datagrams to device 0 of the test.
 struct stranger {
   stranger() : fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) {

@@ -402,6 +402,10 @@ struct device_counters {
   /// one (each counts in packets_sent as the packets it stands for).
   std::uint64_t loopback_runs = 0;
   std::uint64_t cq_overflows = 0;
+  /// Packet buffers the device has allocated (its pool: in flight, queued
+  /// or free).  It grows to the most packets ever in hand at once and
+  /// stays there.
+  std::uint64_t packet_buffers = 0;
 };
 
 }  // namespace averbs

@@ -252,6 +252,51 @@ TEST_F(traffic, rc_rdma_read_fetches_remote_bytes) {
   EXPECT_TRUE(drain(p.cq_b).empty());
 }
 
+// A long READ is answered a batch at a time, not with all its responses
+// queued at once: the device's packet pool stays small (before, a 32 MiB
+// READ put 8192 response packets in hand together).
+TEST_F(traffic, rc_long_read_is_answered_without_queueing_every_response) {
+  qp_options o;
+  o.path_mtu = mtu::mtu_4096;
+  auto p = connected_pair(o);
+  constexpr std::size_t len = 32u << 20;
+  auto local = make_buffer(len), remote = make_buffer(len);
+  fill_pattern(remote, 11);
+  local.fill(0);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_read, {local.whole()}, 30, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  const auto s = poll_one(p.cq_a);
+  EXPECT_TRUE(wc_ok(s, 30, wc_opcode::rdma_read));
+  EXPECT_EQ(s.byte_len, len);
+  EXPECT_TRUE(has_pattern(local, 11, 0, len));
+  const device_counters c = dev.counters();
+  EXPECT_GE(c.packets_sent, len / 4096);
+  EXPECT_LT(c.packet_buffers, 512u);
+}
+
+// The requests behind a READ wait for its responses (the responder executes
+// in order): a WRITE posted after a READ of the same bytes, unfenced, does
+// not change what the READ returns, however many batches the READ takes.
+TEST_F(traffic, rc_write_behind_a_read_does_not_change_what_the_read_returns) {
+  qp_options o;
+  o.path_mtu = mtu::mtu_1024;
+  auto p = connected_pair(o);
+  constexpr std::size_t len = 1u << 20;  // 1024 responses
+  auto got = make_buffer(len), newer = make_buffer(len), remote = make_buffer(len);
+  fill_pattern(remote, 12);
+  fill_pattern(newer, 13);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_read, {got.whole()}, 31, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {newer.whole()}, 32, send_signaled, remote.addr(),
+                         remote.m.rkey()));
+  const auto wcs = poll(p.cq_a, 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_TRUE(wc_ok(wcs[0], 31, wc_opcode::rdma_read));
+  EXPECT_TRUE(wc_ok(wcs[1], 32, wc_opcode::rdma_write));
+  EXPECT_TRUE(has_pattern(got, 12, 0, len));
+  EXPECT_TRUE(has_pattern(remote, 13, 0, len));
+}
+
 // ---------------------------------------------------------------------------
 // Zero-length messages
 

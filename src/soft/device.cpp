@@ -1324,18 +1324,19 @@ void device::progress() noexcept {
     if (!clock_->is_real_time() ||
         (armed_deadline_ != clock::time_point::max() && clock_->now() >= armed_deadline_))
       run_timers();
-    poll_link();
-    run();
-    // The descriptor stays readable while a pass leaves work queued (a
-    // bulk transfer: most passes end on their budget), so a busy thread
-    // pays no eventfd write and read per pass; it is drained once the
-    // queues are empty.
+    // The descriptor stays readable while the last pass left work queued
+    // (a bulk transfer: most passes end on their budget), so a busy
+    // thread pays no eventfd write and read per pass; it is drained once
+    // the queues are empty, before this pass, which may signal it again
+    // (poll_link when it unwatches the sockets, run() on its budget).
     if (pending_signaled_ && rx_head_ == nullptr && req_head_ == nullptr) {
       std::uint64_t v;
       while (::read(pending_fd_, &v, sizeof v) < 0 && errno == EINTR) {
       }
       pending_signaled_ = false;
     }
+    poll_link();
+    run();
   }
   drain_released();
 }

@@ -160,6 +160,21 @@ class udp_pair_test : public ::testing::Test {
     return e.q.post_send(w);
   }
 
+  /// Posts one signaled RDMA READ of the first `len` bytes of `from`'s
+  /// buffer into `e`'s.
+  static std::error_code post_read(endpoint& e, const endpoint& from, std::uint32_t len, std::uint64_t wr_id) {
+    sge g{reinterpret_cast<std::uintptr_t>(e.buf.data()), len, e.m.lkey()};
+    send_wr w;
+    w.wr_id = wr_id;
+    w.opcode = wr_opcode::rdma_read;
+    w.sg_list = &g;
+    w.num_sge = 1;
+    w.flags = send_signaled;
+    w.remote_addr = reinterpret_cast<std::uintptr_t>(from.buf.data());
+    w.rkey = from.m.rkey();
+    return e.q.post_send(w);
+  }
+
   /// Polls `q` (and keeps both devices progressing) until n completions.
   std::vector<work_completion> poll(const cq& q, std::size_t n,
                                     std::chrono::milliseconds patience = std::chrono::seconds(20)) {

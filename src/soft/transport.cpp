@@ -1239,6 +1239,7 @@ void device::responder_turn(qp_t* qp) noexcept {
     p->next = nullptr;
     respond(qp, p);
     free_packet(p);
+    if (r.reading.active) return;  // it started a READ: its first batch was this turn's (it is scheduled)
   }
 }
 

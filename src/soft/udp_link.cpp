@@ -699,8 +699,10 @@ std::size_t udp_link::receive_gro() noexcept {
   //
   // The first datagram's packets keep their payload where it landed (slot
   // 0; the responder copies it once, to its destination): the engine
-  // frees every packet it takes off its receive queue, and polls only
-  // when that queue is empty, so nothing still points into slot 0 here.
+  // frees every packet it takes off its receive queue or copies its
+  // payload out (a request held behind a READ, own_payload()), and polls
+  // only when that queue is empty, so nothing still points into slot 0
+  // here.
   // Later rounds read into slots 1.. and copy, as they reuse them.
   const bool in_place = dev_.rx_head_ == nullptr;  // always, as the engine polls now
   std::size_t total = 0;

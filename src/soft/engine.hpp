@@ -751,7 +751,9 @@ class device final : public progress_source, public clock_listener {
   packet* rx_head_ = nullptr;
   packet* rx_tail_ = nullptr;
   packet* rx_front_last_ = nullptr;  // the last management datagram queued ahead of the data
-  // Requesters with work, in order; intrusive so scheduling never allocates.
+  // The run queue: QPs with packets to send, a requester's or READ
+  // responses (schedule_requester(); a turn runs responder_turn(), then
+  // requester()), in order; intrusive so scheduling never allocates.
   qp_t* req_head_ = nullptr;
   qp_t* req_tail_ = nullptr;
   std::vector<qp_t*> ack_ready_;  // QPs with a coalesced ACK to send

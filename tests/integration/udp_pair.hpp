@@ -160,19 +160,25 @@ class udp_pair_test : public ::testing::Test {
     return e.q.post_send(w);
   }
 
-  /// Posts one signaled RDMA READ of the first `len` bytes of `from`'s
-  /// buffer into `e`'s.
-  static std::error_code post_read(endpoint& e, const endpoint& from, std::uint32_t len, std::uint64_t wr_id) {
-    sge g{reinterpret_cast<std::uintptr_t>(e.buf.data()), len, e.m.lkey()};
+  /// Posts one signaled work request of `len` bytes at `local` (RDMA ones
+  /// at `remote`, under `rkey`).
+  static std::error_code post_wr(const qp& q, wr_opcode op, std::uint64_t wr_id, const void* local, std::uint32_t len,
+                                 const mr& lm, const void* remote = nullptr, std::uint32_t rkey = 0) {
+    sge g{reinterpret_cast<std::uintptr_t>(local), len, lm.lkey()};
     send_wr w;
     w.wr_id = wr_id;
-    w.opcode = wr_opcode::rdma_read;
+    w.opcode = op;
     w.sg_list = &g;
     w.num_sge = 1;
     w.flags = send_signaled;
-    w.remote_addr = reinterpret_cast<std::uintptr_t>(from.buf.data());
-    w.rkey = from.m.rkey();
-    return e.q.post_send(w);
+    w.remote_addr = reinterpret_cast<std::uintptr_t>(remote);
+    w.rkey = rkey;
+    return q.post_send(w);
+  }
+  /// Posts one signaled RDMA READ of the first `len` bytes of `from`'s
+  /// buffer into `e`'s.
+  static std::error_code post_read(endpoint& e, const endpoint& from, std::uint32_t len, std::uint64_t wr_id) {
+    return post_wr(e.q, wr_opcode::rdma_read, wr_id, e.buf.data(), len, e.m, from.buf.data(), from.m.rkey());
   }
 
   /// Polls `q` (and keeps both devices progressing) until n completions.

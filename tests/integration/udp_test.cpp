@@ -64,14 +64,7 @@ TEST_F(udp, a_long_read_does_not_hold_up_another_qps_send) {
   ASSERT_FALSE(b_send.post_recv(r));
 
   ASSERT_FALSE(post_read(a, b, len, 1));
-  sge sg{reinterpret_cast<std::uintptr_t>(abuf_send.data()), 4096, am_send.lkey()};
-  send_wr s;
-  s.wr_id = 2;
-  s.opcode = wr_opcode::send;
-  s.sg_list = &sg;
-  s.num_sge = 1;
-  s.flags = send_signaled;
-  ASSERT_FALSE(a_send.post_send(s));
+  ASSERT_FALSE(post_wr(a_send, wr_opcode::send, 2, abuf_send.data(), 4096, am_send));
 
   // Drive both devices; when the SEND's receive completes at b, count
   // the packets b has sent so far (READ responses, and the SEND's ACK).
@@ -158,16 +151,7 @@ TEST_F(udp, a_qp_reset_mid_transfer_leaves_the_others_running_and_comes_back) {
   make_qps(qp_type::rc, n * len);  // the second pair: a.q <-> b.q
   auto write = [](const qp& q, const mr& lm, std::vector<std::byte>& lb, const mr& rm, std::vector<std::byte>& rb,
                   std::uint64_t id, std::size_t off) {
-    sge g{reinterpret_cast<std::uintptr_t>(lb.data()) + off, static_cast<std::uint32_t>(len), lm.lkey()};
-    send_wr w;
-    w.wr_id = id;
-    w.opcode = wr_opcode::rdma_write;
-    w.sg_list = &g;
-    w.num_sge = 1;
-    w.flags = send_signaled;
-    w.remote_addr = reinterpret_cast<std::uintptr_t>(rb.data()) + off;
-    w.rkey = rm.rkey();
-    return q.post_send(w);
+    return post_wr(q, wr_opcode::rdma_write, id, lb.data() + off, len, lm, rb.data() + off, rm.rkey());
   };
   for (std::size_t i = 0; i < a.buf.size(); ++i) a.buf[i] = std::byte(i * 13 + 1);
   for (std::uint64_t i = 0; i < n; ++i) {

@@ -6,6 +6,7 @@
 #include "wire/crc32.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 namespace averbs::wire {
@@ -418,6 +419,18 @@ icrc_builder::icrc_builder(std::span<const std::byte> ip_udp) noexcept {
   append(ip_udp.data() + n, ip_udp.size() - n);
 }
 
+icrc_builder icrc_builder::after_prefix(std::uint32_t prefix) noexcept {
+  icrc_builder b(std::span<const std::byte>{});
+  b.held_ = 0;
+  b.crc_ = prefix;
+  return b;
+}
+
+std::uint32_t icrc_prefix(std::span<const std::byte> ip_udp) noexcept {
+  const icrc_builder b(ip_udp);
+  return b.value();
+}
+
 void icrc_builder::append(const std::byte* p, std::size_t n) noexcept {
   if (n == 0) return;
   if (n > buf_.size() - held_) {
@@ -494,18 +507,27 @@ std::uint32_t zero_bytes_factor(std::size_t n) noexcept {
 std::uint32_t ipv4_id_icrc::delta(std::size_t transport_len, std::uint16_t id) noexcept {
   if (id == 0) return 0;
   const entry& e = lookup(transport_len);
-  std::uint32_t d = 0;
-  for (unsigned b = 0; b < 16; ++b)
-    if ((id >> b) & 1u) d ^= e.bit[b];
-  return d;
+  return e.low[id & 0xFF] ^ e.high[id >> 8];
 }
 
 std::optional<std::uint16_t> ipv4_id_icrc::solve(std::size_t transport_len, std::uint32_t d) noexcept {
   if (d == 0) return std::uint16_t{0};
-  const entry& e = lookup(transport_len);
+  entry& e = lookup(transport_len);
+  if (!e.has_inverse) build_inverse(e);
+  // The inverse map gives the one ID whose delta d can be; d is one only
+  // if that ID's delta is d itself.
+  const auto id = static_cast<std::uint16_t>(e.inverse[0][d & 0xFF] ^ e.inverse[1][(d >> 8) & 0xFF] ^
+                                             e.inverse[2][(d >> 16) & 0xFF] ^ e.inverse[3][d >> 24]);
+  if ((e.low[id & 0xFF] ^ e.high[id >> 8]) != d) return std::nullopt;
+  return id;
+}
+
+void ipv4_id_icrc::build_inverse(entry& e) noexcept {
   // Gaussian elimination over GF(2): row i is a combination (of ID bits
   // `ids[i]`) of the per-bit deltas whose lowest set bit, `lead[i]`, no
-  // later row has.
+  // later row has.  Reducing a value by the rows in order is linear in
+  // the value and takes the delta of each ID bit to that bit: a left
+  // inverse of delta(), kept as one table per byte of the value.
   std::array<std::uint32_t, 16> row{}, lead{};
   std::array<std::uint16_t, 16> ids{};
   unsigned n = 0;
@@ -523,17 +545,26 @@ std::optional<std::uint16_t> ipv4_id_icrc::solve(std::size_t transport_len, std:
     ids[n] = m;
     ++n;
   }
-  std::uint16_t id = 0;
-  for (unsigned i = 0; i < n; ++i)
-    if ((d & lead[i]) != 0) {
-      d ^= row[i];
-      id ^= ids[i];
-    }
-  if (d != 0) return std::nullopt;
-  return id;
+  auto reduce = [&](std::uint32_t v) {
+    std::uint16_t id = 0;
+    for (unsigned i = 0; i < n; ++i)
+      if ((v & lead[i]) != 0) {
+        v ^= row[i];
+        id ^= ids[i];
+      }
+    return id;
+  };
+  for (unsigned byte = 0; byte < 4; ++byte) {
+    auto& t = e.inverse[byte];
+    t[0] = 0;
+    for (unsigned v = 1; v < 256; ++v)  // linear: one new bit on an earlier entry
+      t[v] = static_cast<std::uint16_t>(t[v & (v - 1)] ^ reduce(1u << (8 * byte + std::countr_zero(v))));
+  }
+  e.has_inverse = true;
 }
 
 ipv4_id_icrc::entry& ipv4_id_icrc::lookup(std::size_t transport_len) noexcept {
+  if (cache_[last_].transport_len == transport_len) return cache_[last_];
   entry* e = nullptr;
   for (entry& c : cache_)
     if (c.transport_len == transport_len) e = &c;
@@ -557,17 +588,23 @@ ipv4_id_icrc::entry& ipv4_id_icrc::lookup(std::size_t transport_len) noexcept {
     e->transport_len = transport_len;
     const std::uint32_t factor = zero_bytes_factor(transport_len);
     for (unsigned b = 0; b < 16; ++b) e->bit[b] = mul_mod(at_header_end[b], factor);
+    e->low[0] = e->high[0] = 0;
+    for (unsigned v = 1; v < 256; ++v) {  // one new bit on an earlier entry
+      const auto b = static_cast<unsigned>(std::countr_zero(v));
+      e->low[v] = e->low[v & (v - 1)] ^ e->bit[b];
+      e->high[v] = e->high[v & (v - 1)] ^ e->bit[b + 8];
+    }
+    e->has_inverse = false;
   }
+  last_ = static_cast<std::size_t>(e - cache_.data());
   return *e;
 }
 
 // --- IP and UDP -----------------------------------------------------------------------
 
 bool is_ipv4_mapped(std::span<const std::byte, 16> gid) noexcept {
-  for (std::size_t i = 0; i < 10; ++i) {
-    if (gid[i] != std::byte{0}) return false;
-  }
-  return gid[10] == all_ones && gid[11] == all_ones;
+  static constexpr std::uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};  // ::ffff:0:0/96
+  return std::memcmp(gid.data(), prefix, sizeof prefix) == 0;
 }
 
 std::size_t build_ip_udp(const ip_udp_params& p, std::size_t transport_len,
@@ -613,6 +650,40 @@ std::size_t build_ip_udp(const ip_udp_params& p, std::size_t transport_len,
   put16(udp + 4, udp_len);
   put16(udp + 6, 0);  // rxe sends no UDP checksum, over IPv4 and IPv6 alike
   return ip_len + udp_header;
+}
+
+std::optional<std::uint32_t> icrc_prefix_cache::get(std::span<const std::byte, 16> src,
+                                                    std::span<const std::byte, 16> dst, std::uint16_t src_port,
+                                                    std::uint16_t dst_port, std::size_t transport_len) noexcept {
+  static_assert(sizeof(key) == 40, "icrc_prefix_cache::key must have no padding");
+  key k;
+  std::memcpy(k.src.data(), src.data(), 16);
+  std::memcpy(k.dst.data(), dst.data(), 16);
+  k.src_port = src_port;
+  k.dst_port = dst_port;
+  k.transport_len = static_cast<std::uint32_t>(transport_len);
+  // The addresses' last bytes tell flows on one host apart; the ports
+  // tell QPs apart.
+  std::uint32_t s, d;
+  std::memcpy(&s, src.data() + 12, 4);
+  std::memcpy(&d, dst.data() + 12, 4);
+  std::uint64_t h = (std::uint64_t{s} << 32 | d) ^ (std::uint64_t{src_port} << 16 | dst_port) ^
+                    (std::uint64_t{k.transport_len} << 40);
+  h *= 0x9E3779B97F4A7C15ull;
+  entry& e = cache_[h >> 60];
+  if (e.used && std::memcmp(&e.k, &k, sizeof k) == 0 && transport_len == k.transport_len) return e.prefix;
+  ip_udp_params p;
+  std::copy(src.begin(), src.end(), p.src_gid.begin());
+  std::copy(dst.begin(), dst.end(), p.dst_gid.begin());
+  p.src_port = src_port;
+  p.dst_port = dst_port;
+  std::array<std::byte, ipv6_header + udp_header> hdr;
+  const std::size_t n = build_ip_udp(p, transport_len, hdr);
+  if (n == 0) return std::nullopt;  // and build_ip_udp took the length: 16 bits
+  e.k = k;
+  e.prefix = icrc_prefix(std::span(hdr.data(), n));
+  e.used = true;
+  return e.prefix;
 }
 
 std::uint16_t udp_source_port(std::uint32_t flow_label, std::uint32_t lqpn, std::uint32_t rqpn) noexcept {

@@ -235,6 +235,8 @@ class icrc_builder {
   /// `ip_udp` is the IPv4 (20 bytes, no options) or IPv6 (40 bytes) header
   /// followed by the UDP header, exactly as on the wire.
   explicit icrc_builder(std::span<const std::byte> ip_udp) noexcept;
+  /// Continues from `icrc_prefix()` of the packet's IP and UDP headers.
+  static icrc_builder after_prefix(std::uint32_t prefix) noexcept;
   /// Adds transport bytes.  The first call must start with the BTH (its
   /// byte 4 is masked); later calls add what follows.
   void add(std::span<const std::byte> bytes) noexcept;
@@ -252,6 +254,11 @@ class icrc_builder {
   std::uint32_t crc_ = 0;  // of what left buf_ already
   bool started_ = false;
 };
+
+/// The CRC of the ICRC's masked LRH, IP and UDP headers (`ip_udp` as for
+/// icrc_builder): what a flow's packets of one length have in common, for
+/// icrc_builder::after_prefix().
+std::uint32_t icrc_prefix(std::span<const std::byte> ip_udp) noexcept;
 
 /// Writes the ICRC in wire order (least-significant byte first).
 void store_icrc(std::uint32_t icrc, std::span<std::byte, 4> out) noexcept;
@@ -274,7 +281,7 @@ class ipv4_id_icrc {
  public:
   /// XOR this into the ID-0 ICRC of a packet of `transport_len` transport
   /// bytes (BTH ... pad, no ICRC) to get its ICRC with ID `id`.
-  /// A length not cached costs about a microsecond (no allocation).
+  /// A length not cached costs a few microseconds (no allocation).
   std::uint32_t delta(std::size_t transport_len, std::uint16_t id) noexcept;
   /// The ID whose delta is `d` (the received ICRC XOR the ID-0 one), or
   /// nullopt if none is: the 16 per-bit deltas are independent (CRC-32
@@ -288,10 +295,19 @@ class ipv4_id_icrc {
   struct entry {
     std::size_t transport_len = ~std::size_t{0};
     std::array<std::uint32_t, 16> bit{};  // delta of each ID bit
+    // delta() by table, for the ID's low and high byte: a loop over the
+    // bits mispredicts a branch per changed bit of a counting ID.
+    std::array<std::uint32_t, 256> low{}, high{};
+    // solve() by table, built at its first use for the length: the ID bits
+    // that each byte of a delta stands for.
+    std::array<std::array<std::uint16_t, 256>, 4> inverse{};
+    bool has_inverse = false;
   };
   entry& lookup(std::size_t transport_len) noexcept;
+  static void build_inverse(entry& e) noexcept;
   std::array<entry, 8> cache_{};  // a handful of lengths: MTU-sized packets, then the rest
   std::size_t next_ = 0;          // round-robin replacement
+  std::size_t last_ = 0;          // the one lookup() found last
 };
 
 // ---------------------------------------------------------------------------
@@ -318,6 +334,34 @@ bool is_ipv4_mapped(std::span<const std::byte, 16> gid) noexcept;
 /// too small or the GIDs mix families.
 std::size_t build_ip_udp(const ip_udp_params& p, std::size_t transport_len,
                          std::span<std::byte> out) noexcept;
+
+/// icrc_prefix() of the headers build_ip_udp() writes, for the last few
+/// flows and lengths seen: a packet's IP and UDP headers differ from the
+/// last one's of its flow in nothing the ICRC covers but, at most, the
+/// length, so most packets skip building and folding them.  Bounded
+/// (direct-mapped), no allocation.
+class icrc_prefix_cache {
+ public:
+  /// The prefix for headers from `src`:`src_port` to `dst`:`dst_port`
+  /// carrying `transport_len` bytes (BTH ... ICRC) with IPv4 ID 0, or
+  /// nullopt where build_ip_udp() fails (mixed families, too long).
+  std::optional<std::uint32_t> get(std::span<const std::byte, 16> src, std::span<const std::byte, 16> dst,
+                                   std::uint16_t src_port, std::uint16_t dst_port,
+                                   std::size_t transport_len) noexcept;
+
+ private:
+  struct key {  // no padding: compared with memcmp
+    std::array<std::byte, 16> src{}, dst{};
+    std::uint16_t src_port = 0, dst_port = 0;
+    std::uint32_t transport_len = 0;
+  };
+  struct entry {
+    key k;
+    std::uint32_t prefix = 0;
+    bool used = false;
+  };
+  std::array<entry, 16> cache_{};
+};
 
 /// rxe's UDP source port for a QP pair (rdma_get_udp_sport): the flow label
 /// if non-zero, else one derived from the QP numbers, folded to 14 bits and

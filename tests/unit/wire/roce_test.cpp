@@ -1049,4 +1049,59 @@ TEST(roce_icrc, ipv4_id_solve_finds_the_id_a_packet_was_sent_with) {
   EXPECT_GE(unsolved, corrupted - 1) << "a flipped bit should almost never look like an ID";
 }
 
+// solve() undoes delta() for every one of the 2^16 IDs, at a length whose
+// entry was replaced and built again in between; for any other value it
+// answers nothing (checked on values one bit away from an ID's delta).
+TEST(roce_icrc, ipv4_id_solve_inverts_delta_for_every_id) {
+  w::ipv4_id_icrc ids;
+  constexpr std::size_t transport = 12 + 1024;
+  for (int pass = 0; pass < 2; ++pass) {
+    std::size_t wrong = 0, false_ids = 0;
+    for (std::uint32_t id = 0; id <= 0xFFFF; ++id) {
+      const std::uint32_t d = ids.delta(transport, static_cast<std::uint16_t>(id));
+      if (ids.solve(transport, d) != std::optional<std::uint16_t>(static_cast<std::uint16_t>(id))) ++wrong;
+      if (const auto other = ids.solve(transport, d ^ (1u << (id % 32))); other && ids.delta(transport, *other) != (d ^ (1u << (id % 32))))
+        ++false_ids;
+    }
+    EXPECT_EQ(wrong, 0u) << "pass " << pass;
+    EXPECT_EQ(false_ids, 0u) << "an answer must be an ID whose delta is the value";
+    // More lengths than the cache holds push this one out.
+    for (std::size_t other = 100; other < 100 + 10 * 8; other += 8) (void)ids.solve(other, 1);
+  }
+}
+
+// The cached header CRC gives the ICRC a full computation gives, for IPv4
+// and IPv6, over more flows and lengths than the cache has room for (so
+// entries collide and are replaced), and nothing for mixed families.
+TEST(roce_icrc, prefix_cache_agrees_with_the_full_icrc) {
+  w::icrc_prefix_cache cache;
+  std::mt19937 rng(17);
+  std::size_t checked = 0;
+  for (int round = 0; round < 3; ++round) {
+    for (std::uint8_t host = 1; host < 40; ++host) {
+      const bool v6 = host % 3 == 0;
+      w::ip_udp_params ip;
+      ip.src_gid = v6 ? gid_fd00(host) : ipv4_gid(host);
+      ip.dst_gid = v6 ? gid_fd00(200) : ipv4_gid(200);
+      ip.src_port = static_cast<std::uint16_t>(0xC000 + host * 7);
+      ip.dst_port = host % 2 == 0 ? w::roce_udp_port : 4792;
+      const std::size_t transport = 16 + (rng() % 5) * 4;
+      std::vector<std::byte> t(transport);
+      for (auto& b : t) b = static_cast<std::byte>(rng());
+      std::array<std::byte, 64> hdr;
+      const std::size_t hl = w::build_ip_udp(ip, transport + w::icrc_size, hdr);
+      ASSERT_NE(hl, 0u);
+      const auto prefix = cache.get(ip.src_gid, ip.dst_gid, ip.src_port, ip.dst_port, transport + w::icrc_size);
+      ASSERT_TRUE(prefix.has_value());
+      auto b = w::icrc_builder::after_prefix(*prefix);
+      b.add(std::span(t).first(5));  // in pieces, as the device adds them
+      b.add(std::span(t).subspan(5));
+      EXPECT_EQ(b.value(), w::icrc(std::span(hdr.data(), hl), t)) << "host " << int(host) << " round " << round;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 3u * 39u);
+  EXPECT_FALSE(cache.get(ipv4_gid(1), gid_fd00(2), 0xC000, w::roce_udp_port, 64).has_value());
+}
+
 }  // namespace

@@ -210,40 +210,32 @@ void device::transmit(packet* p) noexcept {
 }
 
 namespace {
-// The IP and UDP headers the packet carries on the wire, for its ICRC.
-std::size_t wire_headers(const packet* p, std::uint16_t sport, std::uint16_t dport, std::span<std::byte> out) {
-  wire::ip_udp_params ip;
-  std::memcpy(ip.src_gid.data(), p->src.raw.data(), 16);
-  std::memcpy(ip.dst_gid.data(), p->dst.raw.data(), 16);
-  ip.src_port = sport;
-  ip.dst_port = dport;
-  ip.traffic_class = p->tclass;
-  ip.hop_limit = p->hop_limit;
-  const std::size_t transport = p->header_len + p->payload_len + wire::pad_for(p->payload_len) + wire::icrc_size;
-  return wire::build_ip_udp(ip, transport, out);
-}
 constexpr std::byte zero_pad[4] = {};
 }  // namespace
 
-void device::compute_icrc(packet* p) const noexcept {
-  std::array<std::byte, 64> hdr;
-  const std::size_t n = wire_headers(p, link_->wire_src_port(*p), link_->wire_dst_port(), hdr);
-  wire::icrc_builder b(std::span(hdr.data(), n));
+// The ICRC of the packet as it goes on the wire with these UDP ports (IPv4
+// ID 0).  TOS and TTL are masked out of the ICRC, so the packet's own play
+// no part.  A packet that can have no IP headers (mixed address families:
+// the UDP link drops it, the in-process link carries it) has an ICRC of
+// its transport bytes alone.
+std::uint32_t device::icrc_of(const packet* p, std::uint16_t sport, std::uint16_t dport) noexcept {
+  static const std::uint32_t no_headers = wire::icrc_prefix({});
+  const std::size_t transport = p->header_len + p->payload_len + wire::pad_for(p->payload_len) + wire::icrc_size;
+  const auto prefix = icrc_prefixes_.get(std::as_bytes(std::span(p->src.raw)), std::as_bytes(std::span(p->dst.raw)), sport, dport, transport);
+  auto b = wire::icrc_builder::after_prefix(prefix.value_or(no_headers));
   b.add(std::span(p->header.data(), p->header_len));
   for (std::uint8_t i = 0; i < p->nsegs; ++i) b.add(std::span(p->segs[i].p, p->segs[i].len));
   b.add(std::span(zero_pad, wire::pad_for(p->payload_len)));
-  p->icrc = b.value();
+  return b.value();
+}
+
+void device::compute_icrc(packet* p) noexcept {
+  p->icrc = icrc_of(p, link_->wire_src_port(*p), link_->wire_dst_port());
   p->has_icrc = true;
 }
 
-bool device::verify_icrc(const packet* p, std::uint16_t src_port, std::uint16_t dst_port) const noexcept {
-  std::array<std::byte, 64> hdr;
-  const std::size_t n = wire_headers(p, src_port, dst_port, hdr);
-  wire::icrc_builder b(std::span(hdr.data(), n));
-  b.add(std::span(p->header.data(), p->header_len));
-  for (std::uint8_t i = 0; i < p->nsegs; ++i) b.add(std::span(p->segs[i].p, p->segs[i].len));
-  b.add(std::span(zero_pad, wire::pad_for(p->payload_len)));
-  return b.value() == p->icrc;
+bool device::verify_icrc(const packet* p, std::uint16_t src_port, std::uint16_t dst_port) noexcept {
+  return icrc_of(p, src_port, dst_port) == p->icrc;
 }
 
 void device::set_faults(const fault_config& f) {

@@ -681,8 +681,9 @@ class device final : public progress_source, public clock_listener {
   packet* new_packet(qp_t* qp, wire::opcode op, std::uint32_t psn) noexcept;
   void finish_packet(qp_t* qp, packet* p) noexcept;
   void transmit(packet* p) noexcept;
-  void compute_icrc(packet* p) const noexcept;
-  bool verify_icrc(const packet* p, std::uint16_t src_port, std::uint16_t dst_port) const noexcept;
+  std::uint32_t icrc_of(const packet* p, std::uint16_t sport, std::uint16_t dport) noexcept;
+  void compute_icrc(packet* p) noexcept;
+  bool verify_icrc(const packet* p, std::uint16_t src_port, std::uint16_t dst_port) noexcept;
   bool next_recv(qp_t* qp) noexcept;
   void consume_recv(qp_t* qp) noexcept;
   void check_srq_limit(srq_t* srq) noexcept;
@@ -818,6 +819,7 @@ class device final : public progress_source, public clock_listener {
   void run_timers() noexcept;
 
   device_counters counters_{};
+  wire::icrc_prefix_cache icrc_prefixes_;  // compute_icrc() and verify_icrc()
 
   // QP1.
   std::unique_ptr<gsi_agent> gsi_;

@@ -132,6 +132,8 @@ class udp_link final : public link {
     std::uint16_t sport;
   };
   bool prepare(tx_slot& s, packet* p) noexcept;
+  /// Writes the IP and UDP headers of a slot the raw socket sends.
+  void write_ip_udp(tx_slot& s) noexcept;
   void transmit(tx_slot* slots, std::size_t count) noexcept;
   void transmit_each(tx_slot* slots, std::size_t count) noexcept;
   /// Sends slots [0, n) as one UDP GSO datagram; false if the kernel
@@ -228,6 +230,7 @@ class udp_link final : public link {
   std::unordered_map<std::uint16_t, int> gso_fds_;  // -1: not available
   static constexpr std::size_t max_gso_fds = 256;
   wire::ipv4_id_icrc id_icrc_;
+  wire::icrc_prefix_cache rx_prefixes_;  // deliver()'s ICRC check
   // Receive slots, set up once; a slot's packet is replaced when taken.
   std::array<packet*, rx_batch> rx_{};
   std::array<sockaddr_storage, rx_batch> rx_from_{};

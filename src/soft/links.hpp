@@ -239,6 +239,23 @@ class udp_link final : public link {
   // UDP GRO receive (with `gso`): room for a whole run per slot.
   bool gro_ = false;
   std::uint32_t gro_streak_ = 0;  // polls in a row that found a datagram
+  // UDP_GRO is switched off while the traffic is a ping-pong: without a
+  // segment size to report, a datagram comes through recvfrom(), about
+  // 110 ns less kernel per poll than recvmsg() with its control message.
+  // Only with the ICRC check, which a run read as one datagram fails.
+  enum class gro_state : std::uint8_t {
+    on,        // recvmsg() with the UDP_GRO control message
+    draining,  // switched off; runs queued before may still be read
+    off,       // recvfrom(): the kernel splits runs on arrival
+  };
+  gro_state gro_state_ = gro_state::on;
+  std::uint32_t gro_window_ = 0;       // polls that found data, this window
+  std::uint32_t gro_window_busy_ = 0;  // of which not a ping-pong's
+  clock::time_point gro_drained_at_{};
+  static constexpr std::uint32_t gro_window = 512;
+  static constexpr std::chrono::milliseconds gro_drain_time{10};
+  static constexpr int gro_on_burst = 8;  // datagrams in one read that switch UDP_GRO back on
+  void set_gro(bool on) noexcept;
   static constexpr std::size_t gro_slots = 16;
   static constexpr std::size_t gro_slot_size = 65536;
   std::unique_ptr<std::byte[]> gro_buf_;

@@ -728,20 +728,35 @@ std::size_t udp_link::receive_gro() noexcept {
   std::size_t want = 1;
   for (int round = 0; round < 3; ++round) {
     bool runs = false;
+    std::size_t longest_run = 1;
     for (std::size_t i = first; i < first + want; ++i) {  // recvmmsg shrinks these
       gro_msgs_[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage);
       gro_msgs_[i].msg_hdr.msg_controllen = gro_control_[i].size();
     }
     int r;
-    if (want == 1) {  // recvmsg: the cheaper syscall, by about 70 ns
+    if (want == 1 && gro_state_ == gro_state::off) {  // recvfrom: no message header, no control message
+      msghdr& h = gro_msgs_[first].msg_hdr;
+      const ssize_t len = ::recvfrom(fd_, gro_iov_[first].iov_base, gro_slot_size, MSG_DONTWAIT,
+                                     static_cast<sockaddr*>(h.msg_name), &h.msg_namelen);
+      h.msg_controllen = 0;
+      h.msg_flags = 0;  // the slot holds any UDP datagram whole
+      gro_msgs_[first].msg_len = len >= 0 ? static_cast<unsigned>(len) : 0;
+      r = len >= 0 ? 1 : -1;
+    } else if (want == 1) {  // recvmsg: the cheaper syscall, by about 70 ns
       const ssize_t len = ::recvmsg(fd_, &gro_msgs_[first].msg_hdr, MSG_DONTWAIT);
       gro_msgs_[first].msg_len = len >= 0 ? static_cast<unsigned>(len) : 0;
       r = len >= 0 ? 1 : -1;
     } else {
       r = ::recvmmsg(fd_, gro_msgs_.data() + first, static_cast<unsigned>(want), MSG_DONTWAIT, nullptr);
+      if (r >= gro_on_burst && gro_state_ != gro_state::on) set_gro(true);  // bulk: runs pay again
     }
     if (r <= 0) {
-      if (round == 0) gro_streak_ = 0;
+      if (round == 0) {
+        gro_streak_ = 0;
+        // Every datagram queued while UDP_GRO was on has been read (and
+        // any a softirq was queuing at the switch, after this long).
+        if (gro_state_ == gro_state::draining && dev_.pass_now() >= gro_drained_at_) gro_state_ = gro_state::off;
+      }
       return total;
     }
     for (std::size_t i = first; i < first + static_cast<std::size_t>(r); ++i) {
@@ -766,6 +781,13 @@ std::size_t udp_link::receive_gro() noexcept {
       if (seg < len) {
         ++dev_.counters_.gro_runs;
         runs = true;
+        longest_run = std::max(longest_run, (len + seg - 1) / seg);
+      } else if (gro_state_ == gro_state::off && len > packet::buffer_size) {
+        // Longer than any one packet: a run queued as the switch was made
+        // (its segment size unknown here).  Lost, as on a wire; RC resends.
+        ++dev_.counters_.dropped;
+        set_gro(true);
+        continue;
       }
       std::uint16_t k = 0;
       for (std::size_t off = 0; off < len; off += seg, ++k) {
@@ -780,12 +802,35 @@ std::size_t udp_link::receive_gro() noexcept {
         else dev_.free_packet(p);
       }
     }
+    if (round == 0 && gro_state_ == gro_state::on && check_icrc_) {
+      // A ping-pong (one datagram per poll, after a poll that found none;
+      // at most a short run now and then, an ACK behind a message) reads
+      // faster without UDP_GRO.  Judged over windows of polls that found
+      // data: a window with few busy ones switches it off.
+      if (longest_run > 2 || gro_streak_ != 0) ++gro_window_busy_;
+      if (++gro_window_ == gro_window) {
+        if (gro_window_busy_ <= gro_window / 16) set_gro(false);
+        gro_window_ = gro_window_busy_ = 0;
+      }
+    }
     if (static_cast<std::size_t>(r) < want || runs) return total;
     if (round == 0 && ++gro_streak_ < 2) return total;
     first = 1;
     want = gro_slots - 1;
   }
   return total;
+}
+
+void udp_link::set_gro(bool on) noexcept {
+  gro_window_ = gro_window_busy_ = 0;
+  if (set_int(fd_, SOL_UDP, UDP_GRO, on ? 1 : 0) != 0) return;
+  ++dev_.counters_.gro_switches;
+  if (on) {
+    gro_state_ = gro_state::on;
+    return;
+  }
+  gro_state_ = gro_state::draining;
+  gro_drained_at_ = dev_.pass_now() + gro_drain_time;
 }
 
 bool udp_link::deliver(packet* p, const std::byte* data, std::size_t len, const gid& from, std::uint16_t from_port,

@@ -476,6 +476,42 @@ TEST_F(udp, gso_runs_arrive_whole_with_valid_icrcs) {
   EXPECT_EQ(b.dev.counters().dropped, 0u);
 }
 
+// A ping-pong switches the receiver's UDP_GRO off (one datagram per poll
+// reads faster through recvfrom); the bulk transfer that follows switches
+// it back on at its first burst, and every byte arrives, runs included.
+TEST_F(udp, udp_gro_goes_off_for_a_ping_pong_and_back_on_for_bulk) {
+  make(a, 0);
+  make(b, 1);
+  make_qps(qp_type::rc, 4 << 20);
+  for (int i = 0; i < 1500; ++i) {
+    a.buf[0] = std::byte(i);
+    ASSERT_FALSE(post_wr(a.q, wr_opcode::rdma_write, i, a.buf.data(), 8, a.m, b.buf.data(), b.m.rkey()));
+    const auto wc = poll(a.c, 1);
+    ASSERT_EQ(wc.size(), 1u) << "write " << i;
+    ASSERT_EQ(wc[0].status, wc_status::success);
+    ASSERT_EQ(b.buf[0], std::byte(i));
+  }
+  const device_counters after_pingpong = b.dev.counters();
+  EXPECT_EQ(after_pingpong.gro_switches, 1u) << "off after a window of lone datagrams, and not back on";
+
+  for (std::size_t i = 0; i < a.buf.size(); ++i) a.buf[i] = std::byte(i * 7 + 3);
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_FALSE(post_wr(a.q, wr_opcode::rdma_write, 1, a.buf.data(), 4 << 20, a.m, b.buf.data(), b.m.rkey()));
+    const auto wc = poll(a.c, 1);
+    ASSERT_EQ(wc.size(), 1u);
+    EXPECT_EQ(wc[0].status, wc_status::success);
+  }
+  EXPECT_EQ(std::memcmp(a.buf.data(), b.buf.data(), a.buf.size()), 0);
+  const device_counters c = b.dev.counters();
+  EXPECT_GE(c.gro_switches, 2u) << "a burst switches it back on";
+  EXPECT_EQ(c.icrc_errors, 0u);
+  // With a raw socket (root) the bulk leaves as GSO runs, which arrive
+  // whole again.
+  if (::geteuid() == 0) {
+    EXPECT_GT(c.gro_runs, after_pingpong.gro_runs);
+  }
+}
+
 }  // namespace
 }  // namespace averbs::test
 

@@ -393,6 +393,9 @@ struct device_counters {
   std::uint64_t gso_runs = 0;  ///< runs of packets sent as one UDP GSO datagram
   std::uint64_t gso_packets = 0;  ///< packets sent inside those runs
   std::uint64_t gro_runs = 0;  ///< datagrams received holding several packets (UDP GRO)
+  /// Times the data socket's UDP_GRO was switched off (a ping-pong: reads
+  /// are cheaper without it) or back on (a burst).
+  std::uint64_t gro_switches = 0;
   /// Datagrams sent alone through a flow's connected socket (RC and UC,
   /// with a raw socket), and the probes that learned those sockets' IPv4
   /// IDs (one per flow, and again after a failed send).

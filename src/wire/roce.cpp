@@ -419,12 +419,7 @@ icrc_builder::icrc_builder(std::span<const std::byte> ip_udp) noexcept {
   append(ip_udp.data() + n, ip_udp.size() - n);
 }
 
-icrc_builder icrc_builder::after_prefix(std::uint32_t prefix) noexcept {
-  icrc_builder b(std::span<const std::byte>{});
-  b.held_ = 0;
-  b.crc_ = prefix;
-  return b;
-}
+icrc_builder icrc_builder::after_prefix(std::uint32_t prefix) noexcept { return icrc_builder(prefix); }
 
 std::uint32_t icrc_prefix(std::span<const std::byte> ip_udp) noexcept {
   const icrc_builder b(ip_udp);

@@ -244,6 +244,8 @@ class icrc_builder {
   std::uint32_t value() const noexcept;
 
  private:
+  // Nothing held; the CRC so far is `prefix`.
+  explicit icrc_builder(std::uint32_t prefix) noexcept : crc_(prefix) {}
   void append(const std::byte* p, std::size_t n) noexcept;
 
   // Short pieces (the masked LRH, IP, UDP and transport headers, a small

@@ -47,17 +47,8 @@ class faults : public udp_pair_test, public ::testing::WithParamInterface<fault_
   }
   std::error_code post(endpoint& e, wr_opcode op, std::uint64_t id, std::uint64_t laddr, std::uint32_t len,
                        std::uint64_t raddr, std::uint32_t rkey, std::uint64_t add = 0) {
-    sge g{laddr, len, e.m.lkey()};
-    send_wr w;
-    w.wr_id = id;
-    w.opcode = op;
-    w.sg_list = &g;
-    w.num_sge = 1;
-    w.flags = send_signaled;
-    w.remote_addr = raddr;
-    w.rkey = rkey;
-    w.compare_add = add;
-    return e.q.post_send(w);
+    return post_wr(e.q, op, id, reinterpret_cast<const void*>(laddr), len, e.m, reinterpret_cast<const void*>(raddr),
+                   rkey, add);
   }
   std::uint64_t addr(const endpoint& e, std::size_t off) const {
     return reinterpret_cast<std::uintptr_t>(e.buf.data()) + off;

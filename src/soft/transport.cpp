@@ -477,7 +477,9 @@ void device::requester(qp_t* qp) noexcept {
         std::error_code ec = op == wr_opcode::local_inv ? invalidate_rkey(qp->pd, w->imm, qp) : bind_mw(qp, w);
         st.state = wqe_state::done;
         st.status = ec ? static_cast<wc_status>(ec.value()) : wc_status::success;
-        if (ec && ec.category() != wc_category()) st.status = wc_status::loc_qp_op_err;
+        // A failed invalidation is a local QP operation error, as rxe
+        // reports it; a failed bind is mw_bind_err.
+        if (ec && (op == wr_opcode::local_inv || ec.category() != wc_category())) st.status = wc_status::loc_qp_op_err;
         ++qp->req.wqe_index;
         ++qp->req.start_index;
         complete_wqes(qp);

@@ -412,7 +412,7 @@ TEST_F(mw_test, bind_granting_remote_write_on_a_region_without_local_write_is_mw
   EXPECT_EQ(query_state(p.b), qp_state::err);
 }
 
-TEST_F(mw_test, local_invalidate_of_a_bad_key_is_mw_bind_err) {
+TEST_F(mw_test, local_invalidate_of_a_bad_key_is_loc_qp_op_err) {
   auto p = connected_pair();
   auto region = make_buffer(4096, region_access);
   mw w = pd_.alloc_mw(mw_type::type2);
@@ -420,11 +420,11 @@ TEST_F(mw_test, local_invalidate_of_a_bad_key_is_mw_bind_err) {
   send_wr inv = make_wr(wr_opcode::local_inv, {}, 14);
   inv.imm_data = inc_rkey(key);
   ASSERT_FALSE(p.b.post_send(inv));
-  EXPECT_TRUE(wc_is(poll_one(p.cq_b), 14, wc_status::mw_bind_err));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_b), 14, wc_status::loc_qp_op_err));
   EXPECT_EQ(query_state(p.b), qp_state::err);
 }
 
-TEST_F(mw_test, local_invalidate_of_a_type1_window_is_mw_bind_err) {
+TEST_F(mw_test, local_invalidate_of_a_type1_window_is_loc_qp_op_err) {
   // IBTA 10.6.7.3: only type-2 windows are invalidated by key.
   auto p = connected_pair();
   auto region = make_buffer(4096, region_access);
@@ -434,18 +434,18 @@ TEST_F(mw_test, local_invalidate_of_a_type1_window_is_mw_bind_err) {
   send_wr inv = make_wr(wr_opcode::local_inv, {}, 17);
   inv.imm_data = key;
   ASSERT_FALSE(p.b.post_send(inv));
-  EXPECT_TRUE(wc_is(poll_one(p.cq_b), 17, wc_status::mw_bind_err));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_b), 17, wc_status::loc_qp_op_err));
   EXPECT_EQ(query_state(p.b), qp_state::err);
 }
 
-TEST_F(mw_test, local_invalidate_of_a_region_key_is_mw_bind_err) {
+TEST_F(mw_test, local_invalidate_of_a_region_key_is_loc_qp_op_err) {
   // docs/verbs.md: plain regions (not fast-registered) cannot be invalidated.
   auto p = connected_pair();
   auto region = make_buffer(4096, region_access);
   send_wr inv = make_wr(wr_opcode::local_inv, {}, 18);
   inv.imm_data = region.m.rkey();
   ASSERT_FALSE(p.b.post_send(inv));
-  EXPECT_TRUE(wc_is(poll_one(p.cq_b), 18, wc_status::mw_bind_err));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_b), 18, wc_status::loc_qp_op_err));
   EXPECT_EQ(query_state(p.b), qp_state::err);
 }
 

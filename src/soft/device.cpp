@@ -261,6 +261,12 @@ void device::watch_fd_unless_busy(int fd) {
   if (fds_watched_.load(std::memory_order_relaxed)) watch_fd(fd);
 }
 
+void device::forget_fd(int fd) noexcept {
+  std::lock_guard lock(sleep_mu_);
+  std::erase(sleep_fds_, fd);
+  if (fds_watched_.load(std::memory_order_relaxed)) ::epoll_ctl(ep_, EPOLL_CTL_DEL, fd, nullptr);
+}
+
 void device::sleeping(bool armed) noexcept {
   std::lock_guard lock(sleep_mu_);
   if (!armed) {

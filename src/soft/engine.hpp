@@ -588,6 +588,8 @@ class device final : public progress_source, public clock_listener {
   /// datagram, which such a data path pays for nothing.  progress() and
   /// sleeping() put it back.
   void watch_fd_unless_busy(int fd);
+  /// Takes `fd` out of the descriptors watch_fd_unless_busy() added.
+  void forget_fd(int fd) noexcept;
   /// A packet arrived from the link (takes ownership).  Must hold lock_.
   void receive_locked(packet* p);
   /// Same, ahead of everything queued (management datagrams).

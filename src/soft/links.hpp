@@ -267,6 +267,39 @@ class udp_link final : public link {
     static constexpr std::size_t size() noexcept { return sizeof b; }
   };
   std::array<gro_cmsg_space, gro_slots> gro_control_{};
+
+  // The peer socket: while the traffic is a ping-pong with one source (UDP_GRO
+  // off, `peer_after` datagrams in a row from one address and port), a
+  // second socket bound to our address and port and connected to that
+  // source takes its datagrams.  The kernel finds a connected socket by
+  // early demux, without the route lookup and group selection, and the
+  // read needs no address: a ping-pong's latency is about 8 % lower
+  // (docs/wire.md).  The shared socket is read every `peer_shared_every`
+  // polls; a datagram there (another source), a run of polls that all
+  // found data (not a ping-pong any more) or UDP_GRO going back on ends it.
+  int peer_fd_ = -1;
+  gid peer_from_{};
+  std::uint16_t peer_port_ = 0;
+  std::uint32_t peer_polls_ = 0;
+  std::uint32_t peer_streak_ = 0;    // polls in a row the peer socket had data
+  gid peer_candidate_{};             // the source of the last datagrams on the shared socket
+  std::uint16_t peer_candidate_port_ = 0;
+  std::uint32_t peer_count_ = 0;     // how many in a row came from it
+  clock::time_point peer_retry_at_{};  // after a socket that could not be opened
+  std::uint64_t closed_peer_drops_ = 0;  // overflows of peer sockets since closed
+  static constexpr std::uint32_t peer_after = 1024;
+  static constexpr std::uint32_t peer_shared_every = 8;
+  static constexpr std::uint32_t peer_streak_limit = 8;
+  /// Counts a datagram from (`from`, `port`) read from the shared socket
+  /// in a ping-pong; opens the peer socket after `peer_after` in a row.
+  void note_source(const gid& from, std::uint16_t port) noexcept;
+  void open_peer(const gid& from, std::uint16_t port) noexcept;
+  /// Reads what the peer socket holds into the receive queue, closes it.
+  std::size_t close_peer() noexcept;
+  /// One datagram from the peer socket.
+  std::size_t receive_peer() noexcept;
+  /// The shared data socket's read (the body of receive_gro()).
+  std::size_t receive_shared() noexcept;
 };
 
 }  // namespace averbs::soft

@@ -259,6 +259,7 @@ udp_link::~udp_link() {
   if (sink_fd_ >= 0) ::close(sink_fd_);
   if (raw_fd_ >= 0) ::close(raw_fd_);
   if (gsi_fd_ >= 0) ::close(gsi_fd_);
+  if (peer_fd_ >= 0) ::close(peer_fd_);
   ::close(fd_);
 }
 
@@ -649,15 +650,20 @@ bool udp_link::transmit_flow(tx_slot& s, flow& f) noexcept {
   return false;
 }
 
+namespace {
+
+std::uint64_t socket_drops(int fd) noexcept {
+  std::uint32_t mem[SK_MEMINFO_VARS] = {};
+  socklen_t len = sizeof mem;
+  if (fd >= 0 && ::getsockopt(fd, SOL_SOCKET, SO_MEMINFO, mem, &len) == 0 && len > SK_MEMINFO_DROPS * sizeof mem[0])
+    return mem[SK_MEMINFO_DROPS];
+  return 0;
+}
+
+}  // namespace
+
 std::uint64_t udp_link::receive_overflows() const noexcept {
-  std::uint64_t n = 0;
-  for (int fd : {fd_, gsi_fd_}) {
-    std::uint32_t mem[SK_MEMINFO_VARS] = {};
-    socklen_t len = sizeof mem;
-    if (fd >= 0 && ::getsockopt(fd, SOL_SOCKET, SO_MEMINFO, mem, &len) == 0 && len > SK_MEMINFO_DROPS * sizeof mem[0])
-      n += mem[SK_MEMINFO_DROPS];
-  }
-  return n;
+  return socket_drops(fd_) + socket_drops(gsi_fd_) + socket_drops(peer_fd_) + closed_peer_drops_;
 }
 
 std::size_t udp_link::poll() noexcept { return gro_ ? receive_gro() : receive(fd_, 2, false); }
@@ -701,6 +707,120 @@ std::size_t udp_link::receive(int fd, int rounds, bool front) noexcept {
 }
 
 std::size_t udp_link::receive_gro() noexcept {
+  if (peer_fd_ < 0) return receive_shared();
+  if (++peer_polls_ % peer_shared_every != 0) return receive_peer();
+  const std::size_t n = receive_shared();
+  if (n > 0 || gro_state_ != gro_state::off) return n + close_peer();
+  return receive_peer();
+}
+
+std::size_t udp_link::receive_peer() noexcept {
+  packet* p = dev_.alloc_packet();
+  if (p == nullptr) return 0;
+  // Into the packet's own buffer: a datagram longer than any packet (a run
+  // sent before the peer saw us switch UDP_GRO off) is cut and dropped.
+  const ssize_t len = ::recv(peer_fd_, p->buf, packet::buffer_size, MSG_DONTWAIT | MSG_TRUNC);
+  if (len < 0) {
+    dev_.free_packet(p);
+    peer_streak_ = 0;
+    return 0;
+  }
+  std::size_t n = 0;
+  if (len == 0 || static_cast<std::size_t>(len) > packet::buffer_size) {
+    ++dev_.counters_.dropped;
+    dev_.free_packet(p);
+  } else if (deliver(p, p->buf, static_cast<std::size_t>(len), peer_from_, peer_port_, false)) {
+    n = 1;
+  } else {
+    dev_.free_packet(p);
+  }
+  if (++peer_streak_ >= peer_streak_limit) n += close_peer();  // a burst: the shared socket batches it
+  return n;
+}
+
+void udp_link::note_source(const gid& from, std::uint16_t port) noexcept {
+  if (port == peer_candidate_port_ && from == peer_candidate_) {
+    if (++peer_count_ < peer_after || peer_fd_ >= 0) return;
+    peer_count_ = 0;
+    if (dev_.pass_now() >= peer_retry_at_) open_peer(from, port);
+    return;
+  }
+  peer_candidate_ = from;
+  peer_candidate_port_ = port;
+  peer_count_ = 1;
+}
+
+void udp_link::open_peer(const gid& from, std::uint16_t port) noexcept {
+  // Only in a group whose selector sends the unconnected traffic to the
+  // shared and management sockets (never to this one, once disconnected).
+  if (gsi_fd_ < 0) return;
+  const int fd = ::socket(v6_ ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  bool ok = fd >= 0 && set_int(fd, SOL_SOCKET, SO_REUSEPORT, 1) == 0;
+  if (ok && v6_) {
+    set_int(fd, IPPROTO_UDP, UDP_NO_CHECK6_RX, 1);
+    ok = set_int(fd, IPPROTO_IPV6, IPV6_V6ONLY, 1) == 0;
+  }
+  if (ok) set_receive_buffer(fd, 1 << 20);
+  sockaddr_storage ss;
+  socklen_t len;
+  to_sockaddr(local_, port_, ss, len);
+  ok = ok && ::bind(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0;
+  to_sockaddr(from, port, ss, len);
+  ok = ok && ::connect(fd, reinterpret_cast<sockaddr*>(&ss), len) == 0;
+  if (ok) {
+    try {
+      dev_.watch_fd_unless_busy(fd);  // a thread that sleeps wakes for its datagrams too
+    } catch (...) {
+      ok = false;
+    }
+  }
+  if (!ok) {
+    if (fd >= 0) ::close(fd);
+    peer_retry_at_ = dev_.pass_now() + std::chrono::seconds(1);
+    return;
+  }
+  peer_fd_ = fd;
+  peer_from_ = from;
+  peer_port_ = port;
+  peer_polls_ = peer_streak_ = 0;
+  ++dev_.counters_.peer_sockets;
+}
+
+std::size_t udp_link::close_peer() noexcept {
+  if (peer_fd_ < 0) return 0;
+  // Disconnected first, so the kernel hands it nothing more (an
+  // unconnected member of the group, which the selector never picks): what
+  // it holds is read, and nothing arrives between the last read and the
+  // close, to be lost with it.
+  dev_.forget_fd(peer_fd_);
+  sockaddr unspec{};
+  unspec.sa_family = AF_UNSPEC;
+  ::connect(peer_fd_, &unspec, sizeof unspec);
+  std::size_t n = 0;
+  for (;;) {
+    packet* p = dev_.alloc_packet();
+    if (p == nullptr) break;
+    const ssize_t len = ::recv(peer_fd_, p->buf, packet::buffer_size, MSG_DONTWAIT | MSG_TRUNC);
+    if (len < 0) {
+      dev_.free_packet(p);
+      break;
+    }
+    if (len > 0 && static_cast<std::size_t>(len) <= packet::buffer_size &&
+        deliver(p, p->buf, static_cast<std::size_t>(len), peer_from_, peer_port_, false)) {
+      ++n;
+    } else {
+      if (len == 0 || static_cast<std::size_t>(len) > packet::buffer_size) ++dev_.counters_.dropped;
+      dev_.free_packet(p);
+    }
+  }
+  closed_peer_drops_ += socket_drops(peer_fd_);
+  ::close(peer_fd_);
+  peer_fd_ = -1;
+  peer_count_ = 0;
+  return n;
+}
+
+std::size_t udp_link::receive_shared() noexcept {
   // The kernel hands a GSO run over whole (on loopback and veth it never
   // splits it for a UDP_GRO socket): one datagram of segments of the size
   // the UDP_GRO message says, each a RoCE packet of its own.
@@ -789,6 +909,7 @@ std::size_t udp_link::receive_gro() noexcept {
         set_gro(true);
         continue;
       }
+      if (gro_state_ == gro_state::off && want == 1 && check_icrc_) note_source(from, from_port);
       std::uint16_t k = 0;
       for (std::size_t off = 0; off < len; off += seg, ++k) {
         const std::size_t n = std::min(seg, len - off);

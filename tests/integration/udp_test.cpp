@@ -512,6 +512,72 @@ TEST_F(udp, udp_gro_goes_off_for_a_ping_pong_and_back_on_for_bulk) {
   }
 }
 
+// A ping-pong from one peer gets a socket of its own at the receiver,
+// connected to that peer (the kernel delivers to it without a route
+// lookup).  A datagram from another source (a second QP of the same
+// device: another UDP source port) ends it, and so does a burst; nothing is
+// lost as it closes, and a ping-pong that goes on gets one again.
+TEST_F(udp, a_ping_pong_peer_gets_its_own_socket_until_another_source_or_a_burst) {
+  make(a, 0);
+  make(b, 1);
+  make_qps(qp_type::rc, 4096);  // a second pair, quiet until the other source is wanted
+  const qp a_other = a.q, b_other = b.q;
+  const mr am_other = a.m, bm_other = b.m;
+  std::vector<std::byte> abuf_other = std::move(a.buf), bbuf_other = std::move(b.buf);
+  make_qps(qp_type::rc, 4 << 20);
+  auto ping_pong = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      a.buf[0] = std::byte(i);
+      ASSERT_FALSE(post_wr(a.q, wr_opcode::rdma_write, i, a.buf.data(), 8, a.m, b.buf.data(), b.m.rkey()));
+      const auto wc = poll(a.c, 1);
+      ASSERT_EQ(wc.size(), 1u) << "write " << i;
+      ASSERT_EQ(wc[0].status, wc_status::success);
+      ASSERT_EQ(b.buf[0], std::byte(i));
+    }
+  };
+  // UDP_GRO goes off after a window of lone datagrams; the peer socket
+  // comes 1024 datagrams from one source later.
+  ASSERT_NO_FATAL_FAILURE(ping_pong(5000));
+  EXPECT_EQ(b.dev.counters().peer_sockets, 1u) << "opened once and kept: nothing came to the shared socket";
+
+  // With a raw socket (root) each QP sends from its own source port; without
+  // one every QP of a sends from the device's port, one source to b.
+  const bool sources_differ = ::geteuid() == 0;
+  abuf_other[0] = std::byte{0x5A};
+  ASSERT_FALSE(post_wr(a_other, wr_opcode::rdma_write, 9, abuf_other.data(), 8, am_other, bbuf_other.data(),
+                       bm_other.rkey()));
+  auto wc = poll(a.c, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].wr_id, 9u);
+  EXPECT_EQ(wc[0].status, wc_status::success);
+  EXPECT_EQ(bbuf_other[0], std::byte{0x5A}) << "the shared socket is still read";
+  ASSERT_NO_FATAL_FAILURE(ping_pong(3000));
+  const std::uint64_t opened = b.dev.counters().peer_sockets;
+  if (sources_differ) {
+    EXPECT_EQ(opened, 2u) << "the other source closed it; the ping-pong opened it again";
+  }
+
+  // A burst: the peer socket hands over to the shared one (UDP_GRO on).
+  const device_counters before = b.dev.counters();
+  for (std::size_t i = 0; i < a.buf.size(); ++i) a.buf[i] = std::byte(i * 11 + 1);
+  ASSERT_FALSE(post_wr(a.q, wr_opcode::rdma_write, 1, a.buf.data(), 4 << 20, a.m, b.buf.data(), b.m.rkey()));
+  wc = poll(a.c, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, wc_status::success);
+  EXPECT_EQ(std::memcmp(a.buf.data(), b.buf.data(), a.buf.size()), 0);
+  const device_counters after = b.dev.counters();
+  EXPECT_GT(after.gro_switches, before.gro_switches);
+  EXPECT_EQ(after.icrc_errors, 0u);
+  EXPECT_EQ(after.dropped, before.dropped);
+  // A datagram lost as the socket closed would leave a gap the receiver
+  // NAKs (unless the socket overflowed, which a slow build may make it do).
+  if (after.receive_overflows == before.receive_overflows) {
+    EXPECT_EQ(after.seq_naks_sent, before.seq_naks_sent) << "nothing lost as the peer socket closed";
+  }
+  ASSERT_NO_FATAL_FAILURE(ping_pong(5000));
+  EXPECT_EQ(b.dev.counters().peer_sockets, opened + 1) << "closed by the burst, opened again by the ping-pong";
+}
+
 }  // namespace
 }  // namespace averbs::test
 

@@ -396,6 +396,9 @@ struct device_counters {
   /// Times the data socket's UDP_GRO was switched off (a ping-pong: reads
   /// are cheaper without it) or back on (a burst).
   std::uint64_t gro_switches = 0;
+  /// Times a ping-pong's datagrams from one peer were given a socket of
+  /// their own (connected to that peer: cheaper to receive on).
+  std::uint64_t peer_sockets = 0;
   /// Datagrams sent alone through a flow's connected socket (RC and UC,
   /// with a raw socket), and the probes that learned those sockets' IPv4
   /// IDs (one per flow, and again after a failed send).

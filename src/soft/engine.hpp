@@ -362,6 +362,10 @@ struct packet {
   std::uint8_t hop_limit = 64;
   std::uint8_t tclass = 0;
   bool has_icrc = false;
+  /// `hdr` and `op` hold what the receiving link decoded from `header`
+  /// (the UDP link decodes a datagram whole to check it): run() need not
+  /// decode it again.  Cleared by alloc_packet().
+  bool decoded = false;
   std::uint32_t icrc = 0;            // as computed by the sender's device
   packet* next = nullptr;
 

@@ -191,6 +191,8 @@ class udp_link final : public link {
   /// (SO_TIMESTAMPING with the packet).
   bool learn_id(flow& f) noexcept;
   std::unordered_map<flow_key, flow, flow_key_hash> flows_;
+  flow* last_flow_ = nullptr;  // the flow flow_for() found last (nodes stay put), and its key
+  flow_key last_flow_key_{};
   int sink_fd_ = -1;  // IPv4 with a raw socket: receives (and drops) the probes
   sockaddr_storage sink_{};
   socklen_t sink_len_ = 0;

@@ -498,8 +498,12 @@ udp_link::flow* udp_link::flow_for(const tx_slot& s) noexcept {
   const packet* p = s.p;
   if ((std::to_integer<unsigned>(p->header[0]) >> 5) > 1 || (!v6_ && sink_fd_ < 0)) return nullptr;
   const flow_key key{p->dst, s.sport, p->tclass, p->hop_limit};
-  auto it = flows_.find(key);
   const clock::time_point now = dev_.pass_now();
+  if (last_flow_ != nullptr && last_flow_key_ == key && last_flow_->fd >= 0 && last_flow_->id_known) {
+    last_flow_->last_used = now;  // a ping-pong's: no hash lookup
+    return last_flow_;
+  }
+  auto it = flows_.find(key);
   if (it == flows_.end()) {
     if (flows_.size() >= max_flows) {
       auto lru = flows_.begin();
@@ -507,6 +511,7 @@ udp_link::flow* udp_link::flow_for(const tx_slot& s) noexcept {
         if (i->second.last_used < lru->second.last_used) lru = i;
       if (now - lru->second.last_used < flow_idle) return nullptr;
       if (lru->second.fd >= 0) ::close(lru->second.fd);
+      if (&lru->second == last_flow_) last_flow_ = nullptr;
       flows_.erase(lru);
     }
     try {
@@ -533,6 +538,8 @@ udp_link::flow* udp_link::flow_for(const tx_slot& s) noexcept {
     f.fd = -1;
     return nullptr;
   }
+  last_flow_ = &f;
+  last_flow_key_ = key;
   return &f;
 }
 
@@ -977,9 +984,17 @@ bool udp_link::deliver(packet* p, const std::byte* data, std::size_t len, const 
       }
     }
   }
+  // decode_headers()' one check more: the pad run() would refuse.
+  if (v.hdr.bth.pad != wire::pad_for(v.payload.size())) {
+    ++dev_.counters_.dropped;
+    return false;
+  }
   const std::uint8_t hlen = v.op->length;
   std::memcpy(p->header.data(), data, hlen);
   p->header_len = hlen;
+  p->hdr = v.hdr;
+  p->op = v.op;
+  p->decoded = true;
   p->payload_len = static_cast<std::uint32_t>(v.payload.size());
   p->segs[0] = {data + hlen, p->payload_len};
   p->nsegs = p->payload_len != 0 ? 1 : 0;

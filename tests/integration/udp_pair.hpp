@@ -6,6 +6,10 @@
 
 #include <averbs/verbs.hpp>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -33,6 +37,16 @@ inline std::string test_address(int which) {
   for (const char* c = info->name(); *c != 0; ++c) h = (h ^ static_cast<unsigned char>(*c)) * 16777619u;
   return "127." + std::to_string(1 + (h >> 16) % 250) + "." + std::to_string((h >> 8) % 256) + "." +
          std::to_string(2 + which);
+}
+
+/// Whether this process may open a raw IP socket (CAP_NET_RAW), which the
+/// UDP link's per-QP source ports, flows and GSO runs need.  Root is not
+/// enough: a container may run as root without it.
+inline bool can_send_raw() {
+  const int fd = ::socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
 }
 
 struct endpoint {

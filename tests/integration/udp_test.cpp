@@ -251,7 +251,7 @@ TEST_F(udp, ud_grh_does_not_report_a_recycled_packets_ttl_and_tos) {
 // raw socket; once the port is free it gets its own connected socket (the
 // flow tries again every 100 ms).  Root only: flows need the raw socket.
 TEST_F(udp, a_flow_whose_port_was_taken_gets_its_socket_when_the_port_is_free) {
-  if (::geteuid() != 0) GTEST_SKIP() << "flows go with the raw socket, which needs CAP_NET_RAW";
+  if (!can_send_raw()) GTEST_SKIP() << "flows go with the raw socket, which needs CAP_NET_RAW";
   make(a, 0);
   make(b, 1);
   make_qps(qp_type::rc, 4096);
@@ -444,7 +444,7 @@ TEST_F(udp, datagrams_dropped_on_a_full_receive_buffer_are_counted_under_fault_i
 // them, checks every segment's ICRC, computed for the IPv4 ID the kernel
 // gives that segment, and gets every byte.
 TEST_F(udp, gso_runs_arrive_whole_with_valid_icrcs) {
-  if (::geteuid() != 0) GTEST_SKIP() << "GSO runs go through the raw-socket path, which needs CAP_NET_RAW";
+  if (!can_send_raw()) GTEST_SKIP() << "GSO runs go through the raw-socket path, which needs CAP_NET_RAW";
   make(a, 0);
   make(b, 1);
   make_qps(qp_type::rc, 4 << 20);
@@ -505,9 +505,9 @@ TEST_F(udp, udp_gro_goes_off_for_a_ping_pong_and_back_on_for_bulk) {
   const device_counters c = b.dev.counters();
   EXPECT_GE(c.gro_switches, 2u) << "a burst switches it back on";
   EXPECT_EQ(c.icrc_errors, 0u);
-  // With a raw socket (root) the bulk leaves as GSO runs, which arrive
+  // With a raw socket (CAP_NET_RAW) the bulk leaves as GSO runs, which arrive
   // whole again.
-  if (::geteuid() == 0) {
+  if (can_send_raw()) {
     EXPECT_GT(c.gro_runs, after_pingpong.gro_runs);
   }
 }
@@ -540,9 +540,9 @@ TEST_F(udp, a_ping_pong_peer_gets_its_own_socket_until_another_source_or_a_burst
   ASSERT_NO_FATAL_FAILURE(ping_pong(5000));
   EXPECT_EQ(b.dev.counters().peer_sockets, 1u) << "opened once and kept: nothing came to the shared socket";
 
-  // With a raw socket (root) each QP sends from its own source port; without
-  // one every QP of a sends from the device's port, one source to b.
-  const bool sources_differ = ::geteuid() == 0;
+  // With a raw socket each QP sends from its own source port; without one
+  // every QP of a sends from the device's port, one source to b.
+  const bool sources_differ = can_send_raw();
   abuf_other[0] = std::byte{0x5A};
   ASSERT_FALSE(post_wr(a_other, wr_opcode::rdma_write, 9, abuf_other.data(), 8, am_other, bbuf_other.data(),
                        bm_other.rkey()));

@@ -197,6 +197,19 @@ class udp_pair_test : public ::testing::Test {
     return post_wr(e.q, wr_opcode::rdma_read, wr_id, e.buf.data(), len, e.m, from.buf.data(), from.m.rkey());
   }
 
+  /// `n` 8-byte WRITEs from a.q into b's buffer, each waited for (a
+  /// ping-pong of lone datagrams); each one's byte must have arrived.
+  void write_ping_pong(int n) {
+    for (int i = 0; i < n; ++i) {
+      a.buf[0] = std::byte(i);
+      ASSERT_FALSE(post_wr(a.q, wr_opcode::rdma_write, i, a.buf.data(), 8, a.m, b.buf.data(), b.m.rkey()));
+      const auto wc = poll(a.c, 1);
+      ASSERT_EQ(wc.size(), 1u) << "write " << i;
+      ASSERT_EQ(wc[0].status, wc_status::success);
+      ASSERT_EQ(b.buf[0], std::byte(i));
+    }
+  }
+
   /// Polls `q` (and keeps both devices progressing) until n completions.
   std::vector<work_completion> poll(const cq& q, std::size_t n,
                                     std::chrono::milliseconds patience = std::chrono::seconds(20)) {

@@ -483,14 +483,7 @@ TEST_F(udp, udp_gro_goes_off_for_a_ping_pong_and_back_on_for_bulk) {
   make(a, 0);
   make(b, 1);
   make_qps(qp_type::rc, 4 << 20);
-  for (int i = 0; i < 1500; ++i) {
-    a.buf[0] = std::byte(i);
-    ASSERT_FALSE(post_wr(a.q, wr_opcode::rdma_write, i, a.buf.data(), 8, a.m, b.buf.data(), b.m.rkey()));
-    const auto wc = poll(a.c, 1);
-    ASSERT_EQ(wc.size(), 1u) << "write " << i;
-    ASSERT_EQ(wc[0].status, wc_status::success);
-    ASSERT_EQ(b.buf[0], std::byte(i));
-  }
+  ASSERT_NO_FATAL_FAILURE(write_ping_pong(1500));
   const device_counters after_pingpong = b.dev.counters();
   EXPECT_EQ(after_pingpong.gro_switches, 1u) << "off after a window of lone datagrams, and not back on";
 
@@ -525,19 +518,9 @@ TEST_F(udp, a_ping_pong_peer_gets_its_own_socket_until_another_source_or_a_burst
   const mr am_other = a.m, bm_other = b.m;
   std::vector<std::byte> abuf_other = std::move(a.buf), bbuf_other = std::move(b.buf);
   make_qps(qp_type::rc, 4 << 20);
-  auto ping_pong = [&](int n) {
-    for (int i = 0; i < n; ++i) {
-      a.buf[0] = std::byte(i);
-      ASSERT_FALSE(post_wr(a.q, wr_opcode::rdma_write, i, a.buf.data(), 8, a.m, b.buf.data(), b.m.rkey()));
-      const auto wc = poll(a.c, 1);
-      ASSERT_EQ(wc.size(), 1u) << "write " << i;
-      ASSERT_EQ(wc[0].status, wc_status::success);
-      ASSERT_EQ(b.buf[0], std::byte(i));
-    }
-  };
   // UDP_GRO goes off after a window of lone datagrams; the peer socket
   // comes 1024 datagrams from one source later.
-  ASSERT_NO_FATAL_FAILURE(ping_pong(5000));
+  ASSERT_NO_FATAL_FAILURE(write_ping_pong(5000));
   EXPECT_EQ(b.dev.counters().peer_sockets, 1u) << "opened once and kept: nothing came to the shared socket";
 
   // With a raw socket each QP sends from its own source port; without one
@@ -551,7 +534,7 @@ TEST_F(udp, a_ping_pong_peer_gets_its_own_socket_until_another_source_or_a_burst
   EXPECT_EQ(wc[0].wr_id, 9u);
   EXPECT_EQ(wc[0].status, wc_status::success);
   EXPECT_EQ(bbuf_other[0], std::byte{0x5A}) << "the shared socket is still read";
-  ASSERT_NO_FATAL_FAILURE(ping_pong(3000));
+  ASSERT_NO_FATAL_FAILURE(write_ping_pong(3000));
   const std::uint64_t opened = b.dev.counters().peer_sockets;
   if (sources_differ) {
     EXPECT_EQ(opened, 2u) << "the other source closed it; the ping-pong opened it again";
@@ -574,7 +557,7 @@ TEST_F(udp, a_ping_pong_peer_gets_its_own_socket_until_another_source_or_a_burst
   if (after.receive_overflows == before.receive_overflows) {
     EXPECT_EQ(after.seq_naks_sent, before.seq_naks_sent) << "nothing lost as the peer socket closed";
   }
-  ASSERT_NO_FATAL_FAILURE(ping_pong(5000));
+  ASSERT_NO_FATAL_FAILURE(write_ping_pong(5000));
   EXPECT_EQ(b.dev.counters().peer_sockets, opened + 1) << "closed by the burst, opened again by the ping-pong";
 }
 

@@ -274,16 +274,23 @@ class udp_link final : public link {
   // off, `peer_after` datagrams in a row from one address and port), a
   // second socket bound to our address and port and connected to that
   // source takes its datagrams.  The kernel finds a connected socket by
-  // early demux, without the route lookup and group selection, and the
-  // read needs no address: a ping-pong's latency is about 8 % lower
-  // (docs/wire.md).  The shared socket is read every `peer_shared_every`
-  // polls; a datagram there (another source), a run of polls that all
-  // found data (not a ping-pong any more) or UDP_GRO going back on ends it.
+  // its 4-tuple (the hash of connected sockets), without the group's scan
+  // and selector, and the read needs no address: a ping-pong's latency is
+  // about 8 % lower (docs/wire.md).  The shared socket is read every
+  // `peer_shared_every` polls (first right after the open: what the peer
+  // sent before it is queued there); a datagram there from another source,
+  // a run of polls that all found data (not a ping-pong any more) or
+  // UDP_GRO going back on ends it: disconnected, then read on every poll
+  // until quiet for `peer_close_time`, then closed.
   int peer_fd_ = -1;
+  bool peer_closing_ = false;        // disconnected, read until quiet, then closed
+  clock::time_point peer_close_at_{};
   gid peer_from_{};
   std::uint16_t peer_port_ = 0;
   std::uint32_t peer_polls_ = 0;
   std::uint32_t peer_streak_ = 0;    // polls in a row the peer socket had data
+  std::uint64_t peer_delivered_ = 0;  // datagrams queued from peer sockets
+  bool other_source_ = false;        // the shared socket had another source's datagram
   gid peer_candidate_{};             // the source of the last datagrams on the shared socket
   std::uint16_t peer_candidate_port_ = 0;
   std::uint32_t peer_count_ = 0;     // how many in a row came from it
@@ -292,14 +299,22 @@ class udp_link final : public link {
   static constexpr std::uint32_t peer_after = 1024;
   static constexpr std::uint32_t peer_shared_every = 8;
   static constexpr std::uint32_t peer_streak_limit = 8;
-  /// Counts a datagram from (`from`, `port`) read from the shared socket
-  /// in a ping-pong; opens the peer socket after `peer_after` in a row.
+  static constexpr std::chrono::milliseconds peer_close_time{2};
+  /// A datagram from the shared socket: counts one from (`from`, `port`)
+  /// in a ping-pong and opens the peer socket after `peer_after` in a row;
+  /// with the peer socket open, notes one from another source.
   void note_source(const gid& from, std::uint16_t port) noexcept;
   void open_peer(const gid& from, std::uint16_t port) noexcept;
-  /// Reads what the peer socket holds into the receive queue, closes it.
+  /// Starts closing the peer socket (disconnects it, reads what it holds).
   std::size_t close_peer() noexcept;
+  void finish_closing_peer() noexcept;
+  /// One read of the peer socket: false when it is empty (`got`: a
+  /// datagram was read, queued or dropped).
+  bool read_peer(bool& got) noexcept;
   /// One datagram from the peer socket.
   std::size_t receive_peer() noexcept;
+  /// Everything the peer socket holds.
+  std::size_t drain_peer() noexcept;
   /// The shared data socket's read (the body of receive_gro()).
   std::size_t receive_shared() noexcept;
 };

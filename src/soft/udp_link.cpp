@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 #include "soft/links.hpp"
+#include "wire/cm.hpp"
 
 #include <arpa/inet.h>
 #include <linux/filter.h>
@@ -499,7 +500,7 @@ udp_link::flow* udp_link::flow_for(const tx_slot& s) noexcept {
   if ((std::to_integer<unsigned>(p->header[0]) >> 5) > 1 || (!v6_ && sink_fd_ < 0)) return nullptr;
   const flow_key key{p->dst, s.sport, p->tclass, p->hop_limit};
   const clock::time_point now = dev_.pass_now();
-  if (last_flow_ != nullptr && last_flow_key_ == key && last_flow_->fd >= 0 && last_flow_->id_known) {
+  if (last_flow_ != nullptr && last_flow_key_ == key && last_flow_->fd >= 0 && (v6_ || last_flow_->id_known)) {
     last_flow_->last_used = now;  // a ping-pong's: no hash lookup
     return last_flow_;
   }
@@ -715,39 +716,85 @@ std::size_t udp_link::receive(int fd, int rounds, bool front) noexcept {
 
 std::size_t udp_link::receive_gro() noexcept {
   if (peer_fd_ < 0) return receive_shared();
+  if (peer_closing_) {
+    // Its stragglers first: they are older than what the shared socket
+    // holds.  Closed once it has been quiet for `peer_close_time`.
+    const std::size_t n = drain_peer();
+    if (n == 0 && dev_.pass_now() >= peer_close_at_) finish_closing_peer();
+    return n + receive_shared();
+  }
   if (++peer_polls_ % peer_shared_every != 0) return receive_peer();
+  other_source_ = false;
   const std::size_t n = receive_shared();
-  if (n > 0 || gro_state_ != gro_state::off) return n + close_peer();
-  return receive_peer();
+  if (other_source_ || gro_state_ != gro_state::off) return n + close_peer();
+  return n + receive_peer();
 }
 
-std::size_t udp_link::receive_peer() noexcept {
+namespace {
+
+// QP1's datagrams keep their priority on a peer socket too (without a raw
+// socket a peer sends them from its data port): to the front of the queue.
+bool for_qp1(const std::byte* d, std::size_t len) noexcept {
+  return len >= wire::bth_size && (std::to_integer<std::uint32_t>(d[5]) << 16 |
+                                   std::to_integer<std::uint32_t>(d[6]) << 8 | std::to_integer<std::uint32_t>(d[7])) ==
+                                      wire::cm::gsi_qpn;
+}
+
+}  // namespace
+
+bool udp_link::read_peer(bool& got) noexcept {
+  got = false;
   packet* p = dev_.alloc_packet();
-  if (p == nullptr) return 0;
+  if (p == nullptr) return false;
   // Into the packet's own buffer: a datagram longer than any packet (a run
   // sent before the peer saw us switch UDP_GRO off) is cut and dropped.
   const ssize_t len = ::recv(peer_fd_, p->buf, packet::buffer_size, MSG_DONTWAIT | MSG_TRUNC);
   if (len < 0) {
     dev_.free_packet(p);
+    // A pending ICMP error fails one read (and is cleared by it); only an
+    // empty queue ends the reading.
+    return errno != EAGAIN && errno != EWOULDBLOCK;
+  }
+  got = true;
+  const auto n = static_cast<std::size_t>(len);
+  if (n == 0 || n > packet::buffer_size) {
+    ++dev_.counters_.dropped;
+    dev_.free_packet(p);
+    return true;
+  }
+  if (deliver(p, p->buf, n, peer_from_, peer_port_, for_qp1(p->buf, n))) ++peer_delivered_;
+  else dev_.free_packet(p);
+  return true;
+}
+
+std::size_t udp_link::receive_peer() noexcept {
+  const std::uint64_t before = peer_delivered_;
+  bool got;
+  read_peer(got);
+  if (!got) {
     peer_streak_ = 0;
     return 0;
   }
-  std::size_t n = 0;
-  if (len == 0 || static_cast<std::size_t>(len) > packet::buffer_size) {
-    ++dev_.counters_.dropped;
-    dev_.free_packet(p);
-  } else if (deliver(p, p->buf, static_cast<std::size_t>(len), peer_from_, peer_port_, false)) {
-    n = 1;
-  } else {
-    dev_.free_packet(p);
-  }
+  std::size_t n = peer_delivered_ - before;
   if (++peer_streak_ >= peer_streak_limit) n += close_peer();  // a burst: the shared socket batches it
   return n;
 }
 
+std::size_t udp_link::drain_peer() noexcept {
+  const std::uint64_t before = peer_delivered_;
+  bool got;
+  for (int errors = 0; read_peer(got);)
+    if (!got && ++errors > 4) break;
+  return peer_delivered_ - before;
+}
+
 void udp_link::note_source(const gid& from, std::uint16_t port) noexcept {
+  if (peer_fd_ >= 0) {
+    if (port != peer_port_ || from != peer_from_) other_source_ = true;
+    return;
+  }
   if (port == peer_candidate_port_ && from == peer_candidate_) {
-    if (++peer_count_ < peer_after || peer_fd_ >= 0) return;
+    if (++peer_count_ < peer_after) return;
     peer_count_ = 0;
     if (dev_.pass_now() >= peer_retry_at_) open_peer(from, port);
     return;
@@ -759,7 +806,7 @@ void udp_link::note_source(const gid& from, std::uint16_t port) noexcept {
 
 void udp_link::open_peer(const gid& from, std::uint16_t port) noexcept {
   // Only in a group whose selector sends the unconnected traffic to the
-  // shared and management sockets (never to this one, once disconnected).
+  // shared and management sockets.
   if (gsi_fd_ < 0) return;
   const int fd = ::socket(v6_ ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   bool ok = fd >= 0 && set_int(fd, SOL_SOCKET, SO_REUSEPORT, 1) == 0;
@@ -767,7 +814,7 @@ void udp_link::open_peer(const gid& from, std::uint16_t port) noexcept {
     set_int(fd, IPPROTO_UDP, UDP_NO_CHECK6_RX, 1);
     ok = set_int(fd, IPPROTO_IPV6, IPV6_V6ONLY, 1) == 0;
   }
-  if (ok) set_receive_buffer(fd, 1 << 20);
+  if (ok) set_receive_buffer(fd, 4 << 20);  // as the shared socket: a burst may start here
   sockaddr_storage ss;
   socklen_t len;
   to_sockaddr(local_, port_, ss, len);
@@ -778,6 +825,7 @@ void udp_link::open_peer(const gid& from, std::uint16_t port) noexcept {
     try {
       dev_.watch_fd_unless_busy(fd);  // a thread that sleeps wakes for its datagrams too
     } catch (...) {
+      dev_.forget_fd(fd);  // it may be listed, and its number is reused after the close
       ok = false;
     }
   }
@@ -789,42 +837,34 @@ void udp_link::open_peer(const gid& from, std::uint16_t port) noexcept {
   peer_fd_ = fd;
   peer_from_ = from;
   peer_port_ = port;
-  peer_polls_ = peer_streak_ = 0;
+  peer_streak_ = 0;
+  // The next poll reads the shared socket first: what the peer sent before
+  // the connect is queued there, ahead of what comes here.
+  peer_polls_ = peer_shared_every - 1;
   ++dev_.counters_.peer_sockets;
 }
 
 std::size_t udp_link::close_peer() noexcept {
-  if (peer_fd_ < 0) return 0;
-  // Disconnected first, so the kernel hands it nothing more (an
-  // unconnected member of the group, which the selector never picks): what
-  // it holds is read, and nothing arrives between the last read and the
-  // close, to be lost with it.
-  dev_.forget_fd(peer_fd_);
+  if (peer_fd_ < 0 || peer_closing_) return 0;
+  // Disconnected, the kernel picks it no more for the peer's datagrams; one
+  // it picked just before may still be on its way into the queue, so it is
+  // read on every poll (before the shared socket) until it has been quiet
+  // for `peer_close_time`, and only then closed.
   sockaddr unspec{};
   unspec.sa_family = AF_UNSPEC;
   ::connect(peer_fd_, &unspec, sizeof unspec);
-  std::size_t n = 0;
-  for (;;) {
-    packet* p = dev_.alloc_packet();
-    if (p == nullptr) break;
-    const ssize_t len = ::recv(peer_fd_, p->buf, packet::buffer_size, MSG_DONTWAIT | MSG_TRUNC);
-    if (len < 0) {
-      dev_.free_packet(p);
-      break;
-    }
-    if (len > 0 && static_cast<std::size_t>(len) <= packet::buffer_size &&
-        deliver(p, p->buf, static_cast<std::size_t>(len), peer_from_, peer_port_, false)) {
-      ++n;
-    } else {
-      if (len == 0 || static_cast<std::size_t>(len) > packet::buffer_size) ++dev_.counters_.dropped;
-      dev_.free_packet(p);
-    }
-  }
+  peer_closing_ = true;
+  peer_close_at_ = dev_.pass_now() + peer_close_time;
+  peer_count_ = 0;
+  return drain_peer();
+}
+
+void udp_link::finish_closing_peer() noexcept {
+  dev_.forget_fd(peer_fd_);
   closed_peer_drops_ += socket_drops(peer_fd_);
   ::close(peer_fd_);
   peer_fd_ = -1;
-  peer_count_ = 0;
-  return n;
+  peer_closing_ = false;
 }
 
 std::size_t udp_link::receive_shared() noexcept {
@@ -916,7 +956,8 @@ std::size_t udp_link::receive_shared() noexcept {
         set_gro(true);
         continue;
       }
-      if (gro_state_ == gro_state::off && want == 1 && check_icrc_) note_source(from, from_port);
+      if (peer_fd_ >= 0 && !peer_closing_) note_source(from, from_port);  // another source ends it
+      else if (gro_state_ == gro_state::off && want == 1 && check_icrc_) note_source(from, from_port);
       std::uint16_t k = 0;
       for (std::size_t off = 0; off < len; off += seg, ++k) {
         const std::size_t n = std::min(seg, len - off);

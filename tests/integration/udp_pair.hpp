@@ -94,6 +94,7 @@ class udp_pair_test : public ::testing::Test {
     o.address = test_address(which);
     o.port = port != 0 ? port : test_port();
     o.faults = faults;
+    o.raw_send = raw_send;
     e.sdev = std::make_unique<soft_device>(o);
     e.dev = open_device(ctx, o.name);
     e.p = e.dev.alloc_pd();
@@ -227,6 +228,9 @@ class udp_pair_test : public ::testing::Test {
 
   context ctx;
   endpoint a, b;
+  /// make()'s devices send through a raw socket when they may (the
+  /// default); false: through the bound socket, as without CAP_NET_RAW.
+  bool raw_send = true;
 };
 
 }  // namespace averbs::test

@@ -280,11 +280,12 @@ class udp_link final : public link {
   // `peer_shared_every` polls (first right after the open: what the peer
   // sent before it is queued there); a datagram there from another source,
   // a run of polls that all found data (not a ping-pong any more) or
-  // UDP_GRO going back on ends it: disconnected, then read on every poll
-  // until quiet for `peer_close_time`, then closed.
+  // UDP_GRO going back on ends it: pointed at our own address, then read on
+  // every poll until quiet for `peer_close_time`, then closed.
   int peer_fd_ = -1;
-  bool peer_closing_ = false;        // disconnected, read until quiet, then closed
+  bool peer_closing_ = false;        // pointed away, read until quiet, then closed
   clock::time_point peer_close_at_{};
+  clock::time_point peer_shared_at_{};  // closing: the shared socket is read from then on
   gid peer_from_{};
   std::uint16_t peer_port_ = 0;
   std::uint32_t peer_polls_ = 0;
@@ -300,12 +301,13 @@ class udp_link final : public link {
   static constexpr std::uint32_t peer_shared_every = 8;
   static constexpr std::uint32_t peer_streak_limit = 8;
   static constexpr std::chrono::milliseconds peer_close_time{2};
+  static constexpr std::chrono::microseconds peer_straggle_time{50};
   /// A datagram from the shared socket: counts one from (`from`, `port`)
   /// in a ping-pong and opens the peer socket after `peer_after` in a row;
   /// with the peer socket open, notes one from another source.
   void note_source(const gid& from, std::uint16_t port) noexcept;
   void open_peer(const gid& from, std::uint16_t port) noexcept;
-  /// Starts closing the peer socket (disconnects it, reads what it holds).
+  /// Starts closing the peer socket (points it away, reads what it holds).
   std::size_t close_peer() noexcept;
   void finish_closing_peer() noexcept;
   /// One read of the peer socket: false when it is empty (`got`: a

@@ -717,10 +717,14 @@ std::size_t udp_link::receive(int fd, int rounds, bool front) noexcept {
 std::size_t udp_link::receive_gro() noexcept {
   if (peer_fd_ < 0) return receive_shared();
   if (peer_closing_) {
-    // Its stragglers first: they are older than what the shared socket
-    // holds.  Closed once it has been quiet for `peer_close_time`.
+    // Its stragglers first, and the shared socket only once those the
+    // kernel picked it for before it was pointed away have landed (within
+    // microseconds): they are older than what the shared socket holds.
+    // Closed once quiet for `peer_close_time`.
     const std::size_t n = drain_peer();
-    if (n == 0 && dev_.pass_now() >= peer_close_at_) finish_closing_peer();
+    const clock::time_point now = dev_.pass_now();
+    if (n == 0 && now >= peer_close_at_) finish_closing_peer();
+    if (now < peer_shared_at_) return n;
     return n + receive_shared();
   }
   if (++peer_polls_ % peer_shared_every != 0) return receive_peer();
@@ -846,15 +850,28 @@ void udp_link::open_peer(const gid& from, std::uint16_t port) noexcept {
 
 std::size_t udp_link::close_peer() noexcept {
   if (peer_fd_ < 0 || peer_closing_) return 0;
-  // Disconnected, the kernel picks it no more for the peer's datagrams; one
-  // it picked just before may still be on its way into the queue, so it is
-  // read on every poll (before the shared socket) until it has been quiet
-  // for `peer_close_time`, and only then closed.
-  sockaddr unspec{};
-  unspec.sa_family = AF_UNSPEC;
-  ::connect(peer_fd_, &unspec, sizeof unspec);
+  // Connected to our own address and port instead (where nothing comes
+  // from), the kernel picks it no more for the peer's datagrams.  (A
+  // disconnect, connect(AF_UNSPEC), does not do that: on Linux 6.18 the
+  // disconnected socket still got every datagram of the peer, and the
+  // shared socket none.)  One it picked just before may still be on its
+  // way into the queue, so it is read on every poll, before the shared
+  // socket, until it has been quiet for `peer_close_time`; only then is it
+  // closed, which would drop such a datagram.
+  sockaddr_storage self;
+  socklen_t self_len;
+  to_sockaddr(local_, port_, self, self_len);
+  if (::connect(peer_fd_, reinterpret_cast<sockaddr*>(&self), self_len) != 0) {
+    // Cannot happen (our own address); if it did, close now: a datagram
+    // may be lost, which RC recovers.
+    const std::size_t n = drain_peer();
+    finish_closing_peer();
+    return n;
+  }
+  const clock::time_point now = dev_.pass_now();
   peer_closing_ = true;
-  peer_close_at_ = dev_.pass_now() + peer_close_time;
+  peer_close_at_ = now + peer_close_time;
+  peer_shared_at_ = now + peer_straggle_time;
   peer_count_ = 0;
   return drain_peer();
 }

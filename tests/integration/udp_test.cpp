@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -521,6 +522,58 @@ TEST_F(udp_peer, a_ping_pong_peer_gets_its_own_socket_until_another_source_or_a_
 TEST_F(udp_peer, without_raw_sockets_it_carries_the_whole_peer_device) {
   raw_send = false;
   cycle();
+}
+
+// The same with b on a thread of its own, as a peer in another process
+// runs: a burst arrives while b reads, so the kernel may pick the peer
+// socket for a datagram just before it is disconnected.  Closing reads it
+// until it has been quiet, so none is lost: no sequence NAK, unless a
+// socket overflowed (which makes NAKs of its own).
+TEST_F(udp_peer, it_closes_under_a_concurrent_burst_without_losing_a_datagram) {
+  make(a, 0);
+  make(b, 1);
+  make_qps(qp_type::rc, 4 << 20);
+  std::atomic<bool> stop{false};
+  std::thread responder([&] {
+    while (!stop.load(std::memory_order_relaxed)) b.c.poll({});
+  });
+  auto wait_a = [&]() -> std::vector<work_completion> {
+    std::vector<work_completion> out;
+    work_completion wc;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (out.empty() && std::chrono::steady_clock::now() < until)
+      if (a.c.poll({&wc, 1}) == 1) out.push_back(wc);
+    return out;
+  };
+  bool ok = true;
+  for (int i = 0; i < 5000 && ok; ++i) {
+    a.buf[0] = std::byte(i);
+    ok = !post_wr(a.q, wr_opcode::rdma_write, i, a.buf.data(), 8, a.m, b.buf.data(), b.m.rkey());
+    const auto wc = ok ? wait_a() : std::vector<work_completion>{};
+    ok = wc.size() == 1 && wc[0].status == wc_status::success;
+  }
+  const device_counters before = b.dev.counters();
+  std::vector<std::vector<work_completion>> bursts;
+  for (int round = 0; round < 2 && ok; ++round) {
+    for (std::size_t i = 0; i < a.buf.size(); ++i) a.buf[i] = std::byte(i * 5 + round);
+    ok = !post_wr(a.q, wr_opcode::rdma_write, 100 + round, a.buf.data(), 4 << 20, a.m, b.buf.data(), b.m.rkey());
+    if (ok) bursts.push_back(wait_a());
+    ok = ok && std::memcmp(a.buf.data(), b.buf.data(), a.buf.size()) == 0;
+  }
+  stop = true;
+  responder.join();
+  ASSERT_TRUE(ok) << "the ping-pong or a burst failed";
+  for (const auto& wc : bursts) {
+    ASSERT_EQ(wc.size(), 1u);
+    EXPECT_EQ(wc[0].status, wc_status::success);
+  }
+  const device_counters after = b.dev.counters();
+  EXPECT_GE(before.peer_sockets, 1u) << "the ping-pong opened one";
+  EXPECT_GT(after.gro_switches, before.gro_switches) << "the bursts went back to the shared socket";
+  EXPECT_EQ(after.icrc_errors, 0u);
+  if (after.receive_overflows == before.receive_overflows) {
+    EXPECT_EQ(after.seq_naks_sent, before.seq_naks_sent) << "nothing lost as the peer socket closed";
+  }
 }
 
 void udp_peer::cycle() {

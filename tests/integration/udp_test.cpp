@@ -526,8 +526,9 @@ TEST_F(udp_peer, without_raw_sockets_it_carries_the_whole_peer_device) {
 
 // The same with b on a thread of its own, as a peer in another process
 // runs: a burst arrives while b reads, so the kernel may pick the peer
-// socket for a datagram just before it is disconnected.  Closing reads it
-// until it has been quiet, so none is lost: no sequence NAK, unless a
+// socket for a datagram just before it is pointed away.  Closing reads it
+// until it has been quiet, and the shared socket only after the
+// stragglers, so none is lost or overtaken: no sequence NAK, unless a
 // socket overflowed (which makes NAKs of its own).
 TEST_F(udp_peer, it_closes_under_a_concurrent_burst_without_losing_a_datagram) {
   make(a, 0);

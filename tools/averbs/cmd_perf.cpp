@@ -31,7 +31,8 @@ int help() {
       "                     8 for atomics)\n"
       "  -a, --all          all sizes from 2 to 8388608 bytes\n"
       "  -n, --iters N      iterations (default 1000; 5000 for write_bw)\n"
-      "  -m, --mtu BYTES    path MTU: 256, 512, 1024, 2048, 4096 (default 4096)\n"
+      "  -m, --mtu BYTES    path MTU: 256, 512, 1024, 2048, 4096 (default and most: the\n"
+      "                     port's active MTU, from the interface's MTU)\n"
       "  -t, --tx-depth N   send queue depth (default 1 latency, 128 bandwidth)\n"
       "  -I, --inline BYTES inline sends up to this size (default 0)\n"
       "  -o, --outs N       outstanding READs/atomics (default 16)\n"
@@ -187,6 +188,7 @@ int run_connect(const perf::options& o, perf::connect_options co, const std::str
 
 int cmd_perf(std::span<char* const> args) {
   perf::options o;
+  bool mtu_given = false;
   bool have_test = false, named_device = false, icrc = true, connect_test = false, show_counters = false, gso = true;
   std::string host, addr, faults;
   perf::connect_options co;
@@ -256,6 +258,7 @@ int cmd_perf(std::span<char* const> args) {
         return 2;
       }
     } else if (a == "-m" || a == "--mtu") {
+      mtu_given = true;
       if (!parse_mtu(number(), o.path_mtu)) {
         std::fprintf(stderr, "averbs perf: MTU must be 256, 512, 1024, 2048 or 4096\n");
         return 2;
@@ -330,7 +333,17 @@ int cmd_perf(std::span<char* const> args) {
     const auto sizes = perf::sizes_for(o);
     // A device with a network link runs one end per process; the loopback
     // devices run both ends here.
-    const bool two_processes = open_device(ctx, o.device).udp_port() != 0;
+    const device probe = open_device(ctx, o.device);
+    const bool two_processes = probe.udp_port() != 0;
+    // perftest's rule: the port's active MTU (a UDP device's follows its
+    // interface's MTU, as rxe's), and a larger one asked for is lowered to it.
+    const mtu active = probe.query_port(1).active_mtu;
+    if (!mtu_given) {
+      o.path_mtu = active;
+    } else if (static_cast<unsigned>(o.path_mtu) > static_cast<unsigned>(active)) {
+      std::printf("Requested mtu is higher than active mtu \nChanging to active mtu - %u\n", mtu_bytes(active));
+      o.path_mtu = active;
+    }
     if (!two_processes && !host.empty()) {
       std::fprintf(stderr, "averbs perf: device '%s' has no network link; give it an address (--addr)\n",
                    o.device.c_str());

@@ -281,9 +281,9 @@ class udp_link final : public link {
   // sent before it is queued there); a datagram there from another source,
   // a run of polls that all found data (not a ping-pong any more) or
   // UDP_GRO going back on ends it: pointed at our own address, then read on
-  // every poll until quiet for `peer_close_time`, then closed.
+  // every poll, and closed at the first empty read `peer_close_time` later.
   int peer_fd_ = -1;
-  bool peer_closing_ = false;        // pointed away, read until quiet, then closed
+  bool peer_closing_ = false;        // pointed away, read on every poll, closed when due and empty
   clock::time_point peer_close_at_{};
   clock::time_point peer_shared_at_{};  // closing: the shared socket is read from then on
   gid peer_from_{};

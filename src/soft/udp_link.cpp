@@ -720,7 +720,7 @@ std::size_t udp_link::receive_gro() noexcept {
     // Its stragglers first, and the shared socket only once those the
     // kernel picked it for before it was pointed away have landed (within
     // microseconds): they are older than what the shared socket holds.
-    // Closed once quiet for `peer_close_time`.
+    // Closed at the first empty read `peer_close_time` after the close began.
     const std::size_t n = drain_peer();
     const clock::time_point now = dev_.pass_now();
     if (n == 0 && now >= peer_close_at_) finish_closing_peer();
@@ -856,8 +856,8 @@ std::size_t udp_link::close_peer() noexcept {
   // disconnected socket still got every datagram of the peer, and the
   // shared socket none.)  One it picked just before may still be on its
   // way into the queue, so it is read on every poll, before the shared
-  // socket, until it has been quiet for `peer_close_time`; only then is it
-  // closed, which would drop such a datagram.
+  // socket, and closed (which would drop such a datagram) only at the first
+  // empty read `peer_close_time` later.
   sockaddr_storage self;
   socklen_t self_len;
   to_sockaddr(local_, port_, self, self_len);

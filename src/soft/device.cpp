@@ -1575,7 +1575,7 @@ void device::run() noexcept {
       }
       if (response) {
         complete_rx(qp, p);
-      } else if (qp->resp.reading.active || qp->resp.held_head != nullptr) {
+      } else if (answering_read(qp)) {
         hold_request(qp, p);  // behind the READ being answered
         continue;
       } else {
@@ -1593,7 +1593,7 @@ void device::run() noexcept {
       req_head_ = qp->req.next_ready;
       if (req_head_ == nullptr) req_tail_ = nullptr;
       qp->req.scheduled = false;
-      if (qp->resp.reading.active || qp->resp.held_head != nullptr) responder_turn(qp);
+      if (answering_read(qp)) responder_turn(qp);
       requester(qp);
       continue;
     }

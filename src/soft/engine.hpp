@@ -682,6 +682,11 @@ class device final : public progress_source, public clock_listener {
   void start_read_reply(qp_t* qp, std::uint32_t psn, const wire::reth& t, bool replay) noexcept;
   bool pump_read_reply(qp_t* qp) noexcept;
   void responder_turn(qp_t* qp) noexcept;
+  /// A READ is being answered, or requests wait behind one: new requests
+  /// wait too, and the QP's turn on the run queue is its responder's first.
+  static bool answering_read(const qp_t* qp) noexcept {
+    return qp->resp.reading.active || qp->resp.held_head != nullptr;
+  }
   void hold_request(qp_t* qp, packet* p) noexcept;
   void drop_held_requests(qp_t* qp) noexcept;
   packet* new_packet(qp_t* qp, wire::opcode op, std::uint32_t psn) noexcept;

@@ -290,7 +290,6 @@ class udp_link final : public link {
   std::uint16_t peer_port_ = 0;
   std::uint32_t peer_polls_ = 0;
   std::uint32_t peer_streak_ = 0;    // polls in a row the peer socket had data
-  std::uint64_t peer_delivered_ = 0;  // datagrams queued from peer sockets
   bool other_source_ = false;        // the shared socket had another source's datagram
   gid peer_candidate_{};             // the source of the last datagrams on the shared socket
   std::uint16_t peer_candidate_port_ = 0;
@@ -302,17 +301,23 @@ class udp_link final : public link {
   static constexpr std::uint32_t peer_streak_limit = 8;
   static constexpr std::chrono::milliseconds peer_close_time{2};
   static constexpr std::chrono::microseconds peer_straggle_time{50};
-  /// A datagram from the shared socket: counts one from (`from`, `port`)
-  /// in a ping-pong and opens the peer socket after `peer_after` in a row;
-  /// with the peer socket open, notes one from another source.
-  void note_source(const gid& from, std::uint16_t port) noexcept;
+  /// A datagram from the shared socket: with the peer socket open, notes
+  /// one from another source; else counts one from (`from`, `port`) read
+  /// alone in a ping-pong (`lone`) and opens the peer socket after
+  /// `peer_after` in a row.
+  void note_source(const gid& from, std::uint16_t port, bool lone) noexcept;
   void open_peer(const gid& from, std::uint16_t port) noexcept;
   /// Starts closing the peer socket (points it away, reads what it holds).
   std::size_t close_peer() noexcept;
   void finish_closing_peer() noexcept;
-  /// One read of the peer socket: false when it is empty (`got`: a
-  /// datagram was read, queued or dropped).
-  bool read_peer(bool& got) noexcept;
+  enum class peer_read : std::uint8_t {
+    empty,    // nothing queued (or no packet buffer to read into)
+    error,    // a pending socket error, reported once
+    dropped,  // a datagram read and dropped
+    queued,   // a datagram read and queued
+  };
+  /// One read of the peer socket.
+  peer_read read_peer() noexcept;
   /// One datagram from the peer socket.
   std::size_t receive_peer() noexcept;
   /// Everything the peer socket holds.

@@ -746,10 +746,9 @@ bool for_qp1(const std::byte* d, std::size_t len) noexcept {
 
 }  // namespace
 
-bool udp_link::read_peer(bool& got) noexcept {
-  got = false;
+udp_link::peer_read udp_link::read_peer() noexcept {
   packet* p = dev_.alloc_packet();
-  if (p == nullptr) return false;
+  if (p == nullptr) return peer_read::empty;
   // Into the packet's own buffer: a datagram longer than any packet (a run
   // sent before the peer saw us switch UDP_GRO off) is cut and dropped.
   const ssize_t len = ::recv(peer_fd_, p->buf, packet::buffer_size, MSG_DONTWAIT | MSG_TRUNC);
@@ -757,46 +756,46 @@ bool udp_link::read_peer(bool& got) noexcept {
     dev_.free_packet(p);
     // A pending ICMP error fails one read (and is cleared by it); only an
     // empty queue ends the reading.
-    return errno != EAGAIN && errno != EWOULDBLOCK;
+    return errno == EAGAIN || errno == EWOULDBLOCK ? peer_read::empty : peer_read::error;
   }
-  got = true;
   const auto n = static_cast<std::size_t>(len);
   if (n == 0 || n > packet::buffer_size) {
     ++dev_.counters_.dropped;
     dev_.free_packet(p);
-    return true;
+    return peer_read::dropped;
   }
-  if (deliver(p, p->buf, n, peer_from_, peer_port_, for_qp1(p->buf, n))) ++peer_delivered_;
-  else dev_.free_packet(p);
-  return true;
+  if (deliver(p, p->buf, n, peer_from_, peer_port_, for_qp1(p->buf, n))) return peer_read::queued;
+  dev_.free_packet(p);
+  return peer_read::dropped;
 }
 
 std::size_t udp_link::receive_peer() noexcept {
-  const std::uint64_t before = peer_delivered_;
-  bool got;
-  read_peer(got);
-  if (!got) {
+  const peer_read r = read_peer();
+  if (r == peer_read::empty || r == peer_read::error) {
     peer_streak_ = 0;
     return 0;
   }
-  std::size_t n = peer_delivered_ - before;
+  std::size_t n = r == peer_read::queued ? 1 : 0;
   if (++peer_streak_ >= peer_streak_limit) n += close_peer();  // a burst: the shared socket batches it
   return n;
 }
 
 std::size_t udp_link::drain_peer() noexcept {
-  const std::uint64_t before = peer_delivered_;
-  bool got;
-  for (int errors = 0; read_peer(got);)
-    if (!got && ++errors > 4) break;
-  return peer_delivered_ - before;
+  std::size_t n = 0;
+  for (int errors = 0;;) {
+    const peer_read r = read_peer();
+    if (r == peer_read::empty || (r == peer_read::error && ++errors > 4)) return n;
+    if (r == peer_read::queued) ++n;
+  }
 }
 
-void udp_link::note_source(const gid& from, std::uint16_t port) noexcept {
+void udp_link::note_source(const gid& from, std::uint16_t port, bool lone) noexcept {
+  if (peer_closing_) return;
   if (peer_fd_ >= 0) {
     if (port != peer_port_ || from != peer_from_) other_source_ = true;
     return;
   }
+  if (!lone) return;
   if (port == peer_candidate_port_ && from == peer_candidate_) {
     if (++peer_count_ < peer_after) return;
     peer_count_ = 0;
@@ -973,8 +972,7 @@ std::size_t udp_link::receive_shared() noexcept {
         set_gro(true);
         continue;
       }
-      if (peer_fd_ >= 0 && !peer_closing_) note_source(from, from_port);  // another source ends it
-      else if (gro_state_ == gro_state::off && want == 1 && check_icrc_) note_source(from, from_port);
+      note_source(from, from_port, gro_state_ == gro_state::off && want == 1 && check_icrc_);
       std::uint16_t k = 0;
       for (std::size_t off = 0; off < len; off += seg, ++k) {
         const std::size_t n = std::min(seg, len - off);

@@ -271,7 +271,23 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
   if ((mask & m_rd_atomic) != 0) qp->max_rd_atomic = a.max_rd_atomic;
   if ((mask & m_min_rnr) != 0) qp->min_rnr_timer = a.min_rnr_timer;
   if ((mask & m_sq_psn) != 0) qp->sq_psn = a.sq_psn & wire::psn_mask;
-  if ((mask & m_dest_rd_atomic) != 0) qp->max_dest_rd_atomic = a.max_dest_rd_atomic;
+  if ((mask & m_dest_rd_atomic) != 0) {
+    // Changed after RTR (SQD -> SQD): the READ/atomic replay table takes
+    // the new size now, or a peer that uses it would overwrite entries
+    // still needed for replay.  It keeps its newest entries (rxe's
+    // rxe_qp_from_attr() reallocates it empty).
+    auto& res = qp->resp.resources;
+    const std::size_t size = pow2_at_least(std::max<std::uint32_t>(a.max_dest_rd_atomic, 1));
+    if (!res.empty() && res.size() != size) {
+      const std::size_t keep = std::min(size, res.size());
+      std::vector<rd_resource> resized(size);
+      for (std::size_t k = 0; k < keep; ++k)
+        resized[k] = res[(qp->resp.res_head - keep + k) & (res.size() - 1)];
+      res.swap(resized);
+      qp->resp.res_head = static_cast<std::uint32_t>(keep);
+    }
+    qp->max_dest_rd_atomic = a.max_dest_rd_atomic;
+  }
   if ((mask & m_dest_qpn) != 0) qp->dest_qpn = a.dest_qp_num;
   if ((mask & m_sqd_notify) != 0) qp->sqd_notify = a.en_sqd_async_notify;
   if (qp->type == qp_type::ud && (mask & m_qkey) == 0 && cur == qp_state::reset) qp->qkey = 0;

@@ -735,7 +735,9 @@ void device::respond_ud(qp_t* qp, packet* p) noexcept {
   ip.traffic_class = p->tclass;
   ip.hop_limit = p->hop_limit;
   ip.src_port = p->sport;
-  const std::size_t hl = wire::build_ip_udp(ip, p->header_len + p->payload_len + 4, iphdr);
+  // The lengths of the datagram as it came: pad and ICRC included.
+  const std::size_t hl = wire::build_ip_udp(
+      ip, p->header_len + p->payload_len + wire::pad_for(p->payload_len) + wire::icrc_size, iphdr);
   if (hl == 28) std::memcpy(grh.data() + 20, iphdr.data(), 20);
   else if (hl == 48) std::memcpy(grh.data(), iphdr.data(), 40);
   packet g{};
@@ -1405,6 +1407,13 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
       after_progress();
       return;
     }
+    if (qp->comp.psn != before) {
+      // It acknowledged earlier requests: progress, which refills the RNR
+      // budget before this NAK spends from it (rxe's reset_retry_counters).
+      qp->comp.rnr_left = qp->rnr_retry;
+      qp->comp.gap_retry = false;
+      qp->comp.nak_retries = 0;
+    }
     if (qp->rnr_retry != 7) {  // 7 retries forever
       if (qp->comp.rnr_left == 0) {
         fail_oldest(qp, wc_status::rnr_retry_exc_err);
@@ -1460,6 +1469,15 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
       }
       complete_wqes(qp);
       if (qp->state == qp_state::rts || qp->state == qp_state::sqd) retry(qp, !qp->comp.retry_counted);
+      return;
+    }
+    // An earlier READ or atomic whose response never came: the NAK cannot
+    // answer for it (only its own response can), so it is asked again,
+    // as rxe's check_psn() retries it; the NAK will come again if the
+    // responder still means it.
+    if (!complete_before) {
+      gap_retry(qp);
+      after_progress();
       return;
     }
     // The WQE holding `psn` fails; the QP goes to error.  A reserved NAK

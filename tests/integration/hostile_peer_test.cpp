@@ -4,6 +4,7 @@
 // would, and reads the device's ACKs and NAKs off the socket.  The device
 // under test does not check ICRCs, so the packets carry a zero one.
 #include "udp_pair.hpp"
+#include "wire/cm.hpp"
 #include "wire/roce.hpp"
 
 #include <arpa/inet.h>
@@ -52,7 +53,8 @@ class hostile_peer : public ::testing::Test {
 
   /// A QP of type `t` connected to the fake peer's QP `peer_qpn`, both
   /// PSNs 0, path MTU 1024.
-  void make_qp(qp_type t, const srq* s = nullptr, std::uint8_t timeout = 14, std::uint8_t retry_cnt = 7) {
+  void make_qp(qp_type t, const srq* s = nullptr, std::uint8_t timeout = 14, std::uint8_t retry_cnt = 7,
+               std::uint8_t rnr_retry = 7) {
     qp_init_attr ia;
     ia.send_cq = cq_;
     ia.recv_cq = cq_;
@@ -81,7 +83,7 @@ class hostile_peer : public ::testing::Test {
     at.state = qp_state::rts;
     at.timeout = timeout;
     at.retry_cnt = retry_cnt;
-    at.rnr_retry = 7;
+    at.rnr_retry = rnr_retry;
     at.max_rd_atomic = 4;
     mask = qp_attr_state | qp_attr_sq_psn;
     if (t == qp_type::rc) mask |= qp_attr_timeout | qp_attr_retry_cnt | qp_attr_rnr_retry | qp_attr_max_qp_rd_atomic;
@@ -99,6 +101,12 @@ class hostile_peer : public ::testing::Test {
     h.bth.dest_qp = qp_.num();
     h.bth.psn = psn;
     h.bth.ack_req = true;
+    send_as_is(h, payload, ip_id, corrupt);
+  }
+
+  /// send() with the headers exactly as given (but for the pad).
+  void send_as_is(wire::transport_headers h, std::span<const std::byte> payload,
+                  std::optional<std::uint16_t> ip_id = std::nullopt, bool corrupt = false) {
     h.bth.pad = wire::pad_for(payload.size());
     std::vector<std::byte> pkt(wire::max_header_size);
     const std::size_t n = wire::encode(h, pkt);
@@ -488,6 +496,102 @@ TEST_F(hostile_peer, an_rnr_nak_answers_for_the_packet_pipelined_behind_it) {
   const auto wcs = drain();
   ASSERT_EQ(wcs.size(), 2u);
   EXPECT_EQ(buf_[64], std::byte{0xBB});
+}
+
+// An RNR NAK that also acknowledges earlier requests is progress, which
+// refills the RNR retry budget before the NAK spends from it (rxe's
+// check_psn() resets both retry counters): with rnr_retry 1, two RNR NAKs
+// with an acknowledged SEND between them are not an exhausted budget.
+TEST_F(hostile_peer, an_rnr_nak_that_acknowledges_a_send_refills_the_rnr_budget) {
+  make_qp(qp_type::rc, nullptr, 14, 7, 1);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::send, 16, m);
+  post(wr_opcode::send, 16, m);
+  ASSERT_TRUE(next_request());
+  ASSERT_TRUE(next_request());
+  respond(wire::opcode::rc_ack, 0, wire::aeth_rnr_nak(1));  // the budget's one retry
+  const auto a = next_request();
+  const auto b = next_request();
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(a->bth.psn, 0u);
+  EXPECT_EQ(b->bth.psn, 1u);
+  respond(wire::opcode::rc_ack, 1, wire::aeth_rnr_nak(1));  // PSN 0 arrived; PSN 1 found no receive
+  const auto again = next_request(std::chrono::seconds(1));
+  ASSERT_TRUE(again.has_value()) << "SEND 1 was not retried";
+  EXPECT_EQ(again->bth.psn, 1u);
+  respond(wire::opcode::rc_ack, 1, wire::aeth_ack_unlimited);
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+  EXPECT_EQ(wcs[1].status, wc_status::success);
+  EXPECT_EQ(qp_.query().state, qp_state::rts);
+}
+
+// A NAK for a request behind a READ whose response never came cannot
+// answer for the READ (only its response can): the READ is asked again,
+// as rxe's completer retries it, rather than completed with the NAK's
+// error, which belongs to the request behind it.
+TEST_F(hostile_peer, an_error_nak_behind_a_lost_read_response_asks_for_the_read_again) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::rdma_read, 16, m, 0x1000, 0x77);
+  post(wr_opcode::rdma_write, 16, m, 0x2000, 0x77);
+  const auto read = next_request();
+  const auto write = next_request();
+  ASSERT_TRUE(read && write);
+  ASSERT_EQ(static_cast<wire::opcode>(read->bth.opcode), wire::opcode::rc_read_request);
+  ASSERT_EQ(write->bth.psn, 1u);
+  respond(wire::opcode::rc_ack, 1, nak_remote_access);
+  const auto again = next_request(std::chrono::seconds(1));
+  ASSERT_TRUE(again.has_value()) << "the READ was not asked again";
+  EXPECT_EQ(static_cast<wire::opcode>(again->bth.opcode), wire::opcode::rc_read_request);
+  EXPECT_EQ(again->bth.psn, 0u);
+  // Its response completes it; the NAK, repeated, then fails the WRITE.
+  respond(wire::opcode::rc_read_response_only, 0, wire::aeth_ack_unlimited, filled(16, 0xAB));
+  respond(wire::opcode::rc_ack, 1, nak_remote_access);
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].opcode, wc_opcode::rdma_read);
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+  EXPECT_EQ(buf_[0], std::byte{0xAB});
+  EXPECT_EQ(wcs[1].status, wc_status::rem_access_err);
+}
+
+// max_dest_rd_atomic raised in SQD (SQD -> SQD) sizes the responder's
+// READ/atomic replay table at once: the peer may now keep 8 atomics in
+// flight, and a resent first one is answered from the table with its
+// original value, not executed again nor dropped.
+TEST_F(hostile_peer, max_dest_rd_atomic_raised_in_sqd_keeps_every_atomic_for_replay) {
+  make_qp(qp_type::rc);  // max_dest_rd_atomic 4
+  qp_attr at;
+  at.state = qp_state::sqd;
+  qp_.modify(at, qp_attr_state);
+  at = {};
+  at.state = qp_state::sqd;
+  at.max_dest_rd_atomic = 8;
+  qp_.modify(at, qp_attr_state | qp_attr_max_dest_rd_atomic);
+  at = {};
+  at.state = qp_state::rts;
+  qp_.modify(at, qp_attr_state);
+  mr m = pd_.reg_mr(buf_.data(), 64, access_local_write | access_remote_atomic);
+  for (std::uint32_t psn = 0; psn < 8; ++psn) {
+    wire::transport_headers h;
+    h.atomic = {va(), m.rkey(), 1, 0};
+    send(wire::opcode::rc_fetch_add, psn, {}, h);
+    const auto ack = next_ack();
+    ASSERT_TRUE(ack.has_value());
+    EXPECT_EQ(ack->atomic_ack, psn);
+  }
+  wire::transport_headers h;
+  h.atomic = {va(), m.rkey(), 1, 0};
+  send(wire::opcode::rc_fetch_add, 0, {}, h);  // its ACK was "lost"
+  const auto replay = next_ack(std::chrono::seconds(1));
+  ASSERT_TRUE(replay.has_value()) << "the duplicate found no replay entry";
+  EXPECT_EQ(replay->bth.psn, 0u);
+  EXPECT_EQ(replay->atomic_ack, 0u);
+  std::uint64_t v;
+  std::memcpy(&v, buf_.data(), sizeof v);
+  EXPECT_EQ(v, 8u) << "executed again";
 }
 
 // A receive the responder took from an SRQ for a message that never

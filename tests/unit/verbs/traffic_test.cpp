@@ -786,6 +786,24 @@ TEST_F(traffic, ud_grh_area_holds_a_valid_ipv4_header_and_the_payload_follows) {
   EXPECT_TRUE(dst.all('\xEE', 104));
 }
 
+// The GRH area's lengths are the datagram's as it came, pad included (rxe
+// copies the real header): 13 bytes of payload travel with 3 of pad.
+TEST_F(traffic, ud_grh_lengths_count_the_pad) {
+  auto p = connected_pair(with_type(qp_type::ud));
+  auto h = make_ah();
+  auto src = make_buffer(13), dst = make_buffer(40 + 16);
+  fill_pattern(src, 19);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 60));
+  ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.whole()}, 61));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 61, wc_opcode::send));
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 60, wc_opcode::recv));
+  EXPECT_EQ(r.byte_len, 40u + 13u);
+  auto byte = [&](std::size_t i) { return std::to_integer<unsigned>(dst.bytes[i]); };
+  EXPECT_EQ((byte(22) << 8) | byte(23), 20u + 8u + 12u + 8u + 13u + 3u + 4u);  // IP total length
+  EXPECT_TRUE(has_pattern(dst, 19, 40, 13));
+}
+
 TEST_F(traffic, ud_qkey_mismatch_drops_the_datagram_silently) {
   auto p = connected_pair(with_type(qp_type::ud));
   auto h = make_ah();

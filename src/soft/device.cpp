@@ -1413,13 +1413,19 @@ mtu device::active_mtu() const noexcept { return active_mtu_; }
 void device::receive_gsi(packet* p) noexcept {
   // Only well-formed CM carriers reach the agent: UD SEND_ONLY with the GSI
   // Q_Key and a whole 256-byte MAD (IBTA 13.4.2; rxe drops the rest).
+  // QP1 is no exception to the P_Key check (rxe's check_keys()).  Only
+  // what passes counts as management traffic, which shortens send batches
+  // for a while: junk addressed to QP1 must not.
   std::array<std::byte, wire::cm::mad_size> mad;
-  link_->note_management();
   if (p->hdr.bth.opcode != static_cast<std::uint8_t>(wire::opcode::ud_send_only) ||
-      p->hdr.deth.qkey != wire::gsi_qkey || p->payload_len != mad.size()) {
+      (p->hdr.bth.pkey & 0x7FFF) != (wire::default_pkey & 0x7FFF) || p->hdr.deth.qkey != wire::gsi_qkey ||
+      p->payload_len != mad.size()) {
     ++counters_.dropped;
     return;
   }
+  counters_.packets_received += p->run;
+  counters_.bytes_received += p->payload_len;
+  link_->note_management();
   std::size_t off = 0;
   for (std::uint8_t i = 0; i < p->nsegs; ++i) {
     std::memcpy(mad.data() + off, p->segs[i].p, p->segs[i].len);
@@ -1534,8 +1540,6 @@ void device::run() noexcept {
       rx_head_ = p->next;
       if (rx_head_ == nullptr) rx_tail_ = nullptr;
       if (p == rx_front_last_) rx_front_last_ = nullptr;
-      counters_.packets_received += p->run;
-      counters_.bytes_received += p->payload_len;
       // The receive side parses the encoded bytes: the same code a packet
       // from the wire meets (the UDP link already did, with the same checks).
       if (!p->decoded && wire::decode_headers(std::span(p->header.data(), p->header_len), p->payload_len, p->hdr,
@@ -1573,6 +1577,10 @@ void device::run() noexcept {
         free_packet(p);
         continue;
       }
+      // Counted once it is known to be for this QP, as rxe counts its
+      // received packets after the header checks.
+      counters_.packets_received += p->run;
+      counters_.bytes_received += p->payload_len;
       if (response) {
         complete_rx(qp, p);
       } else if (answering_read(qp)) {

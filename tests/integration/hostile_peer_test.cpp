@@ -594,6 +594,50 @@ TEST_F(hostile_peer, max_dest_rd_atomic_raised_in_sqd_keeps_every_atomic_for_rep
   EXPECT_EQ(v, 8u) << "executed again";
 }
 
+// QP1 is no exception to the P_Key check (rxe's check_keys()): a MAD with
+// an invalid P_Key is dropped and counted, never received; the same MAD
+// with the default P_Key is received.
+TEST_F(hostile_peer, a_mad_with_an_invalid_pkey_is_dropped) {
+  make_qp(qp_type::rc);
+  wire::transport_headers h;
+  h.bth.opcode = static_cast<std::uint8_t>(wire::opcode::ud_send_only);
+  h.bth.dest_qp = wire::cm::gsi_qpn;
+  h.deth.qkey = wire::gsi_qkey;
+  h.deth.src_qp = wire::cm::gsi_qpn;
+  const std::vector<std::byte> mad(wire::cm::mad_size, std::byte{0});
+  const device_counters before = dev_.counters();
+  h.bth.pkey = 0x0000;
+  send_as_is(h, mad);
+  (void)drain(std::chrono::milliseconds(20));
+  const device_counters bad = dev_.counters();
+  EXPECT_EQ(bad.dropped, before.dropped + 1);
+  EXPECT_EQ(bad.packets_received, before.packets_received);
+  h.bth.pkey = wire::default_pkey;
+  send_as_is(h, mad);
+  (void)drain(std::chrono::milliseconds(20));
+  const device_counters good = dev_.counters();
+  EXPECT_EQ(good.dropped, bad.dropped);
+  EXPECT_EQ(good.packets_received, bad.packets_received + 1);
+}
+
+// Packets count as received only once they are known to be for a QP here
+// (rxe counts after its header checks): one for a QP that does not exist
+// is dropped and counted as that alone.
+TEST_F(hostile_peer, a_packet_for_no_qp_counts_as_dropped_not_received) {
+  make_qp(qp_type::rc);
+  wire::transport_headers h;
+  h.bth.opcode = static_cast<std::uint8_t>(wire::opcode::rc_send_only);
+  h.bth.dest_qp = 0x999;
+  h.bth.ack_req = true;
+  const device_counters before = dev_.counters();
+  send_as_is(h, filled(16, 0xAA));
+  (void)drain(std::chrono::milliseconds(20));
+  const device_counters after = dev_.counters();
+  EXPECT_EQ(after.dropped, before.dropped + 1);
+  EXPECT_EQ(after.packets_received, before.packets_received);
+  EXPECT_EQ(after.bytes_received, before.bytes_received);
+}
+
 // A receive the responder took from an SRQ for a message that never
 // finished has left the SRQ: when the QP fails it completes, flushed, and
 // the SRQ's other receives stay for other QPs.  RESET discards the QP's

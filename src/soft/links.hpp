@@ -320,8 +320,9 @@ class udp_link final : public link {
   peer_read read_peer() noexcept;
   /// One datagram from the peer socket.
   std::size_t receive_peer() noexcept;
-  /// Everything the peer socket holds.
-  std::size_t drain_peer() noexcept;
+  /// What the peer socket holds, up to `limit` datagrams; `emptied` says
+  /// whether the reading stopped at an empty socket (not at the limit).
+  std::size_t drain_peer(std::size_t limit = rx_batch, bool* emptied = nullptr) noexcept;
   /// The shared data socket's read (the body of receive_gro()).
   std::size_t receive_shared() noexcept;
 };

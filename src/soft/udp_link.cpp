@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <optional>
 
@@ -721,8 +722,11 @@ std::size_t udp_link::receive_gro() noexcept {
     // kernel picked it for before it was pointed away have landed (within
     // microseconds): they are older than what the shared socket holds.
     // Closed at the first empty read `peer_close_time` after the close began.
-    const std::size_t n = drain_peer();
+    // A drain that stopped at its limit leaves the shared socket for later.
+    bool emptied = false;
+    const std::size_t n = drain_peer(rx_batch, &emptied);
     const clock::time_point now = dev_.pass_now();
+    if (!emptied) return n;
     if (n == 0 && now >= peer_close_at_) finish_closing_peer();
     if (now < peer_shared_at_) return n;
     return n + receive_shared();
@@ -751,7 +755,16 @@ udp_link::peer_read udp_link::read_peer() noexcept {
   if (p == nullptr) return peer_read::empty;
   // Into the packet's own buffer: a datagram longer than any packet (a run
   // sent before the peer saw us switch UDP_GRO off) is cut and dropped.
-  const ssize_t len = ::recv(peer_fd_, p->buf, packet::buffer_size, MSG_DONTWAIT | MSG_TRUNC);
+  // While it closes it is connected to our own address, and what comes
+  // from there (a device without a raw socket sends to itself from its
+  // port) lands here too: then the read says the source.
+  gid from = peer_from_;
+  std::uint16_t from_port = peer_port_;
+  sockaddr_storage ss;
+  socklen_t ss_len = sizeof ss;
+  const ssize_t len = peer_closing_ ? ::recvfrom(peer_fd_, p->buf, packet::buffer_size, MSG_DONTWAIT | MSG_TRUNC,
+                                                 reinterpret_cast<sockaddr*>(&ss), &ss_len)
+                                    : ::recv(peer_fd_, p->buf, packet::buffer_size, MSG_DONTWAIT | MSG_TRUNC);
   if (len < 0) {
     dev_.free_packet(p);
     // A pending ICMP error fails one read (and is cleared by it); only an
@@ -759,12 +772,12 @@ udp_link::peer_read udp_link::read_peer() noexcept {
     return errno == EAGAIN || errno == EWOULDBLOCK ? peer_read::empty : peer_read::error;
   }
   const auto n = static_cast<std::size_t>(len);
-  if (n == 0 || n > packet::buffer_size) {
+  if (n == 0 || n > packet::buffer_size || (peer_closing_ && !from_sockaddr(ss, from, from_port))) {
     ++dev_.counters_.dropped;
     dev_.free_packet(p);
     return peer_read::dropped;
   }
-  if (deliver(p, p->buf, n, peer_from_, peer_port_, for_qp1(p->buf, n))) return peer_read::queued;
+  if (deliver(p, p->buf, n, from, from_port, for_qp1(p->buf, n))) return peer_read::queued;
   dev_.free_packet(p);
   return peer_read::dropped;
 }
@@ -780,13 +793,21 @@ std::size_t udp_link::receive_peer() noexcept {
   return n;
 }
 
-std::size_t udp_link::drain_peer() noexcept {
+std::size_t udp_link::drain_peer(std::size_t limit, bool* emptied) noexcept {
+  // At most `limit` datagrams per poll, as the shared socket's reads: a
+  // full buffer of them is not queued all at once.
   std::size_t n = 0;
-  for (int errors = 0;;) {
+  bool empty = false;
+  for (std::size_t reads = 0, errors = 0; reads < limit; ++reads) {
     const peer_read r = read_peer();
-    if (r == peer_read::empty || (r == peer_read::error && ++errors > 4)) return n;
+    if (r == peer_read::empty || (r == peer_read::error && ++errors > 4)) {
+      empty = true;
+      break;
+    }
     if (r == peer_read::queued) ++n;
   }
+  if (emptied != nullptr) *emptied = empty;
+  return n;
 }
 
 void udp_link::note_source(const gid& from, std::uint16_t port, bool lone) noexcept {
@@ -863,7 +884,7 @@ std::size_t udp_link::close_peer() noexcept {
   if (::connect(peer_fd_, reinterpret_cast<sockaddr*>(&self), self_len) != 0) {
     // Cannot happen (our own address); if it did, close now: a datagram
     // may be lost, which RC recovers.
-    const std::size_t n = drain_peer();
+    const std::size_t n = drain_peer(SIZE_MAX);
     finish_closing_peer();
     return n;
   }
@@ -965,16 +986,16 @@ std::size_t udp_link::receive_shared() noexcept {
         ++dev_.counters_.gro_runs;
         runs = true;
         longest_run = std::max(longest_run, (len + seg - 1) / seg);
-      } else if (gro_state_ == gro_state::off && len > packet::buffer_size) {
+      } else if (gro_state_ != gro_state::on && len > packet::buffer_size) {
         // Longer than any one packet: a run queued as the switch was made
-        // (its segment size unknown here).  Lost, as on a wire; RC resends.
+        // (the kernel reports a segment size only while UDP_GRO is on, so
+        // it is unknown here).  Lost, as on a wire; RC resends.
         ++dev_.counters_.dropped;
         set_gro(true);
         continue;
       }
-      note_source(from, from_port, gro_state_ == gro_state::off && want == 1 && check_icrc_);
-      std::uint16_t k = 0;
-      for (std::size_t off = 0; off < len; off += seg, ++k) {
+      std::size_t delivered = 0;
+      for (std::size_t off = 0; off < len; off += seg) {
         const std::size_t n = std::min(seg, len - off);
         packet* p = n <= packet::buffer_size ? dev_.alloc_packet() : nullptr;
         if (p == nullptr) {
@@ -982,9 +1003,13 @@ std::size_t udp_link::receive_shared() noexcept {
           continue;
         }
         if (!keep) std::memcpy(p->buf, base + off, n);
-        if (deliver(p, keep ? base + off : p->buf, n, from, from_port, false)) ++total;
+        if (deliver(p, keep ? base + off : p->buf, n, from, from_port, false)) ++delivered;
         else dev_.free_packet(p);
       }
+      total += delivered;
+      // Only a source whose datagrams pass the checks shapes how the socket
+      // is read (UDP_GRO off, a peer socket): not one that sends junk.
+      if (delivered != 0) note_source(from, from_port, gro_state_ == gro_state::off && want == 1 && check_icrc_);
     }
     if (round == 0 && gro_state_ == gro_state::on && check_icrc_) {
       // A ping-pong (one datagram per poll, after a poll that found none;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -575,6 +576,29 @@ TEST_F(udp_peer, it_closes_under_a_concurrent_burst_without_losing_a_datagram) {
   if (after.receive_overflows == before.receive_overflows) {
     EXPECT_EQ(after.seq_naks_sent, before.seq_naks_sent) << "nothing lost as the peer socket closed";
   }
+}
+
+// Only a source whose datagrams pass the checks shapes how the link reads
+// (UDP_GRO off after a window of lone datagrams, then a socket of its own
+// after 1024 in a row): one that trickles junk gets neither, only counts.
+TEST_F(udp_peer, a_source_of_junk_gets_no_socket_of_its_own) {
+  make(a, 0);
+  stranger s;
+  std::array<std::byte, 32> junk{};
+  junk[0] = std::byte{0x1F};  // an unassigned opcode: no RoCE packet
+  constexpr int n = 5000;
+  for (int i = 0; i < n; ++i) {
+    ASSERT_EQ(s.send(junk.data(), junk.size()), static_cast<ssize_t>(junk.size()));
+    // One datagram per poll, and polls that find none between them, as a
+    // ping-pong's arrive.
+    for (int k = 0; k < 100000 && a.dev.counters().dropped != static_cast<std::uint64_t>(i) + 1; ++k) (void)a.c.poll({});
+    for (int k = 0; k < 3; ++k) (void)a.c.poll({});
+  }
+  EXPECT_GT(a.dev.counters().gro_switches, 0u) << "UDP_GRO went off: the junk came as a ping-pong's datagrams";
+  const device_counters c = a.dev.counters();
+  EXPECT_EQ(c.dropped, static_cast<std::uint64_t>(n));
+  EXPECT_EQ(c.packets_received, 0u);
+  EXPECT_EQ(c.peer_sockets, 0u) << "junk opened a socket for its source";
 }
 
 void udp_peer::cycle() {

@@ -1524,6 +1524,20 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
       fail_oldest(qp, wc_status::bad_resp_err);  // a READ response for something else
       return;
     }
+    // The responses must add up to the READ: FIRST and MIDDLE one path
+    // MTU each with more to come, LAST and ONLY exactly what is left, and
+    // a MIDDLE or LAST only after data.  (A resent READ asks for what is
+    // left, so its FIRST or ONLY may come where a MIDDLE would have.)
+    // Otherwise -- a peer with another path MTU, or a forged stream --
+    // the READ would never complete and, with nothing left outstanding,
+    // no timer would end it.
+    const std::uint32_t left = w->length - st->read_done;
+    const bool starts = (ops & wire::op_first) != 0, ends = (ops & wire::op_last) != 0;  // ONLY: both
+    const bool fits = ends ? p->payload_len == left : p->payload_len == qp->mtu_bytes && left > qp->mtu_bytes;
+    if (!fits || (!starts && st->read_done == 0)) {
+      fail_oldest(qp, wc_status::bad_resp_err);
+      return;
+    }
     // Place the data where the READ asked for it, in PSN order.
     if (p->payload_len != 0 && !copy_to_sges(qp->pd, w->sges(), w->num_sge, st->read_done, p, 0, p->payload_len)) {
       fail_oldest(qp, wc_status::loc_prot_err);
@@ -1533,7 +1547,7 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
     qp->comp.psn = psn_add(psn, 1);
     if ((ops & (wire::op_last | wire::op_only)) != 0) {
       st->state = wqe_state::done;
-      st->status = st->read_done == w->length ? wc_status::success : wc_status::bad_resp_err;
+      st->status = wc_status::success;
       --qp->req.rd_atomic;
     }
   } else {

@@ -461,6 +461,53 @@ TEST_F(hostile_peer, a_read_response_with_an_rnr_nak_syndrome_is_a_bad_response)
   EXPECT_EQ(qp_.query().state, qp_state::err);
 }
 
+// READ responses must add up to the READ (rxe's check_ack() checks their
+// order).  A stream that goes on past it -- FIRST, then a MIDDLE where the
+// LAST belongs -- is a bad response; before, the READ stayed pending with
+// no timer to end it.
+TEST_F(hostile_peer, a_read_response_stream_that_overruns_the_read_is_a_bad_response) {
+  make_qp(qp_type::rc);  // path MTU 1024
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::rdma_read, 2048, m, 0x1000, 0x77);
+  ASSERT_TRUE(next_request());
+  respond(wire::opcode::rc_read_response_first, 0, wire::aeth_ack_unlimited, filled(1024, 0xAA));
+  respond(wire::opcode::rc_read_response_middle, 1, 0, filled(1024, 0xBB));
+  const auto wcs = drain(std::chrono::milliseconds(100));
+  ASSERT_EQ(wcs.size(), 1u) << "the READ hangs";
+  EXPECT_EQ(wcs[0].status, wc_status::bad_resp_err);
+  EXPECT_EQ(qp_.query().state, qp_state::err);
+}
+
+// A responder with a smaller path MTU cuts the READ into more, shorter
+// responses than the requester counts PSNs for: a bad response at the
+// first one, not a READ that never completes.
+TEST_F(hostile_peer, a_read_response_of_another_path_mtu_is_a_bad_response) {
+  make_qp(qp_type::rc);  // path MTU 1024
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::rdma_read, 2048, m, 0x1000, 0x77);
+  ASSERT_TRUE(next_request());
+  respond(wire::opcode::rc_read_response_first, 0, wire::aeth_ack_unlimited, filled(512, 0xAA));
+  respond(wire::opcode::rc_read_response_middle, 1, 0, filled(512, 0xBB));
+  const auto wcs = drain(std::chrono::milliseconds(100));
+  ASSERT_EQ(wcs.size(), 1u) << "the READ hangs";
+  EXPECT_EQ(wcs[0].status, wc_status::bad_resp_err);
+}
+
+// The same READ answered as it should be, in two responses: success.
+TEST_F(hostile_peer, a_read_answered_by_first_and_last_completes) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::rdma_read, 2048, m, 0x1000, 0x77);
+  ASSERT_TRUE(next_request());
+  respond(wire::opcode::rc_read_response_first, 0, wire::aeth_ack_unlimited, filled(1024, 0xAA));
+  respond(wire::opcode::rc_read_response_last, 1, wire::aeth_ack_unlimited, filled(1024, 0xBB));
+  const auto wcs = drain(std::chrono::milliseconds(100));
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+  EXPECT_EQ(buf_[1023], std::byte{0xAA});
+  EXPECT_EQ(buf_[1024], std::byte{0xBB});
+}
+
 // AETH type 2 is reserved: an ACK packet carrying it acknowledges nothing.
 TEST_F(hostile_peer, an_ack_of_the_reserved_aeth_type_is_a_bad_response) {
   const auto wcs = send_answered_with(0x40 | 0x1F);

@@ -231,7 +231,8 @@ class udp_link final : public link {
   // kernel routes and builds headers once per run, not per packet.
   std::unordered_map<std::uint16_t, int> gso_fds_;  // -1: not available
   static constexpr std::size_t max_gso_fds = 256;
-  wire::ipv4_id_icrc id_icrc_;
+  wire::ipv4_id_icrc id_icrc_;     // the ICRCs of numbered datagrams we send
+  wire::ipv4_id_icrc rx_id_icrc_;  // and those we receive: what a peer sends cannot evict ours
   wire::icrc_prefix_cache rx_prefixes_;  // deliver()'s ICRC check
   // Receive slots, set up once; a slot's packet is replaced when taken.
   std::array<packet*, rx_batch> rx_{};

@@ -1108,13 +1108,13 @@ bool udp_link::icrc_matches_id(const gid& from, std::uint16_t from_port, std::si
   rx_flow& f = rx_flows_[(hash_of(from, from_port) >> 32) % rx_flows_.size()];
   const bool known = f.used && f.port == from_port && f.from == from;
   // The usual case: the ID after the last one.
-  if (known && id_icrc_.delta(transport_len, static_cast<std::uint16_t>(f.last + 1)) == d) {
+  if (known && rx_id_icrc_.delta(transport_len, static_cast<std::uint16_t>(f.last + 1)) == d) {
     ++f.last;
     f.has_candidate = false;
     f.seen = now;
     return true;
   }
-  const std::optional<std::uint16_t> id = id_icrc_.solve(transport_len, d);
+  const std::optional<std::uint16_t> id = rx_id_icrc_.solve(transport_len, d);
   if (!id) return false;
   if (*id < 64) return true;  // a GSO segment
   if (!known || now - f.seen >= rx_idle) {

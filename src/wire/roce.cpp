@@ -486,15 +486,27 @@ std::uint32_t mul_mod(std::uint32_t a, std::uint32_t b) noexcept {
   return product;
 }
 
-// x^(8n) mod P: the factor that n zero bytes apply to a CRC state.
-std::uint32_t zero_bytes_factor(std::size_t n) noexcept {
+// base^n mod P.
+std::uint32_t pow_mod(std::uint32_t base, std::size_t n) noexcept {
   std::uint32_t result = 1u << 31;  // x^0
-  std::uint32_t square = 1u << 23;  // x^8
   for (; n != 0; n >>= 1) {
-    if ((n & 1) != 0) result = mul_mod(result, square);
-    square = mul_mod(square, square);
+    if ((n & 1) != 0) result = mul_mod(result, base);
+    base = mul_mod(base, base);
   }
   return result;
+}
+
+// x^(8n) mod P: the factor that n zero bytes apply to a CRC state.
+std::uint32_t zero_bytes_factor(std::size_t n) noexcept { return pow_mod(1u << 23, n); }  // x^8
+
+// x^(-8n) mod P, which undoes it (x is invertible: P has a constant term).
+// Dividing by x undoes mul_mod's step: the x^0 bit (bit 31) says whether
+// that step reduced by P.
+std::uint32_t zero_bytes_inverse(std::size_t n) noexcept {
+  std::uint32_t inv_x8 = 1u << 31;  // x^0, divided by x eight times
+  for (int i = 0; i < 8; ++i)
+    inv_x8 = (inv_x8 & (1u << 31)) != 0 ? ((inv_x8 ^ crc_poly_reflected) << 1) | 1u : inv_x8 << 1;
+  return pow_mod(inv_x8, n);
 }
 
 }  // namespace
@@ -507,13 +519,30 @@ std::uint32_t ipv4_id_icrc::delta(std::size_t transport_len, std::uint16_t id) n
 
 std::optional<std::uint16_t> ipv4_id_icrc::solve(std::size_t transport_len, std::uint32_t d) noexcept {
   if (d == 0) return std::uint16_t{0};
-  entry& e = lookup(transport_len);
-  if (!e.has_inverse) build_inverse(e);
   // The inverse map gives the one ID whose delta d can be; d is one only
   // if that ID's delta is d itself.
-  const auto id = static_cast<std::uint16_t>(e.inverse[0][d & 0xFF] ^ e.inverse[1][(d >> 8) & 0xFF] ^
-                                             e.inverse[2][(d >> 16) & 0xFF] ^ e.inverse[3][d >> 24]);
-  if ((e.low[id & 0xFF] ^ e.high[id >> 8]) != d) return std::nullopt;
+  auto solve_with = [](entry& e, std::uint32_t v) -> std::optional<std::uint16_t> {
+    if (!e.has_inverse) build_inverse(e);
+    const auto id = static_cast<std::uint16_t>(e.inverse[0][v & 0xFF] ^ e.inverse[1][(v >> 8) & 0xFF] ^
+                                               e.inverse[2][(v >> 16) & 0xFF] ^ e.inverse[3][v >> 24]);
+    if ((e.low[id & 0xFF] ^ e.high[id >> 8]) != v) return std::nullopt;
+    return id;
+  };
+  if (entry* e = find(transport_len)) return solve_with(*e, d);
+  // A length not cached: d is the length-0 delta times x^(8 * length), so
+  // it is solved at length 0 (tables built once) after dividing that out,
+  // about a microsecond.  The length is cached only once it has a solution:
+  // junk of many lengths (which has none, but for 2^-16 of it) would
+  // otherwise rebuild tables for each (tens of microseconds) and evict the
+  // lengths in use.
+  static entry base = [] {
+    entry e;
+    fill(e, 0);
+    build_inverse(e);
+    return e;
+  }();
+  const std::optional<std::uint16_t> id = solve_with(base, mul_mod(d, zero_bytes_inverse(transport_len)));
+  if (id) (void)lookup(transport_len);
   return id;
 }
 
@@ -558,41 +587,53 @@ void ipv4_id_icrc::build_inverse(entry& e) noexcept {
   e.has_inverse = true;
 }
 
-ipv4_id_icrc::entry& ipv4_id_icrc::lookup(std::size_t transport_len) noexcept {
-  if (cache_[last_].transport_len == transport_len) return cache_[last_];
-  entry* e = nullptr;
-  for (entry& c : cache_)
-    if (c.transport_len == transport_len) e = &c;
-  if (e == nullptr) {
-    // f(x) = icrc(x) ^ icrc(0) is linear: one value per ID bit.  For no
-    // transport bytes it comes from headers that are zero but for that bit
-    // (and the version nibble, which says where the UDP header is); the
-    // transport's zero bytes then multiply it by x^(8 * transport_len).
-    static const std::array<std::uint32_t, 16> at_header_end = [] {
-      std::array<std::uint32_t, 16> out{};
-      std::array<std::byte, ipv4_min_header + udp_header> hdr{};
-      hdr[0] = std::byte{0x45};
-      const std::uint32_t base = icrc(hdr, {});
-      for (unsigned b = 0; b < 16; ++b) {
-        put16(hdr.data() + 4, static_cast<std::uint16_t>(1u << b));
-        out[b] = icrc(hdr, {}) ^ base;
-      }
-      return out;
-    }();
-    e = &cache_[next_++ % cache_.size()];
-    e->transport_len = transport_len;
-    const std::uint32_t factor = zero_bytes_factor(transport_len);
-    for (unsigned b = 0; b < 16; ++b) e->bit[b] = mul_mod(at_header_end[b], factor);
-    e->low[0] = e->high[0] = 0;
-    for (unsigned v = 1; v < 256; ++v) {  // one new bit on an earlier entry
-      const auto b = static_cast<unsigned>(std::countr_zero(v));
-      e->low[v] = e->low[v & (v - 1)] ^ e->bit[b];
-      e->high[v] = e->high[v & (v - 1)] ^ e->bit[b + 8];
+bool ipv4_id_icrc::cached(std::size_t transport_len) const noexcept {
+  return std::any_of(cache_.begin(), cache_.end(), [&](const entry& e) { return e.transport_len == transport_len; });
+}
+
+ipv4_id_icrc::entry* ipv4_id_icrc::find(std::size_t transport_len) noexcept {
+  if (cache_[last_].transport_len == transport_len) return &cache_[last_];
+  for (std::size_t i = 0; i < cache_.size(); ++i)
+    if (cache_[i].transport_len == transport_len) {
+      last_ = i;
+      return &cache_[i];
     }
-    e->has_inverse = false;
+  return nullptr;
+}
+
+void ipv4_id_icrc::fill(entry& e, std::size_t transport_len) noexcept {
+  // f(x) = icrc(x) ^ icrc(0) is linear: one value per ID bit.  For no
+  // transport bytes it comes from headers that are zero but for that bit
+  // (and the version nibble, which says where the UDP header is); the
+  // transport's zero bytes then multiply it by x^(8 * transport_len).
+  static const std::array<std::uint32_t, 16> at_header_end = [] {
+    std::array<std::uint32_t, 16> out{};
+    std::array<std::byte, ipv4_min_header + udp_header> hdr{};
+    hdr[0] = std::byte{0x45};
+    const std::uint32_t base = icrc(hdr, {});
+    for (unsigned b = 0; b < 16; ++b) {
+      put16(hdr.data() + 4, static_cast<std::uint16_t>(1u << b));
+      out[b] = icrc(hdr, {}) ^ base;
+    }
+    return out;
+  }();
+  e.transport_len = transport_len;
+  const std::uint32_t factor = zero_bytes_factor(transport_len);
+  for (unsigned b = 0; b < 16; ++b) e.bit[b] = mul_mod(at_header_end[b], factor);
+  e.low[0] = e.high[0] = 0;
+  for (unsigned v = 1; v < 256; ++v) {  // one new bit on an earlier entry
+    const auto b = static_cast<unsigned>(std::countr_zero(v));
+    e.low[v] = e.low[v & (v - 1)] ^ e.bit[b];
+    e.high[v] = e.high[v & (v - 1)] ^ e.bit[b + 8];
   }
-  last_ = static_cast<std::size_t>(e - cache_.data());
-  return *e;
+  e.has_inverse = false;
+}
+
+ipv4_id_icrc::entry& ipv4_id_icrc::lookup(std::size_t transport_len) noexcept {
+  if (entry* e = find(transport_len)) return *e;
+  last_ = next_++ % cache_.size();
+  fill(cache_[last_], transport_len);
+  return cache_[last_];
 }
 
 // --- IP and UDP -----------------------------------------------------------------------

@@ -290,8 +290,12 @@ class ipv4_id_icrc {
   /// tells apart every error pattern within 32 bits), so there is at most
   /// one.  Only 2^16 of the 2^32 values of `d` have an ID: a corrupted
   /// packet passes for a numbered one with odds 2^-16, so a receiver
-  /// checks that the ID is one the sender can have used, too.
+  /// checks that the ID is one the sender can have used, too.  A length
+  /// not cached costs about a microsecond and is cached only if `d` has
+  /// an ID, so junk of many lengths evicts nothing.
   std::optional<std::uint16_t> solve(std::size_t transport_len, std::uint32_t d) noexcept;
+  /// Whether the tables for `transport_len` are cached.
+  bool cached(std::size_t transport_len) const noexcept;
 
  private:
   struct entry {
@@ -305,7 +309,9 @@ class ipv4_id_icrc {
     std::array<std::array<std::uint16_t, 256>, 4> inverse{};
     bool has_inverse = false;
   };
-  entry& lookup(std::size_t transport_len) noexcept;
+  entry* find(std::size_t transport_len) noexcept;  // cached, or nullptr
+  entry& lookup(std::size_t transport_len) noexcept;  // cached, or built in place of the oldest
+  static void fill(entry& e, std::size_t transport_len) noexcept;
   static void build_inverse(entry& e) noexcept;
   std::array<entry, 8> cache_{};  // a handful of lengths: MTU-sized packets, then the rest
   std::size_t next_ = 0;          // round-robin replacement

@@ -1066,8 +1066,46 @@ TEST(roce_icrc, ipv4_id_solve_inverts_delta_for_every_id) {
     EXPECT_EQ(wrong, 0u) << "pass " << pass;
     EXPECT_EQ(false_ids, 0u) << "an answer must be an ID whose delta is the value";
     // More lengths than the cache holds push this one out.
-    for (std::size_t other = 100; other < 100 + 10 * 8; other += 8) (void)ids.solve(other, 1);
+    for (std::size_t other = 100; other < 100 + 10 * 8; other += 8) (void)ids.delta(other, 1);
+    EXPECT_FALSE(ids.cached(transport));
   }
+}
+
+// solve() at a length it has no tables for (divided back to length 0)
+// answers what it answers with them, and caches the length once it found
+// an ID there.
+TEST(roce_icrc, ipv4_id_solve_at_an_uncached_length_agrees_with_delta) {
+  w::ipv4_id_icrc ref;
+  for (std::size_t transport : {std::size_t{16}, std::size_t{21}, std::size_t{12 + 1024}, std::size_t{28 + 4096}})
+    for (std::uint16_t id : {1, 2, 63, 64, 4660, 65535}) {
+      w::ipv4_id_icrc fresh;
+      EXPECT_EQ(fresh.solve(transport, ref.delta(transport, id)), std::optional<std::uint16_t>(id))
+          << "transport " << transport << " id " << id;
+      EXPECT_TRUE(fresh.cached(transport)) << "an answer caches its length";
+    }
+}
+
+// Junk of many lengths (a d with no ID, as nearly every corrupted or
+// forged datagram has) caches none of them and evicts none of the lengths
+// in use: each would cost tens of microseconds of table building.
+TEST(roce_icrc, ipv4_id_solve_of_junk_evicts_no_length_in_use) {
+  w::ipv4_id_icrc ids;
+  constexpr std::size_t in_use = 12 + 4096 + 4;
+  (void)ids.delta(in_use, 1);
+  ASSERT_TRUE(ids.cached(in_use));
+  std::mt19937 rng(17);
+  int answered = 0;
+  for (std::size_t transport = 20; transport < 20 + 64 * 4; transport += 4) {
+    const std::uint32_t d = static_cast<std::uint32_t>(rng());
+    if (const auto id = ids.solve(transport, d)) {
+      ++answered;
+      EXPECT_EQ(ids.delta(transport, *id), d);
+    } else {
+      EXPECT_FALSE(ids.cached(transport)) << "transport " << transport;
+    }
+  }
+  EXPECT_LE(answered, 1) << "random values are IDs' deltas with odds 2^-16";
+  EXPECT_TRUE(ids.cached(in_use)) << "junk evicted a length in use";
 }
 
 // The cached header CRC gives the ICRC a full computation gives, for IPv4

@@ -378,7 +378,7 @@ struct port_attr {
 /// Device counters: what the engine saw and dropped.
 struct device_counters {
   std::uint64_t packets_sent = 0;
-  std::uint64_t packets_received = 0;
+  std::uint64_t packets_received = 0;  ///< packets that passed the header checks for a QP here
   std::uint64_t bytes_sent = 0;
   std::uint64_t bytes_received = 0;
   std::uint64_t retransmits = 0;

@@ -417,6 +417,11 @@ class link {
   /// The longest run of MIDDLE packets the link carries as one packet
   /// (packet::run); 1 for a link that puts packets on a wire.
   virtual std::uint16_t max_run() const noexcept { return 1; }
+  /// Whether every peer acknowledges a message whose last packet does not
+  /// ask for it (lazily, as this engine's responder does): true where all
+  /// peers are this engine (in-process); false on a wire, which may carry
+  /// rxe, whose responder acknowledges only what asks.
+  virtual bool peers_ack_unasked() const noexcept { return true; }
 };
 
 /// Injected faults on a link (a runtime setting of the shipped build).

@@ -83,6 +83,7 @@ class udp_link final : public link {
   std::size_t poll() noexcept override;
   std::size_t poll_priority() noexcept override;
   bool wants_icrc() const noexcept override { return true; }
+  bool peers_ack_unasked() const noexcept override { return false; }
   std::uint16_t wire_src_port(const packet& p) const noexcept override { return raw_fd_ >= 0 ? p.sport : port_; }
   std::uint16_t wire_dst_port() const noexcept override { return port_; }
   std::uint64_t receive_overflows() const noexcept override;

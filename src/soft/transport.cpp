@@ -614,13 +614,16 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
   if ((inf.headers & wire::hdr_ieth) != 0) p->hdr.ieth_rkey = w->imm;
   if (last && (w->flags & send_solicited) != 0) p->hdr.bth.se = true;
   if (qp->type == qp_type::rc) {
-    // AckReq (IBTA 9.7.5.1.2): on the last packet of a signaled message,
-    // as rxe does on every last packet -- an unsignaled one leaves it to
-    // the responder's lazy ACK unless the send queue or the PSN window is
-    // half used; and every max_pkts_per_ack packets regardless.
+    // AckReq (IBTA 9.7.5.1.2): over a wire on every last packet, as rxe
+    // asks (its responder acknowledges only what asks, so an unsignaled
+    // message at the end of a burst would wait for the retransmit timer).
+    // In-process, where every peer is this engine, on the last packet of
+    // a signaled message: an unsignaled one leaves it to the responder's
+    // lazy ACK unless the send queue or the PSN window is half used.  And
+    // every max_pkts_per_ack packets regardless.
     bool want = (qp->req.noack_pkts += run) >= limits::max_pkts_per_ack;
     if (last && !want) {
-      want = (w->flags & send_signaled) != 0 || qp->sq_sig_all ||
+      want = !link_->peers_ack_unasked() || (w->flags & send_signaled) != 0 || qp->sq_sig_all ||
              qp->sq.producer() - qp->sq.consumer() >= qp->sq.size() / 2 ||
              ((qp->req.next_psn - qp->comp.psn) & wire::psn_mask) >= limits::max_unacked_psns / 2;
     }

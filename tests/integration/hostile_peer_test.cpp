@@ -508,6 +508,30 @@ TEST_F(hostile_peer, a_read_answered_by_first_and_last_completes) {
   EXPECT_EQ(buf_[1024], std::byte{0xBB});
 }
 
+// rxe's responder acknowledges only requests that ask (AckReq).  Over a
+// wire the last packet of every message asks, signaled or not: else an
+// unsignaled message at the end of a burst waits for the retransmit timer
+// (and with retry_cnt 0 ends in retry_exc_err).
+TEST_F(hostile_peer, an_unsignaled_message_asks_for_its_ack_over_a_wire) {
+  make_qp(qp_type::rc, nullptr, 8, 0);  // about 1 ms timeout, no retries
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  sge g{va(), 16, m.lkey()};
+  send_wr w;
+  w.wr_id = 7;
+  w.opcode = wr_opcode::send;
+  w.sg_list = &g;
+  w.num_sge = 1;
+  w.flags = 0;  // unsignaled
+  ASSERT_FALSE(qp_.post_send(w));
+  const auto req = next_request();
+  ASSERT_TRUE(req.has_value());
+  EXPECT_TRUE(req->bth.ack_req);
+  respond(wire::opcode::rc_ack, 0, wire::aeth_ack_unlimited);  // as rxe: because it asked
+  EXPECT_FALSE(next_request(std::chrono::milliseconds(50)).has_value()) << "resent";
+  EXPECT_TRUE(drain().empty());
+  EXPECT_EQ(qp_.query().state, qp_state::rts);
+}
+
 // AETH type 2 is reserved: an ACK packet carrying it acknowledges nothing.
 TEST_F(hostile_peer, an_ack_of_the_reserved_aeth_type_is_a_bad_response) {
   const auto wcs = send_answered_with(0x40 | 0x1F);

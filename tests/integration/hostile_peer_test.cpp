@@ -240,6 +240,25 @@ class hostile_peer : public ::testing::Test {
     return drain();
   }
 
+  /// On an RC QP of path MTU 1024: posts a 2048-byte READ into the test
+  /// buffer, answers it with READ responses `first` (PSN 0, `first_len`
+  /// bytes of 0xAA) and `second` (PSN 1, `second_len` bytes of 0xBB), and
+  /// returns every completion.
+  std::vector<work_completion> read_answered_with(wire::opcode first, std::size_t first_len, wire::opcode second,
+                                                  std::size_t second_len) {
+    make_qp(qp_type::rc);
+    mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+    post(wr_opcode::rdma_read, 2048, m, 0x1000, 0x77);
+    if (!next_request()) {
+      ADD_FAILURE() << "the READ never left";
+      return {};
+    }
+    respond(first, 0, wire::aeth_ack_unlimited, filled(first_len, 0xAA));
+    const bool has_aeth = second != wire::opcode::rc_read_response_middle;
+    respond(second, 1, has_aeth ? wire::aeth_ack_unlimited : 0, filled(second_len, 0xBB));
+    return drain(std::chrono::milliseconds(100));
+  }
+
   std::vector<std::byte> filled(std::size_t n, std::uint8_t v) { return std::vector<std::byte>(n, std::byte{v}); }
   std::uint64_t va(std::size_t off = 0) const { return reinterpret_cast<std::uintptr_t>(buf_.data()) + off; }
 
@@ -466,13 +485,8 @@ TEST_F(hostile_peer, a_read_response_with_an_rnr_nak_syndrome_is_a_bad_response)
 // LAST belongs -- is a bad response; before, the READ stayed pending with
 // no timer to end it.
 TEST_F(hostile_peer, a_read_response_stream_that_overruns_the_read_is_a_bad_response) {
-  make_qp(qp_type::rc);  // path MTU 1024
-  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
-  post(wr_opcode::rdma_read, 2048, m, 0x1000, 0x77);
-  ASSERT_TRUE(next_request());
-  respond(wire::opcode::rc_read_response_first, 0, wire::aeth_ack_unlimited, filled(1024, 0xAA));
-  respond(wire::opcode::rc_read_response_middle, 1, 0, filled(1024, 0xBB));
-  const auto wcs = drain(std::chrono::milliseconds(100));
+  const auto wcs = read_answered_with(wire::opcode::rc_read_response_first, 1024,
+                                      wire::opcode::rc_read_response_middle, 1024);
   ASSERT_EQ(wcs.size(), 1u) << "the READ hangs";
   EXPECT_EQ(wcs[0].status, wc_status::bad_resp_err);
   EXPECT_EQ(qp_.query().state, qp_state::err);
@@ -482,26 +496,16 @@ TEST_F(hostile_peer, a_read_response_stream_that_overruns_the_read_is_a_bad_resp
 // responses than the requester counts PSNs for: a bad response at the
 // first one, not a READ that never completes.
 TEST_F(hostile_peer, a_read_response_of_another_path_mtu_is_a_bad_response) {
-  make_qp(qp_type::rc);  // path MTU 1024
-  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
-  post(wr_opcode::rdma_read, 2048, m, 0x1000, 0x77);
-  ASSERT_TRUE(next_request());
-  respond(wire::opcode::rc_read_response_first, 0, wire::aeth_ack_unlimited, filled(512, 0xAA));
-  respond(wire::opcode::rc_read_response_middle, 1, 0, filled(512, 0xBB));
-  const auto wcs = drain(std::chrono::milliseconds(100));
+  const auto wcs = read_answered_with(wire::opcode::rc_read_response_first, 512,
+                                      wire::opcode::rc_read_response_middle, 512);
   ASSERT_EQ(wcs.size(), 1u) << "the READ hangs";
   EXPECT_EQ(wcs[0].status, wc_status::bad_resp_err);
 }
 
 // The same READ answered as it should be, in two responses: success.
 TEST_F(hostile_peer, a_read_answered_by_first_and_last_completes) {
-  make_qp(qp_type::rc);
-  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
-  post(wr_opcode::rdma_read, 2048, m, 0x1000, 0x77);
-  ASSERT_TRUE(next_request());
-  respond(wire::opcode::rc_read_response_first, 0, wire::aeth_ack_unlimited, filled(1024, 0xAA));
-  respond(wire::opcode::rc_read_response_last, 1, wire::aeth_ack_unlimited, filled(1024, 0xBB));
-  const auto wcs = drain(std::chrono::milliseconds(100));
+  const auto wcs = read_answered_with(wire::opcode::rc_read_response_first, 1024,
+                                      wire::opcode::rc_read_response_last, 1024);
   ASSERT_EQ(wcs.size(), 1u);
   EXPECT_EQ(wcs[0].status, wc_status::success);
   EXPECT_EQ(buf_[1023], std::byte{0xAA});

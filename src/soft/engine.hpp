@@ -264,6 +264,7 @@ struct qp_t {
     std::uint32_t next_psn = 0;     // first PSN of the next WQE to start
     std::uint32_t rd_atomic = 0;    // READ/atomic WQEs started and not done
     std::uint32_t noack_pkts = 0;   // packets sent since the last AckReq
+    bool last_unasked = false;      // the last packet sent did not ask for an ACK
     std::uint32_t resend_left = 0;  // packets of a go-back-N burst not yet resent
     std::uint32_t sent_psn = 0;     // one past the highest PSN ever transmitted
     bool scheduled = false;
@@ -279,6 +280,7 @@ struct qp_t {
     bool rnr_waiting = false;
     bool gap_retry = false;        // a retry for a missing response is under way at `psn`
     bool retry_counted = false;    // a counted retry since the last progress (rxe's started_retry)
+    bool ask_all = false;          // after a timeout on an unasked tail: every last packet asks
     std::uint8_t nak_retries = 0;  // uncounted retries for repeated sequence NAKs since the last progress
     std::uint64_t timer_gen = 0;   // stale heap entries carry an older one
     clock::time_point deadline{};

@@ -381,7 +381,18 @@ void device::on_qp_timer(std::uint32_t qpn, std::uint64_t gen, bool rnr) noexcep
     }
     qp->comp.timer_armed = false;
     if (qp->comp.psn == qp->req.next_psn) return;  // nothing outstanding
-    retry(qp, true);
+    // The newest packet did not ask for an ACK (an unsignaled message's
+    // last, left to a lazy ACK): a responder that acknowledges only what
+    // asks, as rxe's, may be alive and silent.  The first such timeout
+    // since progress resends without counting it, every last packet now
+    // asking (a duplicate is acknowledged again); a dead peer is still
+    // counted out by the next.
+    if (qp->req.last_unasked && !qp->comp.ask_all && !link_->peers_ack_unasked()) {
+      qp->comp.ask_all = true;
+      retry(qp, false);
+    } else {
+      retry(qp, true);
+    }
   }
   run();
 }
@@ -552,6 +563,7 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
     p->hdr.reth = {w->remote_addr + st.read_done, w->rkey, rem};
     p->hdr.bth.ack_req = true;
     qp->req.noack_pkts = 0;
+    qp->req.last_unasked = false;
     finish_packet(qp, p);
     qp->req.psn = psn_add(qp->req.psn, n);
     st.state = wqe_state::pending;
@@ -566,6 +578,7 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
     p->hdr.atomic = {w->remote_addr, w->rkey, cas ? w->swap : w->compare_add, cas ? w->compare_add : 0};
     p->hdr.bth.ack_req = true;
     qp->req.noack_pkts = 0;
+    qp->req.last_unasked = false;
     finish_packet(qp, p);
     qp->req.psn = psn_add(qp->req.psn, 1);
     st.state = wqe_state::pending;
@@ -614,16 +627,15 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
   if ((inf.headers & wire::hdr_ieth) != 0) p->hdr.ieth_rkey = w->imm;
   if (last && (w->flags & send_solicited) != 0) p->hdr.bth.se = true;
   if (qp->type == qp_type::rc) {
-    // AckReq (IBTA 9.7.5.1.2): over a wire on every last packet, as rxe
-    // asks (its responder acknowledges only what asks, so an unsignaled
-    // message at the end of a burst would wait for the retransmit timer).
-    // In-process, where every peer is this engine, on the last packet of
-    // a signaled message: an unsignaled one leaves it to the responder's
-    // lazy ACK unless the send queue or the PSN window is half used.  And
+    // AckReq (IBTA 9.7.5.1.2): on the last packet of a signaled message,
+    // as rxe does on every last packet -- an unsignaled one leaves it to
+    // the responder's lazy ACK unless the send queue or the PSN window is
+    // half used, or a timeout found an unasked tail unacknowledged (a peer
+    // such as rxe acknowledges only what asks: see on_qp_timer); and
     // every max_pkts_per_ack packets regardless.
     bool want = (qp->req.noack_pkts += run) >= limits::max_pkts_per_ack;
     if (last && !want) {
-      want = !link_->peers_ack_unasked() || (w->flags & send_signaled) != 0 || qp->sq_sig_all ||
+      want = qp->comp.ask_all || (w->flags & send_signaled) != 0 || qp->sq_sig_all ||
              qp->sq.producer() - qp->sq.consumer() >= qp->sq.size() / 2 ||
              ((qp->req.next_psn - qp->comp.psn) & wire::psn_mask) >= limits::max_unacked_psns / 2;
     }
@@ -631,6 +643,7 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
       p->hdr.bth.ack_req = true;
       qp->req.noack_pkts = 0;
     }
+    qp->req.last_unasked = last && !want;
   }
   if ((w->flags & send_inline) != 0) {
     p->segs[0] = {w->inline_data() + st.sent, len};
@@ -1388,6 +1401,7 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
     if (qp->comp.psn != before) {
       qp->comp.gap_retry = false;
       qp->comp.retry_counted = false;
+      qp->comp.ask_all = false;
       qp->comp.nak_retries = 0;
       qp->comp.retry_left = qp->retry_cnt;
       qp->comp.rnr_left = qp->rnr_retry;

@@ -196,6 +196,18 @@ class hostile_peer : public ::testing::Test {
     ASSERT_FALSE(qp_.post_send(w));
   }
 
+  /// Posts an unsignaled 16-byte SEND (wr_id 7) from the test buffer.
+  void post_unsignaled_send(const mr& m) {
+    sge g{va(), 16, m.lkey()};
+    send_wr w;
+    w.wr_id = 7;
+    w.opcode = wr_opcode::send;
+    w.sg_list = &g;
+    w.num_sge = 1;
+    w.flags = 0;
+    ASSERT_FALSE(qp_.post_send(w));
+  }
+
   /// An SRQ of 16 single-SGE receives.
   srq make_srq() {
     srq_attr sa;
@@ -512,28 +524,39 @@ TEST_F(hostile_peer, a_read_answered_by_first_and_last_completes) {
   EXPECT_EQ(buf_[1024], std::byte{0xBB});
 }
 
-// rxe's responder acknowledges only requests that ask (AckReq).  Over a
-// wire the last packet of every message asks, signaled or not: else an
-// unsignaled message at the end of a burst waits for the retransmit timer
-// (and with retry_cnt 0 ends in retry_exc_err).
-TEST_F(hostile_peer, an_unsignaled_message_asks_for_its_ack_over_a_wire) {
+// rxe's responder acknowledges only requests that ask (AckReq); averbs
+// leaves an unsignaled message's last packet to its peer's lazy ACK.  The
+// first timeout on such a tail resends it asking, uncounted, so retry_cnt
+// 0 does not end a live exchange in retry_exc_err...
+TEST_F(hostile_peer, an_unasked_tail_is_asked_for_again_when_the_peer_acks_only_what_asks) {
   make_qp(qp_type::rc, nullptr, 8, 0);  // about 1 ms timeout, no retries
   mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
-  sge g{va(), 16, m.lkey()};
-  send_wr w;
-  w.wr_id = 7;
-  w.opcode = wr_opcode::send;
-  w.sg_list = &g;
-  w.num_sge = 1;
-  w.flags = 0;  // unsignaled
-  ASSERT_FALSE(qp_.post_send(w));
+  post_unsignaled_send(m);
   const auto req = next_request();
   ASSERT_TRUE(req.has_value());
-  EXPECT_TRUE(req->bth.ack_req);
-  respond(wire::opcode::rc_ack, 0, wire::aeth_ack_unlimited);  // as rxe: because it asked
-  EXPECT_FALSE(next_request(std::chrono::milliseconds(50)).has_value()) << "resent";
+  EXPECT_FALSE(req->bth.ack_req) << "left to a lazy ACK";
+  // Silent, as rxe is for a request that does not ask.
+  const auto again = next_request(std::chrono::seconds(1));
+  ASSERT_TRUE(again.has_value()) << "not resent";
+  EXPECT_EQ(again->bth.psn, 0u);
+  EXPECT_TRUE(again->bth.ack_req);
+  respond(wire::opcode::rc_ack, 0, wire::aeth_ack_unlimited);  // a duplicate's ACK, as rxe sends it
+  EXPECT_FALSE(next_request(std::chrono::milliseconds(50)).has_value()) << "resent after its ACK";
   EXPECT_TRUE(drain().empty());
   EXPECT_EQ(qp_.query().state, qp_state::rts);
+}
+
+// ... while a peer that is gone is still counted out.
+TEST_F(hostile_peer, an_unasked_tail_to_a_dead_peer_still_ends_in_retry_exc_err) {
+  make_qp(qp_type::rc, nullptr, 8, 0);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post_unsignaled_send(m);
+  std::vector<work_completion> wcs;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (wcs.empty() && std::chrono::steady_clock::now() < until) wcs = drain(std::chrono::milliseconds(10));
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::retry_exc_err);
+  EXPECT_EQ(qp_.query().state, qp_state::err);
 }
 
 // AETH type 2 is reserved: an ACK packet carrying it acknowledges nothing.

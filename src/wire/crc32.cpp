@@ -32,6 +32,43 @@ std::uint32_t crc32_portable(std::uint32_t crc, const std::byte* p, std::size_t 
   return n == 0 ? crc : static_cast<std::uint32_t>(libdeflate_crc32(crc, p, n));
 }
 
+namespace {
+
+// Below 16 bytes libdeflate (1.14) goes a byte at a time: 27 ns for the
+// 12-byte BTH that every bulk packet's ICRC starts with, against 9 ns for
+// 16 bytes.  Four bytes per step here (zlib's "slicing" tables: t[k][b]
+// is the CRC register after byte b and k zero bytes).
+struct slice4_tables {
+  std::array<std::array<std::uint32_t, 256>, 4> t{};
+  constexpr slice4_tables() noexcept {
+    for (std::uint32_t b = 0; b < 256; ++b) {
+      std::uint32_t c = b;
+      for (int i = 0; i < 8; ++i) c = (c & 1u) != 0 ? (c >> 1) ^ 0xEDB88320u : c >> 1;
+      t[0][b] = c;
+    }
+    for (std::size_t k = 1; k < 4; ++k)
+      for (std::size_t b = 0; b < 256; ++b) t[k][b] = (t[k - 1][b] >> 8) ^ t[0][t[k - 1][b] & 0xFF];
+  }
+};
+
+constexpr slice4_tables slice4{};
+
+std::uint32_t crc32_short(std::uint32_t crc, const std::byte* p, std::size_t n) noexcept {
+  const auto& t = slice4.t;
+  std::uint32_t c = ~crc;
+  for (; n >= 4; n -= 4, p += 4) {
+    c ^= std::to_integer<std::uint32_t>(p[0]) | std::to_integer<std::uint32_t>(p[1]) << 8 |
+         std::to_integer<std::uint32_t>(p[2]) << 16 | std::to_integer<std::uint32_t>(p[3]) << 24;
+    c = t[3][c & 0xFF] ^ t[2][(c >> 8) & 0xFF] ^ t[1][(c >> 16) & 0xFF] ^ t[0][c >> 24];
+  }
+  for (; n != 0; --n, ++p) c = t[0][(c ^ std::to_integer<std::uint32_t>(*p)) & 0xFF] ^ (c >> 8);
+  return ~c;
+}
+
+constexpr std::size_t short_length = 16;  // below this, crc32_short
+
+}  // namespace
+
 #if defined(__x86_64__)
 
 namespace {
@@ -148,6 +185,7 @@ bool crc32_has_vpclmul() noexcept { return have_vpclmul; }
 
 std::uint32_t crc32(std::uint32_t crc, const std::byte* p, std::size_t n) noexcept {
   if (n >= min_fold_length && have_vpclmul) return crc32_fold(crc, p, n);
+  if (n < short_length) return crc32_short(crc, p, n);
   return crc32_portable(crc, p, n);
 }
 
@@ -156,6 +194,7 @@ std::uint32_t crc32(std::uint32_t crc, const std::byte* p, std::size_t n) noexce
 bool crc32_has_vpclmul() noexcept { return false; }
 
 std::uint32_t crc32(std::uint32_t crc, const std::byte* p, std::size_t n) noexcept {
+  if (n < short_length) return crc32_short(crc, p, n);
   return crc32_portable(crc, p, n);
 }
 

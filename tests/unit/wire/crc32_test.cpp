@@ -49,6 +49,22 @@ TEST(crc32, continues_from_a_previous_value_across_the_fold) {
   }
 }
 
+// Inputs under 16 bytes take their own path (four bytes per step):
+// continued from arbitrary values, as the ICRC builder continues a cached
+// header CRC with a packet's BTH.
+TEST(crc32, short_inputs_continue_any_value_as_zlib_does) {
+  const auto data = random_bytes(64, 5);
+  std::mt19937 gen(6);
+  for (int round = 0; round < 200; ++round) {
+    const std::uint32_t start = round == 0 ? 0u : round == 1 ? 0xFFFFFFFFu : static_cast<std::uint32_t>(gen());
+    for (std::size_t n = 0; n < 16; ++n) {
+      const std::size_t off = static_cast<std::size_t>(gen() % 40);
+      ASSERT_EQ(w::crc32(start, data.data() + off, n), zlib_crc(start, data.data() + off, n))
+          << "start " << start << " length " << n;
+    }
+  }
+}
+
 TEST(crc32, of_all_zeros_and_all_ones_matches_zlib) {
   for (std::byte fill : {std::byte{0}, std::byte{0xFF}}) {
     const std::vector<std::byte> v(4096, fill);

@@ -5,7 +5,8 @@
 // CPU in a bulk WRITE over UDP.  Debian 12's libdeflate (1.14) folds 128
 // bits at a time with PCLMULQDQ, about 14 GB/s here; folding four 512-bit
 // registers with VPCLMULQDQ is several times that.  libdeflate still does
-// short buffers, the tail, and CPUs without AVX-512.
+// buffers of 16 to 255 bytes, the tail, and CPUs without AVX-512; below 16
+// bytes a slicing-by-4 loop here (crc32_short).
 //
 // The method is the folding of Gopal et al., "Fast CRC Computation for
 // Generic Polynomials Using PCLMULQDQ Instruction" (Intel, 2009), in the

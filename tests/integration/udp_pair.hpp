@@ -156,6 +156,31 @@ class udp_pair_test : public ::testing::Test {
     }
   }
 
+  /// Brings RC QP `q` from RESET to RTS, connected to QP `dest_qpn` at
+  /// `dgid`: PSNs 0, path MTU 1024, remote write access, timeout 14.
+  static void bring_up_rc(const qp& q, const gid& dgid, std::uint32_t dest_qpn) {
+    qp_attr at;
+    at.state = qp_state::init;
+    at.port_num = 1;
+    at.qp_access_flags = access_local_write | access_remote_write;
+    q.modify(at, qp_attr_state | qp_attr_pkey_index | qp_attr_port | qp_attr_access_flags);
+    at = {};
+    at.state = qp_state::rtr;
+    at.path_mtu = mtu::mtu_1024;
+    at.dest_qp_num = dest_qpn;
+    at.ah.is_global = true;
+    at.ah.grh.dgid = dgid;
+    q.modify(at, qp_attr_state | qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn | qp_attr_rq_psn |
+                     qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer);
+    at = {};
+    at.state = qp_state::rts;
+    at.timeout = 14;
+    at.retry_cnt = 7;
+    at.rnr_retry = 7;
+    q.modify(at, qp_attr_state | qp_attr_sq_psn | qp_attr_timeout | qp_attr_retry_cnt | qp_attr_rnr_retry |
+                     qp_attr_max_qp_rd_atomic);
+  }
+
   /// Posts one receive of the first `len` bytes of `e`'s buffer.
   static std::error_code post_recv(endpoint& e, std::uint32_t len) {
     sge g{reinterpret_cast<std::uintptr_t>(e.buf.data()), len, e.m.lkey()};

@@ -175,28 +175,8 @@ TEST_F(udp, a_qp_reset_mid_transfer_leaves_the_others_running_and_comes_back) {
   EXPECT_EQ(b.buf, a.buf);
   // The reset QP comes back (with its peer) and works.
   b1.modify(at, qp_attr_state);
-  at = {};
-  at.state = qp_state::init;
-  at.port_num = 1;
-  at.qp_access_flags = access_local_write | access_remote_write;
-  for (qp* q : {&a1, &b1}) q->modify(at, qp_attr_state | qp_attr_pkey_index | qp_attr_port | qp_attr_access_flags);
-  for (int i = 0; i < 2; ++i) {
-    at = {};
-    at.state = qp_state::rtr;
-    at.path_mtu = mtu::mtu_1024;
-    at.dest_qp_num = (i == 0 ? b1 : a1).num();
-    at.ah.is_global = true;
-    at.ah.grh.dgid = i == 0 ? b.g : a.g;
-    (i == 0 ? a1 : b1).modify(at, qp_attr_state | qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn | qp_attr_rq_psn |
-                                      qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer);
-  }
-  at = {};
-  at.state = qp_state::rts;
-  at.timeout = 14;
-  at.retry_cnt = 7;
-  at.rnr_retry = 7;
-  a1.modify(at, qp_attr_state | qp_attr_sq_psn | qp_attr_timeout | qp_attr_retry_cnt | qp_attr_rnr_retry |
-                    qp_attr_max_qp_rd_atomic);
+  bring_up_rc(a1, b.g, b1.num());
+  bring_up_rc(b1, a.g, a1.num());
   ASSERT_FALSE(write(a1, am1, abuf1, bm1, bbuf1, 200, 0));
   const auto again = poll(a.c, 1);
   ASSERT_EQ(again.size(), 1u);
@@ -599,6 +579,66 @@ TEST_F(udp_peer, a_source_of_junk_gets_no_socket_of_its_own) {
   EXPECT_EQ(c.dropped, static_cast<std::uint64_t>(n));
   EXPECT_EQ(c.packets_received, 0u);
   EXPECT_EQ(c.peer_sockets, 0u) << "junk opened a socket for its source";
+}
+
+// While b's peer socket closes it is connected to b's own address and
+// port, and what b sends itself from there -- without a raw socket every
+// QP of b sends from b's port, to itself too -- lands on it.  Those
+// datagrams are b's, not the old peer's: read with their real source they
+// pass the ICRC check (which covers the source address and port).
+TEST_F(udp_peer, what_a_device_sends_itself_while_its_peer_socket_closes_keeps_its_source) {
+  raw_send = false;
+  make(a, 0);
+  make(b, 1);
+  make_qps(qp_type::rc, 4 << 20);
+  // A second pair inside b: b1 -> b2.
+  qp_init_attr ia;
+  ia.send_cq = b.c;
+  ia.recv_cq = b.c;
+  ia.cap = {64, 64, 1, 1, 0};
+  ia.type = qp_type::rc;
+  qp b1 = b.p.create_qp(ia), b2 = b.p.create_qp(ia);
+  std::vector<std::byte> self_buf(4096);
+  mr self_mr = b.p.reg_mr(self_buf.data(), self_buf.size(), access_local_write | access_remote_write);
+  bring_up_rc(b1, b.g, b2.num());
+  bring_up_rc(b2, b.g, b1.num());
+  ASSERT_NO_FATAL_FAILURE(write_ping_pong(5000));
+  ASSERT_EQ(b.dev.counters().peer_sockets, 1u);
+
+  // A burst from a closes it; b writes to itself all the while.
+  const device_counters before = b.dev.counters();
+  for (std::size_t i = 0; i < a.buf.size(); ++i) a.buf[i] = std::byte(i * 3);
+  ASSERT_FALSE(post_wr(a.q, wr_opcode::rdma_write, 1, a.buf.data(), 4 << 20, a.m, b.buf.data(), b.m.rkey()));
+  bool burst_done = false, self_pending = false;
+  int self_writes = 0;
+  std::vector<work_completion> errors;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  auto quiet_from = std::chrono::steady_clock::time_point::max();
+  while (std::chrono::steady_clock::now() < until && std::chrono::steady_clock::now() < quiet_from) {
+    if (!self_pending) {
+      ASSERT_FALSE(post_wr(b1, wr_opcode::rdma_write, 7, self_buf.data() + 2048, 8, self_mr, self_buf.data(),
+                           self_mr.rkey()));
+      self_pending = true;
+    }
+    work_completion wc[8];
+    for (std::size_t k = 0, n = a.c.poll(wc); k < n; ++k) {
+      if (wc[k].status != wc_status::success) errors.push_back(wc[k]);
+      burst_done = true;
+      quiet_from = std::chrono::steady_clock::now() + std::chrono::milliseconds(5);  // past the closing window
+    }
+    for (std::size_t k = 0, n = b.c.poll(wc); k < n; ++k) {
+      if (wc[k].status != wc_status::success) errors.push_back(wc[k]);
+      self_pending = false;
+      ++self_writes;
+    }
+  }
+  ASSERT_TRUE(burst_done);
+  EXPECT_TRUE(errors.empty()) << errors.size() << " failed, first status " << int(errors[0].status);
+  EXPECT_EQ(std::memcmp(a.buf.data(), b.buf.data(), a.buf.size()), 0);
+  EXPECT_GT(self_writes, 10);
+  const device_counters after = b.dev.counters();
+  EXPECT_GT(after.gro_switches, before.gro_switches) << "the burst closed the peer socket";
+  EXPECT_EQ(after.icrc_errors, before.icrc_errors) << "b's own datagrams were taken for the old peer's";
 }
 
 void udp_peer::cycle() {

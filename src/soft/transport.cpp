@@ -1397,15 +1397,20 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
     return nullptr;
   };
 
+  // Something was acknowledged: the retry budgets refill and the retry
+  // state of the old position ends (rxe's reset_retry_counters).
+  auto note_progress = [&] {
+    if (qp->comp.psn == before) return;
+    qp->comp.gap_retry = false;
+    qp->comp.retry_counted = false;
+    qp->comp.ask_all = false;
+    qp->comp.nak_retries = 0;
+    qp->comp.retry_left = qp->retry_cnt;
+    qp->comp.rnr_left = qp->rnr_retry;
+  };
+
   auto after_progress = [&] {
-    if (qp->comp.psn != before) {
-      qp->comp.gap_retry = false;
-      qp->comp.retry_counted = false;
-      qp->comp.ask_all = false;
-      qp->comp.nak_retries = 0;
-      qp->comp.retry_left = qp->retry_cnt;
-      qp->comp.rnr_left = qp->rnr_retry;
-    }
+    note_progress();
     if (qp->comp.psn != qp->req.next_psn) {
       if (qp->comp.psn != before || !qp->comp.timer_armed) arm_retry_timer(qp);
     } else {
@@ -1424,13 +1429,9 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
       after_progress();
       return;
     }
-    if (qp->comp.psn != before) {
-      // It acknowledged earlier requests: progress, which refills the RNR
-      // budget before this NAK spends from it (rxe's reset_retry_counters).
-      qp->comp.rnr_left = qp->rnr_retry;
-      qp->comp.gap_retry = false;
-      qp->comp.nak_retries = 0;
-    }
+    // It may acknowledge earlier requests: progress refills the RNR budget
+    // before this NAK spends from it.
+    note_progress();
     if (qp->rnr_retry != 7) {  // 7 retries forever
       if (qp->comp.rnr_left == 0) {
         fail_oldest(qp, wc_status::rnr_retry_exc_err);
@@ -1475,11 +1476,7 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
       // the retransmit deadline, so a peer that NAKs the same PSN forever
       // would otherwise never let the timer count it out.
       if (qp->comp.psn != before) {
-        qp->comp.retry_left = qp->retry_cnt;
-        qp->comp.rnr_left = qp->rnr_retry;
-        qp->comp.gap_retry = false;
-        qp->comp.retry_counted = false;
-        qp->comp.nak_retries = 0;
+        note_progress();
       } else if (qp->comp.retry_counted &&
                  (qp->req.resend_left != 0 || qp->comp.nak_retries++ >= limits::max_nak_retries)) {
         return;

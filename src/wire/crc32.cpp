@@ -44,7 +44,7 @@ struct slice4_tables {
   constexpr slice4_tables() noexcept {
     for (std::uint32_t b = 0; b < 256; ++b) {
       std::uint32_t c = b;
-      for (int i = 0; i < 8; ++i) c = (c & 1u) != 0 ? (c >> 1) ^ 0xEDB88320u : c >> 1;
+      for (int i = 0; i < 8; ++i) c = (c & 1u) != 0 ? (c >> 1) ^ crc32_poly_reflected : c >> 1;
       t[0][b] = c;
     }
     for (std::size_t k = 1; k < 4; ++k)

@@ -7,6 +7,9 @@
 
 namespace averbs::wire {
 
+/// The CRC-32 polynomial 0x04C11DB7 in reflected bit order (bit 31 is x^0).
+inline constexpr std::uint32_t crc32_poly_reflected = 0xEDB88320u;
+
 /// Continues a CRC-32: `crc` is a finished value (0 to start), as zlib's
 /// and libdeflate's crc32 take it.  Long buffers are folded 256 bytes at a
 /// time with VPCLMULQDQ on CPUs that have AVX-512 and it; everything else

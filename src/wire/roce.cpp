@@ -475,13 +475,11 @@ namespace {
 // reflected bit order (bit 31 is x^0): what carrying a CRC state across
 // zero bytes does, without the bytes (the method behind zlib's
 // crc32_combine, written from the algebra).
-constexpr std::uint32_t crc_poly_reflected = 0xEDB88320u;
-
 std::uint32_t mul_mod(std::uint32_t a, std::uint32_t b) noexcept {
   std::uint32_t product = 0;
   for (std::uint32_t m = 1u << 31; m != 0; m >>= 1) {
     if ((a & m) != 0) product ^= b;
-    b = (b & 1u) != 0 ? (b >> 1) ^ crc_poly_reflected : b >> 1;
+    b = (b & 1u) != 0 ? (b >> 1) ^ crc32_poly_reflected : b >> 1;
   }
   return product;
 }
@@ -505,7 +503,7 @@ std::uint32_t zero_bytes_factor(std::size_t n) noexcept { return pow_mod(1u << 2
 std::uint32_t zero_bytes_inverse(std::size_t n) noexcept {
   std::uint32_t inv_x8 = 1u << 31;  // x^0, divided by x eight times
   for (int i = 0; i < 8; ++i)
-    inv_x8 = (inv_x8 & (1u << 31)) != 0 ? ((inv_x8 ^ crc_poly_reflected) << 1) | 1u : inv_x8 << 1;
+    inv_x8 = (inv_x8 & (1u << 31)) != 0 ? ((inv_x8 ^ crc32_poly_reflected) << 1) | 1u : inv_x8 << 1;
   return pow_mod(inv_x8, n);
 }
 

@@ -182,29 +182,19 @@ class hostile_peer : public ::testing::Test {
     return std::nullopt;
   }
 
-  /// Posts a signaled operation `op` of `len` bytes from the test buffer.
-  void post(wr_opcode op, std::uint32_t len, const mr& m, std::uint64_t remote = 0, std::uint32_t rkey = 0) {
+  /// Posts operation `op` of `len` bytes from the test buffer, signaled
+  /// unless `flags` says otherwise.
+  void post(wr_opcode op, std::uint32_t len, const mr& m, std::uint64_t remote = 0, std::uint32_t rkey = 0,
+            std::uint32_t flags = send_signaled) {
     sge g{va(), len, m.lkey()};
     send_wr w;
     w.wr_id = 42;
     w.opcode = op;
     w.sg_list = &g;
     w.num_sge = 1;
-    w.flags = send_signaled;
+    w.flags = flags;
     w.remote_addr = remote;
     w.rkey = rkey;
-    ASSERT_FALSE(qp_.post_send(w));
-  }
-
-  /// Posts an unsignaled 16-byte SEND (wr_id 7) from the test buffer.
-  void post_unsignaled_send(const mr& m) {
-    sge g{va(), 16, m.lkey()};
-    send_wr w;
-    w.wr_id = 7;
-    w.opcode = wr_opcode::send;
-    w.sg_list = &g;
-    w.num_sge = 1;
-    w.flags = 0;
     ASSERT_FALSE(qp_.post_send(w));
   }
 
@@ -531,7 +521,7 @@ TEST_F(hostile_peer, a_read_answered_by_first_and_last_completes) {
 TEST_F(hostile_peer, an_unasked_tail_is_asked_for_again_when_the_peer_acks_only_what_asks) {
   make_qp(qp_type::rc, nullptr, 8, 0);  // about 1 ms timeout, no retries
   mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
-  post_unsignaled_send(m);
+  post(wr_opcode::send, 16, m, 0, 0, 0);  // unsignaled
   const auto req = next_request();
   ASSERT_TRUE(req.has_value());
   EXPECT_FALSE(req->bth.ack_req) << "left to a lazy ACK";
@@ -550,7 +540,7 @@ TEST_F(hostile_peer, an_unasked_tail_is_asked_for_again_when_the_peer_acks_only_
 TEST_F(hostile_peer, an_unasked_tail_to_a_dead_peer_still_ends_in_retry_exc_err) {
   make_qp(qp_type::rc, nullptr, 8, 0);
   mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
-  post_unsignaled_send(m);
+  post(wr_opcode::send, 16, m, 0, 0, 0);  // unsignaled
   std::vector<work_completion> wcs;
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (wcs.empty() && std::chrono::steady_clock::now() < until) wcs = drain(std::chrono::milliseconds(10));

@@ -793,8 +793,10 @@ enum class resp_error { invalid_request, access, operational, length };
 }
 
 void device::respond(qp_t* qp, packet* p) noexcept {
-  if (qp->state == qp_state::rtr && !qp->resp.comm_est) {
-    // IBTA 11.6.3.1: the first packet in RTR establishes communication.
+  if (qp->state == qp_state::rtr && !qp->resp.comm_est && qp->type != qp_type::ud) {
+    // IBTA 11.6.3.1: the first packet in RTR establishes communication,
+    // a connected service's only (a UD QP has no connection to establish;
+    // qib and hfi1 raise it from their RC and UC receive paths alone).
     qp->resp.comm_est = true;
     raise_event(event_type::comm_est, qp->qpn);
   }

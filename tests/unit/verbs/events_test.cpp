@@ -40,6 +40,21 @@ TEST_F(events_test, comm_est_on_the_first_packet_received_in_rtr) {
   EXPECT_EQ(query_state(b), qp_state::rtr);
 }
 
+TEST_F(events_test, no_comm_est_for_a_ud_qp_receiving_in_rtr) {
+  qp_options o;
+  o.type = qp_type::ud;
+  cq ca = dev.create_cq(16), cb = dev.create_cq(16);
+  qp a = make_qp(o, ca, ca), b = make_qp(o, cb, cb);
+  bring_up(a, o, 0, 0, 100);
+  bring_to_rtr(b, o, 0, 0);
+  auto src = make_buffer(32), dst = make_buffer(40 + 32);
+  ASSERT_FALSE(post_recv(b, {dst.whole()}, 1));
+  ah h = make_ah();
+  ASSERT_FALSE(post_ud(a, h, b.num(), ud_qkey, {src.whole()}, 2));
+  EXPECT_TRUE(wc_ok(poll_one(cb), 1, wc_opcode::recv)) << "an RTR UD QP receives";
+  EXPECT_EQ(count_events(event_type::comm_est), 0u);
+}
+
 TEST_F(events_test, no_comm_est_for_traffic_in_rts) {
   auto p = connected_pair();
   auto src = make_buffer(32), dst = make_buffer(32);

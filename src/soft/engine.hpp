@@ -260,12 +260,11 @@ struct qp_t {
   struct requester {
     std::uint32_t wqe_index = 0;    // next WQE to transmit from (free-running)
     std::uint32_t start_index = 0;  // one past the last WQE ever started
-    std::uint32_t psn = 0;          // PSN of the last packet transmitted + 1
+    std::uint32_t psn = 0;          // PSN of the last packet transmitted + 1 (a retry moves it back)
     std::uint32_t next_psn = 0;     // first PSN of the next WQE to start
     std::uint32_t rd_atomic = 0;    // READ/atomic WQEs started and not done
     std::uint32_t noack_pkts = 0;   // packets sent since the last AckReq
     bool last_unasked = false;      // the last packet sent did not ask for an ACK
-    std::uint32_t resend_left = 0;  // packets of a go-back-N burst not yet resent
     std::uint32_t sent_psn = 0;     // one past the highest PSN ever transmitted
     bool scheduled = false;
     qp_t* next_ready = nullptr;     // the device's run queue (intrusive)
@@ -667,7 +666,10 @@ class device final : public progress_source, public clock_listener {
   void gap_retry(qp_t* qp) noexcept;
   void fail_oldest(qp_t* qp, wc_status status) noexcept;
   void arm_retry_timer(qp_t* qp) noexcept;
-  void note_request_sent(qp_t* qp, std::uint32_t packets = 1) noexcept;
+  void note_request_sent(qp_t* qp) noexcept;
+  /// A go-back-N resend is under way: the transmit position is behind the
+  /// highest PSN ever sent.
+  static bool resending(const qp_t* qp) noexcept { return wire::psn_compare(qp->req.psn, qp->req.sent_psn) < 0; }
   void disarm_timers(qp_t* qp) noexcept;
   void schedule_qp_timer(qp_t* qp, clock::time_point when, bool rnr) noexcept;
   void flush_ack(qp_t* qp) noexcept;

@@ -344,14 +344,14 @@ void device::arm_retry_timer(qp_t* qp) noexcept {
 // while a go-back-N burst is resent it moves with each packet, as rxe's
 // per-packet mod_timer does, so a burst that takes longer than the timeout
 // to leave (a slow machine, a sanitizer build, a short timeout) does not
-// time itself out and start another.
-void device::note_request_sent(qp_t* qp, std::uint32_t packets) noexcept {
-  if (psn_before(qp->req.sent_psn, qp->req.psn)) qp->req.sent_psn = qp->req.psn;
-  if (qp->req.resend_left != 0) {
-    qp->req.resend_left -= std::min(qp->req.resend_left, packets);
+// time itself out and start another.  A packet ending at or below
+// `sent_psn` was part of such a burst.
+void device::note_request_sent(qp_t* qp) noexcept {
+  if (!psn_before(qp->req.sent_psn, qp->req.psn)) {
     arm_retry_timer(qp);
-  } else if (!qp->comp.timer_armed) {
-    arm_retry_timer(qp);
+  } else {
+    qp->req.sent_psn = qp->req.psn;
+    if (!qp->comp.timer_armed) arm_retry_timer(qp);
   }
 }
 
@@ -410,7 +410,9 @@ void device::retry(qp_t* qp, bool count) noexcept {
     qp->comp.retry_counted = true;
   }
   ++counters_.retransmits;
-  qp->req.resend_left = (qp->req.psn - qp->comp.psn) & wire::psn_mask;
+  // The transmit position goes back; the burst is under way until it
+  // reaches `sent_psn` again (resending()).
+  qp->req.psn = qp->comp.psn;
   const std::uint32_t mask = qp->sq.size() - 1;
   const std::uint32_t mtu = qp->mtu_bytes;
   std::uint32_t resume = qp->req.start_index;
@@ -669,7 +671,7 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
       complete_wqes(qp);
     }
   }
-  if (qp->type == qp_type::rc) note_request_sent(qp, run);
+  if (qp->type == qp_type::rc) note_request_sent(qp);
   return true;
 }
 
@@ -1480,7 +1482,7 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
       if (qp->comp.psn != before) {
         note_progress();
       } else if (qp->comp.retry_counted &&
-                 (qp->req.resend_left != 0 || qp->comp.nak_retries++ >= limits::max_nak_retries)) {
+                 (resending(qp) || qp->comp.nak_retries++ >= limits::max_nak_retries)) {
         return;
       }
       complete_wqes(qp);

@@ -404,6 +404,59 @@ TEST_F(hostile_peer, a_peer_that_naks_the_same_psn_forever_ends_in_retry_exc_err
   EXPECT_EQ(qp_.query().state, qp_state::err);
 }
 
+// A sequence NAK that comes again after the resend it asked for has gone
+// out means the resend was lost too: the requester goes back again at once
+// (one that comes while the resend is still leaving is answered by it).
+// Here the first transmission's ACK overtakes a resend, and a second NAK
+// then moves the resend past where it had got to: when the peer repeats
+// that NAK after the resend, the requester still goes back at once.  (The
+// clock stands still: no timeout can do it instead.)
+class hostile_peer_still_clock : public hostile_peer {
+ protected:
+  void SetUp() override {
+    manual_time_ = true;
+    hostile_peer::SetUp();
+  }
+
+  /// Reads the device's requests until one at `psn`.
+  bool requests_until(std::uint32_t psn) {
+    while (const auto req = next_request(std::chrono::seconds(2)))
+      if (req->bth.psn == psn) return true;
+    return false;
+  }
+};
+
+TEST_F(hostile_peer_still_clock, a_nak_repeated_after_a_resend_overtaken_by_an_ack_is_answered_at_once) {
+  make_qp(qp_type::rc);
+  std::vector<std::byte> big(64 * 1024, std::byte{0x5A});
+  mr m = pd_.reg_mr(big.data(), big.size(), access_local_write);
+  sge g{reinterpret_cast<std::uintptr_t>(big.data()), static_cast<std::uint32_t>(big.size()), m.lkey()};
+  send_wr w;
+  w.wr_id = 42;
+  w.sg_list = &g;
+  w.num_sge = 1;
+  w.flags = send_signaled;
+  ASSERT_FALSE(qp_.post_send(w));  // PSNs 0..63
+  ASSERT_TRUE(requests_until(63));
+  respond(wire::opcode::rc_ack, 0, nak_psn_sequence);
+  respond(wire::opcode::rc_ack, 40, wire::aeth_ack_unlimited);
+  const auto resent = next_request();
+  ASSERT_TRUE(resent.has_value());
+  ASSERT_LT(resent->bth.psn, 41u) << "the resend from 0 has begun";
+  respond(wire::opcode::rc_ack, 50, nak_psn_sequence);
+  ASSERT_TRUE(requests_until(63)) << "resent from 50";
+  EXPECT_TRUE(drain().empty());
+  respond(wire::opcode::rc_ack, 50, nak_psn_sequence);
+  const auto again = next_request();
+  ASSERT_TRUE(again.has_value()) << "the repeated NAK went unanswered";
+  EXPECT_EQ(again->bth.psn, 50u);
+  ASSERT_TRUE(requests_until(63));
+  respond(wire::opcode::rc_ack, 63, wire::aeth_ack_unlimited);
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+}
+
 // retry_cnt changed in SQD applies to the next request at once (rxe sets
 // its working count with the attribute): with 0 the first timeout ends it.
 TEST_F(hostile_peer, a_retry_count_lowered_in_sqd_applies_to_the_next_request) {

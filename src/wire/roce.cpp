@@ -320,6 +320,34 @@ void parse_headers(const std::byte* p, const opcode_info& oi, std::uint8_t pad, 
 
 }  // namespace
 
+std::size_t run_segment_size(std::span<const std::byte> dgram) noexcept {
+  constexpr std::size_t min_packet = bth_size + icrc_size;
+  const std::size_t len = dgram.size();
+  if (len < 2 * min_packet) return len;
+  const std::byte* d = dgram.data();
+  const std::uint32_t psn = get24(d + 9);
+  // Segment k (k >= 1) at offset k * seg continues the run: same P_Key
+  // (bytes 2-3) and destination QP (5-7), PSN + k (9-11).
+  auto continues = [&](std::size_t off, std::uint32_t k) {
+    return std::memcmp(d + off + 2, d + 2, 2) == 0 && std::memcmp(d + off + 5, d + 5, 3) == 0 &&
+           get24(d + off + 9) == ((psn + k) & psn_mask);
+  };
+  for (std::size_t seg = min_packet; seg + min_packet <= len; ++seg) {
+    if (!continues(seg, 1)) continue;
+    bool whole = true;
+    std::uint32_t k = 2;
+    std::size_t off = 2 * seg;
+    for (; off < len; off += seg, ++k) {
+      if (len - off < min_packet || !continues(off, k)) {
+        whole = false;
+        break;
+      }
+    }
+    if (whole) return seg;
+  }
+  return len;
+}
+
 decode_error decode(std::span<const std::byte> pkt, bool has_icrc, packet_view& out) noexcept {
   out = packet_view{};
   const std::size_t trailer = has_icrc ? icrc_size : 0;

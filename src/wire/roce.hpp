@@ -221,6 +221,16 @@ decode_error decode_headers(std::span<const std::byte> headers, std::size_t payl
 decode_error decode_headers(std::span<const std::byte> headers, std::size_t payload_len, transport_headers& hdr,
                             const opcode_info*& op) noexcept;
 
+/// The segment size of a UDP GSO run that arrived as one datagram without
+/// it (queued while the socket had UDP_GRO on, read after it went off: the
+/// kernel reports the size only while the option is on).  A run is packets
+/// of one flow sent back to back: each segment starts with a BTH of the
+/// first one's P_Key and destination QP and the next PSN, all of one size
+/// but the last, which may be shorter.  Returns the smallest size that
+/// splits `dgram` so, or `dgram.size()` if none does (one packet).  Costs
+/// up to a few compares per byte: for the rare datagram that may be a run.
+std::size_t run_segment_size(std::span<const std::byte> dgram) noexcept;
+
 // ---------------------------------------------------------------------------
 // ICRC (IBTA vol. 1 annex A17.3.3): CRC-32 over 8 bytes of 0xFF (the masked
 // LRH), the IP header, the UDP header and the transport packet, with the

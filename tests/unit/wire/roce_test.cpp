@@ -1143,3 +1143,79 @@ TEST(roce_icrc, prefix_cache_agrees_with_the_full_icrc) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------
+// A GSO run read without its segment size (wire::run_segment_size)
+
+namespace {
+
+/// One packet: `op` to QP `qp` at `psn`, `payload_len` bytes of `fill`,
+/// pad and a zero ICRC.
+bytes run_packet(w::opcode op, std::uint32_t qp, std::uint32_t psn, std::size_t payload_len, std::uint8_t fill) {
+  w::transport_headers h;
+  h.bth.opcode = static_cast<std::uint8_t>(op);
+  h.bth.pkey = w::default_pkey;
+  h.bth.dest_qp = qp;
+  h.bth.psn = psn;
+  h.bth.pad = w::pad_for(payload_len);
+  h.reth.length = static_cast<std::uint32_t>(payload_len);
+  bytes out(w::max_header_size);
+  out.resize(w::encode(h, out));
+  out.resize(out.size() + payload_len + h.bth.pad + w::icrc_size, std::byte{fill});
+  return out;
+}
+
+bytes joined(const std::vector<bytes>& parts) {
+  bytes out;
+  for (const bytes& b : parts) out.insert(out.end(), b.begin(), b.end());
+  return out;
+}
+
+}  // namespace
+
+TEST(roce_run, middle_packets_and_a_shorter_last_split_at_the_middle_size) {
+  const std::uint32_t qp = 0x12345;
+  const bytes run = joined({run_packet(w::opcode::rc_write_middle, qp, 7, 1024, 0xA1),
+                            run_packet(w::opcode::rc_write_middle, qp, 8, 1024, 0xA2),
+                            run_packet(w::opcode::rc_write_middle, qp, 9, 1024, 0xA3),
+                            run_packet(w::opcode::rc_write_last, qp, 10, 300, 0xA4)});
+  EXPECT_EQ(w::run_segment_size(run), 12u + 1024 + 4);
+}
+
+TEST(roce_run, equal_small_messages_split_at_their_size_across_the_psn_wrap) {
+  const std::uint32_t qp = 0x77;
+  std::vector<bytes> parts;
+  for (std::uint32_t k = 0; k < 5; ++k)
+    parts.push_back(run_packet(w::opcode::uc_send_only, qp, (w::psn_mask - 1 + k) & w::psn_mask, 64, 0));
+  EXPECT_EQ(w::run_segment_size(joined(parts)), 12u + 64 + 4);
+}
+
+TEST(roce_run, one_packet_is_not_a_run) {
+  const bytes one = run_packet(w::opcode::rc_send_only, 0x99, 3, 4096, 0x5C);
+  EXPECT_EQ(w::run_segment_size(one), one.size());
+  const bytes small = run_packet(w::opcode::rc_send_only, 0x99, 3, 8, 0x5C);
+  EXPECT_EQ(w::run_segment_size(small), small.size());
+  EXPECT_EQ(w::run_segment_size({}), 0u);
+}
+
+TEST(roce_run, a_payload_that_holds_the_next_bth_once_is_not_a_run) {
+  // The payload holds the BTH of the packet's successor at byte 40 of the
+  // packet, but what would be the third segment does not continue it.
+  bytes one = run_packet(w::opcode::uc_send_only, 0x42, 100, 88, 0x00);
+  const bytes next = run_packet(w::opcode::uc_send_only, 0x42, 101, 0, 0x00);
+  std::memcpy(one.data() + 40, next.data(), w::bth_size);
+  EXPECT_EQ(w::run_segment_size(one), one.size());
+}
+
+TEST(roce_run, packets_of_another_qp_or_pkey_or_a_psn_out_of_order_are_not_a_run) {
+  const bytes a = run_packet(w::opcode::rc_send_only, 0x42, 5, 32, 1);
+  EXPECT_EQ(w::run_segment_size(joined({a, run_packet(w::opcode::rc_send_only, 0x43, 6, 32, 1)})), 2 * a.size());
+  EXPECT_EQ(w::run_segment_size(joined({a, run_packet(w::opcode::rc_send_only, 0x42, 7, 32, 1)})), 2 * a.size());
+  bytes other_pkey = run_packet(w::opcode::rc_send_only, 0x42, 6, 32, 1);
+  other_pkey[3] = std::byte{0x7E};
+  EXPECT_EQ(w::run_segment_size(joined({a, other_pkey})), 2 * a.size());
+  // A tail shorter than any packet (BTH and ICRC) is no segment.
+  bytes tail = run_packet(w::opcode::rc_send_only, 0x42, 6, 0, 1);
+  tail.resize(w::bth_size);
+  EXPECT_EQ(w::run_segment_size(joined({a, tail})), a.size() + tail.size());
+}

@@ -982,17 +982,28 @@ std::size_t udp_link::receive_shared() noexcept {
         }
       const std::byte* base = gro_buf_.get() + i * gro_slot_size;
       const bool keep = in_place && i == 0;
+      if (seg == len && gro_state_ != gro_state::on) {
+        // A run queued as UDP_GRO went off comes whole, and the kernel
+        // reports a segment size only while the option is on: the PSNs of
+        // its packets tell it (docs/wire.md).  While draining, any datagram
+        // may be one; later only one longer than any packet (a ping-pong's
+        // datagrams are not searched).
+        if (gro_state_ == gro_state::draining || len > packet::buffer_size) {
+          seg = wire::run_segment_size(std::span(base, len));
+          if (seg < len) ++dev_.counters_.gro_runs_unsized;
+        }
+        if (len > packet::buffer_size) {
+          set_gro(true);  // a sender of GSO runs is busy
+          if (seg == len) {  // longer than any packet, and no run
+            ++dev_.counters_.dropped;
+            continue;
+          }
+        }
+      }
       if (seg < len) {
         ++dev_.counters_.gro_runs;
         runs = true;
         longest_run = std::max(longest_run, (len + seg - 1) / seg);
-      } else if (gro_state_ != gro_state::on && len > packet::buffer_size) {
-        // Longer than any one packet: a run queued as the switch was made
-        // (the kernel reports a segment size only while UDP_GRO is on, so
-        // it is unknown here).  Lost, as on a wire; RC resends.
-        ++dev_.counters_.dropped;
-        set_gro(true);
-        continue;
       }
       std::size_t delivered = 0;
       for (std::size_t off = 0; off < len; off += seg) {

@@ -9,10 +9,16 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103  // linux/udp.h; glibc's netinet/udp.h may lack it
+#endif
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <optional>
 
@@ -107,10 +113,19 @@ class hostile_peer : public ::testing::Test {
   /// send() with the headers exactly as given (but for the pad).
   void send_as_is(wire::transport_headers h, std::span<const std::byte> payload,
                   std::optional<std::uint16_t> ip_id = std::nullopt, bool corrupt = false) {
+    const std::vector<std::byte> pkt = packet_bytes(h, payload, ip_id, corrupt);
+    ASSERT_FALSE(pkt.empty());
+    ASSERT_EQ(::sendto(fd_, pkt.data(), pkt.size(), 0, reinterpret_cast<sockaddr*>(&to_), sizeof to_),
+              static_cast<ssize_t>(pkt.size()));
+  }
+
+  /// The bytes send_as_is() sends (empty if the headers do not encode).
+  std::vector<std::byte> packet_bytes(wire::transport_headers h, std::span<const std::byte> payload,
+                                      std::optional<std::uint16_t> ip_id = std::nullopt, bool corrupt = false) {
     h.bth.pad = wire::pad_for(payload.size());
     std::vector<std::byte> pkt(wire::max_header_size);
     const std::size_t n = wire::encode(h, pkt);
-    ASSERT_NE(n, 0u);
+    if (n == 0) return {};
     pkt.resize(n);
     pkt.insert(pkt.end(), payload.begin(), payload.end());
     pkt.resize(pkt.size() + h.bth.pad + wire::icrc_size, std::byte{0});
@@ -123,14 +138,13 @@ class hostile_peer : public ::testing::Test {
       ip.ip_id = *ip_id;
       std::array<std::byte, 64> hdr;
       const std::size_t hl = wire::build_ip_udp(ip, pkt.size(), hdr);
-      ASSERT_EQ(hl, 28u);
+      EXPECT_EQ(hl, 28u);
       const std::span<std::byte> transport(pkt.data(), pkt.size() - wire::icrc_size);
       wire::store_icrc(wire::icrc(std::span(hdr.data(), hl), transport),
                        std::span<std::byte, 4>(pkt.data() + transport.size(), 4));
       if (corrupt && !payload.empty()) pkt[n] ^= std::byte{0x10};
     }
-    ASSERT_EQ(::sendto(fd_, pkt.data(), pkt.size(), 0, reinterpret_cast<sockaddr*>(&to_), sizeof to_),
-              static_cast<ssize_t>(pkt.size()));
+    return pkt;
   }
 
   /// Drives the device until it sends an ACK-carrying packet (ACK, NAK,
@@ -893,6 +907,77 @@ TEST_F(hostile_peer_icrc, numbered_datagrams_are_taken_as_a_connected_socket_num
   EXPECT_TRUE(delivered(20001));
   EXPECT_EQ(dev_.counters().icrc_errors, 3u);
   EXPECT_EQ(qp_.query().state, qp_state::rts);
+}
+
+
+// A GSO run queued while UDP_GRO was on and read after it went off comes
+// whole and without its segment size (the kernel reports it only while the
+// option is on): the link splits it by its packets' PSNs, and every
+// segment's ICRC holds.  Runs of two are not a burst: 512 polls of them
+// switch UDP_GRO off, at the second run of a three-run round, and the third
+// is read while the link drains.
+TEST_F(hostile_peer_icrc, a_run_queued_as_udp_gro_goes_off_is_split_by_its_psns) {
+  make_qp(qp_type::uc);
+  const int df = IP_PMTUDISC_DO;  // unconnected with DF: a GSO run's IPv4 IDs are 0, 1, ...
+  ASSERT_EQ(::setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &df, sizeof df), 0);
+  mr m = pd_.reg_mr(buf_.data(), buf_.size(), access_local_write);
+  constexpr std::uint32_t per_round = 6, slot = 64;
+  std::uint32_t psn = 0;
+  // One GSO datagram of two UC SEND Only packets of 16 bytes, each filled
+  // with its PSN's low byte.
+  auto send_run = [&] {
+    std::vector<std::byte> dgram;
+    for (std::uint16_t k = 0; k < 2; ++k, psn = (psn + 1) & wire::psn_mask) {
+      wire::transport_headers h;
+      h.bth.opcode = static_cast<std::uint8_t>(wire::opcode::uc_send_only);
+      h.bth.dest_qp = qp_.num();
+      h.bth.psn = psn;
+      const auto seg = packet_bytes(h, filled(16, static_cast<std::uint8_t>(psn)), k);
+      dgram.insert(dgram.end(), seg.begin(), seg.end());
+    }
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(std::uint16_t))] = {};
+    iovec iov{dgram.data(), dgram.size()};
+    msghdr mh{};
+    mh.msg_name = &to_;
+    mh.msg_namelen = sizeof to_;
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = control;
+    mh.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_UDP;
+    c->cmsg_type = UDP_SEGMENT;
+    c->cmsg_len = CMSG_LEN(sizeof(std::uint16_t));
+    const std::uint16_t seg_size = static_cast<std::uint16_t>(dgram.size() / 2);
+    std::memcpy(CMSG_DATA(c), &seg_size, sizeof seg_size);
+    return ::sendmsg(fd_, &mh, 0) == static_cast<ssize_t>(dgram.size());
+  };
+  std::uint64_t received = 0;
+  for (int round = 0; round < 400 && dev_.counters().gro_switches == 0; ++round) {
+    post_recvs(m, per_round, slot);
+    const std::uint32_t first_psn = psn;
+    for (int r = 0; r < 3; ++r) ASSERT_TRUE(send_run()) << "UDP GSO send: " << std::strerror(errno);
+    std::vector<work_completion> wcs;
+    work_completion wc[8];
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (wcs.size() < per_round && std::chrono::steady_clock::now() < until)
+      wcs.insert(wcs.end(), wc, wc + cq_.poll(wc));
+    ASSERT_EQ(wcs.size(), per_round) << "round " << round << ": a run was lost; ICRC errors "
+                                     << dev_.counters().icrc_errors;
+    for (std::uint32_t k = 0; k < per_round; ++k) {
+      ASSERT_EQ(wcs[k].status, wc_status::success);
+      ASSERT_EQ(wcs[k].wr_id, k);
+      ASSERT_EQ(wcs[k].byte_len, 16u);
+      EXPECT_EQ(buf_[k * slot], std::byte(static_cast<std::uint8_t>(first_psn + k))) << "round " << round;
+    }
+    received += wcs.size();
+  }
+  const device_counters c = dev_.counters();
+  ASSERT_EQ(c.gro_switches, 1u) << "UDP_GRO never went off";
+  EXPECT_EQ(c.gro_runs_unsized, 1u) << "the run queued behind the switch came with its segment size";
+  EXPECT_EQ(c.icrc_errors, 0u);
+  EXPECT_EQ(c.dropped, 0u);
+  EXPECT_EQ(received, std::uint64_t{psn});
 }
 
 }  // namespace

@@ -83,7 +83,7 @@ std::string ip_text(const gid& g) {
 void print_counters(const device_counters& c) {
   std::printf(" packets sent %llu, received %llu; retransmitted %llu; duplicates received %llu;\n"
               " sequence NAKs sent %llu; RNR NAKs sent %llu, received %llu; dropped %llu; ICRC errors %llu;\n"
-              " GSO runs sent %llu (%llu packets), GRO runs received %llu (UDP_GRO switched %llu times); peer sockets %llu;\n"
+              " GSO runs sent %llu (%llu packets), GRO runs received %llu (%llu without a segment size; UDP_GRO switched %llu times); peer sockets %llu;\n"
               " in-process runs %llu;"
               " sent alone through a flow's socket %llu (ID probes %llu);\n"
               " receive buffer overflows %llu\n",
@@ -94,6 +94,7 @@ void print_counters(const device_counters& c) {
               static_cast<unsigned long long>(c.rnr_naks_received), static_cast<unsigned long long>(c.dropped),
               static_cast<unsigned long long>(c.icrc_errors), static_cast<unsigned long long>(c.gso_runs),
               static_cast<unsigned long long>(c.gso_packets), static_cast<unsigned long long>(c.gro_runs),
+              static_cast<unsigned long long>(c.gro_runs_unsized),
               static_cast<unsigned long long>(c.gro_switches), static_cast<unsigned long long>(c.peer_sockets),
               static_cast<unsigned long long>(c.loopback_runs), static_cast<unsigned long long>(c.flow_sends),
               static_cast<unsigned long long>(c.flow_id_probes),

@@ -393,6 +393,9 @@ struct device_counters {
   std::uint64_t gso_runs = 0;  ///< runs of packets sent as one UDP GSO datagram
   std::uint64_t gso_packets = 0;  ///< packets sent inside those runs
   std::uint64_t gro_runs = 0;  ///< datagrams received holding several packets (UDP GRO)
+  /// Of those, runs read without their segment size (queued as UDP_GRO went
+  /// off) and split by the PSNs of their packets.
+  std::uint64_t gro_runs_unsized = 0;
   /// Times the data socket's UDP_GRO was switched off (a ping-pong: reads
   /// are cheaper without it) or back on (a burst).
   std::uint64_t gro_switches = 0;

@@ -3,6 +3,7 @@
 // handle and the device, call the engine, complete the request.
 #include "verbs/objects.hpp"
 #include "verbs/registry.hpp"
+#include "wire/roce.hpp"
 
 #include <averbs/error.hpp>
 #include <averbs/verbs.hpp>
@@ -573,11 +574,7 @@ bool gid::is_zero() const noexcept {
   return true;
 }
 
-bool gid::is_ipv4_mapped() const noexcept {
-  // ::ffff:0:0/96, compared in two words (every packet sent asks).
-  static constexpr std::uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};
-  return std::memcmp(raw.data(), prefix, sizeof prefix) == 0;
-}
+bool gid::is_ipv4_mapped() const noexcept { return wire::is_ipv4_mapped(std::as_bytes(std::span(raw))); }
 
 std::string gid::to_string() const {
   char buf[INET6_ADDRSTRLEN];

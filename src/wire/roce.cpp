@@ -664,11 +664,6 @@ ipv4_id_icrc::entry& ipv4_id_icrc::lookup(std::size_t transport_len) noexcept {
 
 // --- IP and UDP -----------------------------------------------------------------------
 
-bool is_ipv4_mapped(std::span<const std::byte, 16> gid) noexcept {
-  static constexpr std::uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};  // ::ffff:0:0/96
-  return std::memcmp(gid.data(), prefix, sizeof prefix) == 0;
-}
-
 std::size_t build_ip_udp(const ip_udp_params& p, std::size_t transport_len,
                          std::span<std::byte> out) noexcept {
   const bool v4 = is_ipv4_mapped(p.src_gid);

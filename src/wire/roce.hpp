@@ -16,6 +16,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <span>
 #include <system_error>
@@ -343,7 +344,11 @@ struct ip_udp_params {
 };
 
 /// True if the GID is an IPv4-mapped IPv6 address (::ffff:a.b.c.d).
-bool is_ipv4_mapped(std::span<const std::byte, 16> gid) noexcept;
+/// Inline: every packet sent asks (averbs::gid::is_ipv4_mapped() too).
+inline bool is_ipv4_mapped(std::span<const std::byte, 16> gid) noexcept {
+  static constexpr std::uint8_t prefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF};  // ::ffff:0:0/96
+  return std::memcmp(gid.data(), prefix, sizeof prefix) == 0;
+}
 
 /// Writes the IPv4 (20 bytes, DF set, valid checksum) or IPv6 (40 bytes)
 /// header and the UDP header (checksum 0) for a transport packet of

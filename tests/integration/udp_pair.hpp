@@ -191,13 +191,7 @@ class udp_pair_test : public ::testing::Test {
   }
   /// Posts one signaled SEND of the first `len` bytes of `e`'s buffer.
   static std::error_code post_send(endpoint& e, std::uint32_t len) {
-    sge g{reinterpret_cast<std::uintptr_t>(e.buf.data()), len, e.m.lkey()};
-    send_wr w;
-    w.opcode = wr_opcode::send;
-    w.sg_list = &g;
-    w.num_sge = 1;
-    w.flags = send_signaled;
-    return e.q.post_send(w);
+    return post_wr(e.q, wr_opcode::send, 0, e.buf.data(), len, e.m);
   }
 
   /// Posts one signaled work request of `len` bytes at `local` (RDMA ones

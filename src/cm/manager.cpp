@@ -874,17 +874,21 @@ void manager::on_rej(const soft::mad_in& m) noexcept {
     ++stats_.mads_dropped;
     return;
   }
-  c.rej_reason = r.reason;
-  try {
-    c.pdata = bytes_of(r.private_data);
-  } catch (...) {
-  }
+  auto take = [&] {
+    c.rej_reason = r.reason;
+    try {
+      c.pdata = bytes_of(r.private_data);
+    } catch (...) {
+    }
+  };
   switch (c.st) {
     case state::req_sent:
+      take();
       fail_op(c, rej_error(r.reason));
       close_conn(c);
       return;
     case state::rep_sent:
+      take();
       qp_to_error(c);
       fail_op(c, rej_error(r.reason));
       end_connection(c, err(errc::connection_reset));
@@ -892,13 +896,31 @@ void manager::on_rej(const soft::mad_in& m) noexcept {
       return;
     case state::req_rcvd:
       // The requester gave up before we answered.
+      take();
       if (c.listener != nullptr) erase(c);
       else close_conn(c);
       return;
-    default:
-      ++stats_.mads_dropped;
+    case state::established:
+      // The responder gave the connection up after our RTU was lost (its
+      // REP retries ran out, or it was destroyed in REP_SENT): it ends
+      // here too, as a DREQ would end it (ib_cm's cm_rej_handler enters
+      // timewait from ESTABLISHED).
+      if (c.type == qp_type::ud || r.local_comm_id != c.remote_id) break;
+      take();
+      qp_to_error(c);
+      end_connection(c, err(errc::connection_reset));
+      enter_timewait(c);
       return;
+    case state::dreq_sent:
+      // Ended already; the peer will not answer our DREQ.
+      if (r.local_comm_id != c.remote_id) break;
+      take();
+      enter_timewait(c);
+      return;
+    default:
+      break;
   }
+  ++stats_.mads_dropped;
 }
 
 void manager::on_mra(const soft::mad_in& m) noexcept {
@@ -932,14 +954,19 @@ void manager::on_dreq(const soft::mad_in& m, const wcm::mad_header& h) noexcept 
   wcm::dreq r;
   if (!decoded(m, r)) return;
   conn* cp = find(r.remote_comm_id);
-  if (cp == nullptr || cp->remote_id != r.local_comm_id ||
-      (cp->qpn != 0 && r.remote_qpn != cp->qpn)) {
+  if (cp == nullptr || cp->remote_id != r.local_comm_id) {
     // For no connection we know: answer anyway, so the peer can finish
     // (ib_cm does the same).
     wcm::drep d;
     d.remote_comm_id = r.local_comm_id;
     d.local_comm_id = r.remote_comm_id;
     send_to(m.dst, m.src, m.hop_limit, h.tid, d);
+    return;
+  }
+  if (cp->qpn != 0 && r.remote_qpn != cp->qpn) {
+    // Our connection, but not our QP: neither ends it nor is answered (a
+    // DREP would tell the sender it ended; ib_cm's cm_dreq_handler).
+    ++stats_.mads_dropped;
     return;
   }
   conn& c = *cp;

@@ -460,6 +460,178 @@ TEST_F(cm_udp, repeated_mras_do_not_hold_a_connect_open) {
   EXPECT_EQ(reqs, 4) << "the REQ and its three resends";
 }
 
+// A passive side that is only a UDP socket on test_address(0), the RoCE
+// port as a device's: it reads the CM MADs the device under test (on
+// test_address(1), checking no ICRC) sends and answers with its own.
+class fake_passive {
+ public:
+  fake_passive() : raw_(test_address(0), test_address(1), test_port()) {
+    fd_ = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    sockaddr_in self{};
+    self.sin_family = AF_INET;
+    self.sin_port = htons(test_port());
+    ::inet_pton(AF_INET, test_address(0).c_str(), &self.sin_addr);
+    bound_ = fd_ >= 0 && ::bind(fd_, reinterpret_cast<sockaddr*>(&self), sizeof self) == 0;
+  }
+  ~fake_passive() { ::close(fd_); }
+  bool bound() const { return bound_; }
+
+  /// The next CM MAD of type M the device sends within `patience`
+  /// (polling `ctx`, which drives it); other MADs are counted and skipped.
+  template <class M>
+  std::optional<M> next(context& ctx, std::chrono::milliseconds patience = 5s) {
+    const auto until = std::chrono::steady_clock::now() + patience;
+    while (std::chrono::steady_clock::now() < until) {
+      ctx.poll();
+      std::byte in[512];
+      const ssize_t n = ::recv(fd_, in, sizeof in, 0);
+      wire::packet_view v;
+      if (n <= 0 || wire::decode(std::span(in, static_cast<std::size_t>(n)), true, v) != wire::decode_error::ok)
+        continue;
+      ++mads_;
+      M m;
+      if (wire::cm::decode(v.payload, m) == wire::cm::mad_error::ok) return m;
+    }
+    return std::nullopt;
+  }
+  /// MADs read so far (of any type).
+  int mads() const { return mads_; }
+
+  template <class M>
+  void send(const M& m) {
+    std::array<std::byte, wire::cm::mad_size> mad;
+    wire::cm::encode(wire::cm::mad_header{}, m, std::span<std::byte, wire::cm::mad_size>(mad));
+    raw_.send(mad);
+  }
+
+  /// Answers `req` with a REP from comm ID `id`, QP 0x99, CA GUID 0x1234,
+  /// private data starting 0xAB.
+  void accept(const wire::cm::req& req, std::uint32_t id) {
+    wire::cm::rep rep;
+    rep.local_comm_id = id;
+    rep.remote_comm_id = req.local_comm_id;
+    rep.local_qpn = 0x99;
+    rep.starting_psn = 5;
+    rep.responder_resources = 1;
+    rep.initiator_depth = 1;
+    rep.rnr_retry_count = 7;
+    rep.local_ca_guid = 0x1234;
+    rep.private_data[0] = std::byte{0xAB};
+    send(rep);
+  }
+
+ private:
+  raw_sender raw_;
+  int fd_ = -1;
+  bool bound_ = false;
+  int mads_ = 0;
+};
+
+// Connects `q` of `a` to a fake passive side, which answers as `id`;
+// returns the REQ it read.
+class cm_udp_fake_peer : public cm_udp {
+ protected:
+  std::optional<wire::cm::req> connect_to_fake(side& a, const qp& q, cm::connector& c, std::uint32_t id) {
+    gid peer_ip;
+    EXPECT_TRUE(gid::parse(test_address(0), peer_ip));
+    auto conn = c.async_connect(q, {peer_ip, 7471}, {}, fast(), use_request);
+    const auto req = peer.next<wire::cm::req>(ctx);
+    if (!req) return std::nullopt;
+    peer.accept(*req, id);
+    if (!peer.next<wire::cm::rtu>(ctx)) return std::nullopt;
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    while (!conn.ready() && std::chrono::steady_clock::now() < until) ctx.poll();
+    if (!conn.ready()) return std::nullopt;
+    std::error_code ec;
+    conn.get(ec);
+    EXPECT_FALSE(ec) << ec.message();
+    (void)a;
+    return req;
+  }
+  /// Polls for `d` (the device moves only when polled).
+  void run_for(std::chrono::milliseconds d) {
+    const auto until = std::chrono::steady_clock::now() + d;
+    while (std::chrono::steady_clock::now() < until) ctx.poll();
+  }
+  fake_passive peer;
+};
+
+// A REJ for an established connection ends it (ib_cm's cm_rej_handler: the
+// responder gave up after our RTU was lost, or was destroyed in REP_SENT,
+// and its QP is gone): the QP leaves RTS and a waiting notify_disconnect
+// completes, as after a DREQ.  One that does not name the peer's comm ID
+// changes nothing.
+TEST_F(cm_udp_fake_peer, a_rej_for_an_established_connection_ends_it) {
+  ASSERT_TRUE(peer.bound());
+  side a;
+  make(a, 1, "", nullptr, false);
+  qp qa = make_qp(a);
+  cm::connector c(a.dev);
+  const auto req = connect_to_fake(a, qa, c, 77);
+  ASSERT_TRUE(req.has_value()) << "not established";
+  ASSERT_EQ(c.state(), cm::conn_state::established);
+  auto notified = c.async_notify_disconnect(use_request);
+  wire::cm::rej j;
+  j.local_comm_id = 78;  // not the peer's
+  j.remote_comm_id = req->local_comm_id;
+  j.message_rejected = wire::cm::msg_ref::rep;
+  j.reason = static_cast<std::uint16_t>(wire::cm::rej_reason::consumer_defined);
+  j.private_data[0] = std::byte{0xCD};
+  peer.send(j);
+  run_for(50ms);
+  EXPECT_EQ(c.state(), cm::conn_state::established);
+  EXPECT_FALSE(notified.ready());
+  ASSERT_FALSE(c.private_data().empty());
+  EXPECT_EQ(c.private_data()[0], std::byte{0xAB}) << "a REJ that was dropped changed the private data";
+
+  j.local_comm_id = 77;
+  peer.send(j);
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (!notified.ready() && std::chrono::steady_clock::now() < until) ctx.poll();
+  ASSERT_TRUE(notified.ready()) << "the REJ did not end the connection";
+  std::error_code ec;
+  notified.get(ec);
+  EXPECT_EQ(ec, errc::connection_reset);
+  EXPECT_EQ(c.state(), cm::conn_state::timewait);
+  EXPECT_EQ(c.reject_reason(), static_cast<std::uint16_t>(wire::cm::rej_reason::consumer_defined));
+  EXPECT_EQ(qa.query().state, qp_state::err);
+  c.disconnect();  // ended already: completes at once, sends nothing
+  run_for(50ms);
+  EXPECT_FALSE(peer.next<wire::cm::dreq>(ctx, 10ms).has_value()) << "a DREQ for a connection the REJ ended";
+}
+
+// A DREQ with our comm IDs but another QP number (ib_cm's cm_dreq_handler):
+// neither ends the connection nor is answered -- a DREP would tell its
+// sender that the connection ended.
+TEST_F(cm_udp_fake_peer, a_dreq_for_another_qp_is_neither_obeyed_nor_answered) {
+  ASSERT_TRUE(peer.bound());
+  side a;
+  make(a, 1, "", nullptr, false);
+  qp qa = make_qp(a);
+  cm::connector c(a.dev);
+  const auto req = connect_to_fake(a, qa, c, 77);
+  ASSERT_TRUE(req.has_value()) << "not established";
+  auto notified = c.async_notify_disconnect(use_request);
+  wire::cm::dreq d;
+  d.local_comm_id = 77;
+  d.remote_comm_id = req->local_comm_id;
+  d.remote_qpn = qa.num() + 1;
+  peer.send(d);
+  EXPECT_FALSE(peer.next<wire::cm::drep>(ctx, 100ms).has_value()) << "answered";
+  EXPECT_EQ(c.state(), cm::conn_state::established);
+  EXPECT_FALSE(notified.ready());
+  EXPECT_EQ(qa.query().state, qp_state::rts);
+
+  d.remote_qpn = qa.num();
+  peer.send(d);
+  EXPECT_TRUE(peer.next<wire::cm::drep>(ctx).has_value());
+  ASSERT_TRUE(notified.ready());
+  std::error_code ec;
+  notified.get(ec);
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_EQ(qa.query().state, qp_state::err);
+}
+
 // An accept cancelled after its REP went out: when the RTU comes the
 // passive side does not come up; it tells the requester, which did come up,
 // with a DREQ, as a disconnect would.

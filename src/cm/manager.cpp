@@ -254,6 +254,16 @@ void manager::enter_timewait(conn& c) noexcept {
   arm(c, timewait_time(c));
 }
 
+void manager::end_stale(conn& old) noexcept {
+  if (old.st != state::established) return;  // ending already, or in timewait
+  qp_to_error(old);
+  end_connection(old, err(errc::connection_reset));
+  send_dreq(old);
+  old.st = state::dreq_sent;
+  old.retries_left = old.params.max_cm_retries;
+  arm(old, wcm::cm_timeout(old.params.cm_response_timeout));
+}
+
 // ---------------------------------------------------------------------------
 // Timers
 
@@ -671,17 +681,9 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
   }
   // Stale: that QP of that CA is still connected (or in timewait) here.
   if (auto it = by_qpn_.find({r.local_ca_guid, r.local_qpn}); it != by_qpn_.end()) {
-    conn& old = *it->second;
     ++stats_.stale_rejects;
     refuse(wcm::rej_reason::stale_conn);
-    if (old.st == state::established) {
-      qp_to_error(old);
-      end_connection(old, err(errc::connection_reset));
-      send_dreq(old);
-      old.st = state::dreq_sent;
-      old.retries_left = old.params.max_cm_retries;
-      arm(old, wcm::cm_timeout(old.params.cm_response_timeout));
-    }
+    end_stale(*it->second);
     return;
   }
   wcm::port_space wps;
@@ -801,6 +803,7 @@ void manager::on_rep(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
     send_rej(c, wcm::msg_ref::rep, wcm::rej_reason::stale_conn);
     c.rej_reason = static_cast<std::uint16_t>(wcm::rej_reason::stale_conn);
     fail_op(c, err(errc::connection_rejected));
+    end_stale(*it->second);
     close_conn(c);
     return;
   }

@@ -228,6 +228,10 @@ class manager final : public soft::gsi_agent {
   void fail_op(conn& c, const std::error_code& ec) noexcept;
   bool op_cancelled(const conn& c) const noexcept;
   void enter_timewait(conn& c) noexcept;
+  /// A new connection's peer QP is one `old` is still connected to (the
+  /// peer came back): `old` ends (QP to ERR, connection_reset) and the
+  /// peer hears a DREQ for it (IBTA 12.9.8.3; ib_cm).
+  void end_stale(conn& old) noexcept;
   void close_conn(conn& c) noexcept;  // closed; freed if no handle
   void erase(conn& c) noexcept;
   void index_qpn(conn& c) noexcept;

@@ -264,6 +264,68 @@ TEST_F(cm_udp, a_peer_that_comes_back_meets_a_stale_connection_rejection) {
   }
 }
 
+// The same from the other side: the passive peer comes back and its REP
+// names a QP the requester is still connected to.  The connect fails
+// "stale connection", and the old connection ends too: its QP stops, its
+// notify_disconnect completes, and a DREQ goes to the peer (which, not
+// knowing it, answers DREP: the old connection reaches timewait).
+TEST_F(cm_udp, a_requester_that_meets_a_stale_rep_ends_the_old_connection_too) {
+  side a, b;
+  make(a, 0);
+  make(b, 1);
+  qp qa = make_qp(a);
+  cm::connector old(a.dev);
+  std::uint32_t old_qpn = 0;
+  {
+    cm::listener l = cm::listen(b.dev, {b.ip, 7471});
+    qp qb = make_qp(b);
+    old_qpn = qb.num();
+    auto got = l.async_get_request(use_request);
+    auto conn = old.async_connect(qa, {b.ip, 7471}, {}, fast(), use_request);
+    cm::connector passive = got.get().conn;
+    passive.accept(qb, {}, fast());
+    conn.get();
+    // The passive device vanishes without a word, then comes back at the
+    // same address: same CA GUID, same first QP number.
+    b.sdev.reset();
+  }
+  b.c = {};
+  b.p = {};
+  b.dev = {};
+  soft_device_options o;
+  o.name = b.name;
+  o.address = test_address(1);
+  o.port = test_port();
+  b.sdev = std::make_unique<soft_device>(o);
+  b.dev = open_device(ctx, o.name);
+  b.p = b.dev.alloc_pd();
+  b.c = b.dev.create_cq(64);
+  qp qb = make_qp(b);
+  ASSERT_EQ(qb.num(), old_qpn);
+  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
+  auto notified = old.async_notify_disconnect(use_request);
+  qp qa2 = make_qp(a);
+  cm::connector c(a.dev);
+  auto got = l.async_get_request(use_request);
+  auto conn = c.async_connect(qa2, {b.ip, 7471}, {}, fast(), use_request);
+  cm::connector passive = got.get().conn;
+  auto accepted = passive.async_accept(qb, {}, fast(), use_request);
+  std::error_code ec;
+  conn.get(ec);
+  EXPECT_EQ(ec, errc::connection_rejected);
+  EXPECT_EQ(c.reject_reason(), 10);  // stale connection
+  ASSERT_TRUE(notified.wait_for(5s)) << "the old connection lives on";
+  notified.get(ec);
+  EXPECT_EQ(ec, errc::connection_reset);
+  EXPECT_EQ(qa.state(), qp_state::err);
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (old.state() != cm::conn_state::timewait && old.state() != cm::conn_state::closed &&
+         std::chrono::steady_clock::now() < until)
+    ctx.poll();
+  EXPECT_NE(old.state(), cm::conn_state::disconnecting) << "no DREP: the DREQ never went out";
+  EXPECT_TRUE(accepted.wait_for(5s));
+}
+
 // Sends raw RoCEv2 datagrams to QP1 of a device: valid carrier headers,
 // then a MAD that is anything at all.
 class raw_sender {

@@ -202,12 +202,16 @@ void manager::erase(conn& c) noexcept {
     auto it = by_qpn_.find({c.remote_guid, c.remote_qpn});
     if (it != by_qpn_.end() && it->second == &c) by_qpn_.erase(it);
   }
-  if (c.remote_indexed) {
-    auto it = by_remote_.find({c.remote_guid, c.remote_id});
-    if (it != by_remote_.end() && it->second == &c) by_remote_.erase(it);
-  }
+  unindex_remote(c);
   if (c.listener != nullptr) std::erase(c.listener->queue, &c);
   conns_.erase(c.local_id);  // frees c
+}
+
+void manager::unindex_remote(conn& c) noexcept {
+  if (!c.remote_indexed) return;
+  auto it = by_remote_.find({c.remote_guid, c.remote_id});
+  if (it != by_remote_.end() && it->second == &c) by_remote_.erase(it);
+  c.remote_indexed = false;
 }
 
 void manager::close_conn(conn& c) noexcept {
@@ -1471,6 +1475,10 @@ std::error_code manager::reject(conn* cp, std::span<const std::byte> pdata) noex
   if (c.st == state::req_rcvd) {
     if (pdata.size() > max_reject_private_data) return err(errc::invalid_argument);
     send_rej(c, wcm::msg_ref::req, wcm::rej_reason::consumer_defined, pdata);
+    // The request is forgotten (ib_cm resets the ID to idle): if the REJ
+    // is lost, the requester's resent REQ reaches the listener again
+    // instead of being swallowed as a duplicate of one rejected.
+    unindex_remote(c);
   } else if (c.st == state::sidr_rcvd) {
     if (pdata.size() > max_ud_accept_private_data) return err(errc::invalid_argument);
     send_sidr_rep(c, wcm::sidr_status::rejected, pdata);

@@ -233,6 +233,7 @@ class manager final : public soft::gsi_agent {
   /// peer hears a DREQ for it (IBTA 12.9.8.3; ib_cm).
   void end_stale(conn& old) noexcept;
   void close_conn(conn& c) noexcept;  // closed; freed if no handle
+  void unindex_remote(conn& c) noexcept;  // forgets the peer's (CA GUID, comm ID)
   void erase(conn& c) noexcept;
   void index_qpn(conn& c) noexcept;
   void deliver(listen_t& l) noexcept;

@@ -522,12 +522,12 @@ TEST_F(cm_udp, repeated_mras_do_not_hold_a_connect_open) {
   EXPECT_EQ(reqs, 4) << "the REQ and its three resends";
 }
 
-// A passive side that is only a UDP socket on test_address(0), the RoCE
-// port as a device's: it reads the CM MADs the device under test (on
-// test_address(1), checking no ICRC) sends and answers with its own.
-class fake_passive {
+// A peer that is only a UDP socket on test_address(0), the RoCE port as a
+// device's: it reads the CM MADs the device under test (on
+// test_address(1), checking no ICRC) sends and writes its own.
+class fake_peer {
  public:
-  fake_passive() : raw_(test_address(0), test_address(1), test_port()) {
+  fake_peer() : raw_(test_address(0), test_address(1), test_port()) {
     fd_ = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     sockaddr_in self{};
     self.sin_family = AF_INET;
@@ -535,7 +535,7 @@ class fake_passive {
     ::inet_pton(AF_INET, test_address(0).c_str(), &self.sin_addr);
     bound_ = fd_ >= 0 && ::bind(fd_, reinterpret_cast<sockaddr*>(&self), sizeof self) == 0;
   }
-  ~fake_passive() { ::close(fd_); }
+  ~fake_peer() { ::close(fd_); }
   bool bound() const { return bound_; }
 
   /// The next CM MAD of type M the device sends within `patience`
@@ -589,8 +589,8 @@ class fake_passive {
   int mads_ = 0;
 };
 
-// Connects `q` of `a` to a fake passive side, which answers as `id`;
-// returns the REQ it read.
+// Connects `q` of `a` to the fake peer, which answers as `id`; returns
+// the REQ it read.
 class cm_udp_fake_peer : public cm_udp {
  protected:
   std::optional<wire::cm::req> connect_to_fake(side& a, const qp& q, cm::connector& c, std::uint32_t id) {
@@ -615,7 +615,7 @@ class cm_udp_fake_peer : public cm_udp {
     const auto until = std::chrono::steady_clock::now() + d;
     while (std::chrono::steady_clock::now() < until) ctx.poll();
   }
-  fake_passive peer;
+  fake_peer peer;
 };
 
 // A REJ for an established connection ends it (ib_cm's cm_rej_handler: the
@@ -692,6 +692,65 @@ TEST_F(cm_udp_fake_peer, a_dreq_for_another_qp_is_neither_obeyed_nor_answered) {
   notified.get(ec);
   EXPECT_FALSE(ec) << ec.message();
   EXPECT_EQ(qa.query().state, qp_state::err);
+}
+
+// An application rejects a request and the REJ is lost: the requester's
+// resent REQ reaches the listener again (ib_cm resets a rejected ID to
+// idle), even while the application still holds the rejected connector,
+// and is not swallowed as a duplicate -- the requester would end
+// `timed_out` instead of hearing the rejection.
+TEST_F(cm_udp_fake_peer, a_req_resent_after_a_lost_rej_reaches_the_listener_again) {
+  ASSERT_TRUE(peer.bound());
+  side b;
+  make(b, 1, "", nullptr, false);
+  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
+  gid peer_ip;
+  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
+  namespace wcm = wire::cm;
+  wcm::req r;
+  r.local_comm_id = 55;
+  r.service_id = wcm::service_id(wcm::port_space::tcp, 7471);
+  r.local_ca_guid = 0xFEED;
+  r.local_qpn = 0x42;
+  r.responder_resources = 1;
+  r.initiator_depth = 1;
+  r.remote_cm_response_timeout = 16;
+  r.local_cm_response_timeout = 16;
+  r.path_mtu = static_cast<std::uint8_t>(mtu::mtu_1024);
+  r.retry_count = 7;
+  r.rnr_retry_count = 7;
+  r.max_cm_retries = 5;
+  std::memcpy(r.primary.local_gid.data(), peer_ip.raw.data(), 16);
+  std::memcpy(r.primary.remote_gid.data(), b.ip.raw.data(), 16);
+  wcm::ip_header ip;
+  ip.src_port = 40000;
+  std::memcpy(ip.src_ip.data(), peer_ip.raw.data(), 16);
+  std::memcpy(ip.dst_ip.data(), b.ip.raw.data(), 16);
+  ASSERT_EQ(wcm::encode(ip, r.private_data), wcm::ip_header_size);
+
+  auto next_request = [&]() -> std::optional<cm::connector> {
+    auto got = l.async_get_request(use_request);
+    const auto until = std::chrono::steady_clock::now() + 2s;
+    while (!got.ready() && std::chrono::steady_clock::now() < until) ctx.poll();
+    if (!got.ready()) return std::nullopt;
+    return got.get().conn;
+  };
+  peer.send(r);
+  const auto first = next_request();
+  ASSERT_TRUE(first.has_value());
+  first->reject();
+  const auto lost = peer.next<wcm::rej>(ctx);  // the REJ the network loses
+  ASSERT_TRUE(lost.has_value());
+  EXPECT_EQ(lost->remote_comm_id, 55u);
+
+  peer.send(r);  // the requester's resend
+  const auto again = next_request();
+  ASSERT_TRUE(again.has_value()) << "the resent REQ was swallowed";
+  again->reject();
+  const auto rej = peer.next<wcm::rej>(ctx);
+  ASSERT_TRUE(rej.has_value());
+  EXPECT_EQ(rej->remote_comm_id, 55u);
+  EXPECT_EQ(rej->reason, static_cast<std::uint16_t>(wcm::rej_reason::consumer_defined));
 }
 
 // An accept cancelled after its REP went out: when the RTU comes the

@@ -47,6 +47,23 @@ class cm_udp : public ::testing::Test {
     s.c = s.dev.create_cq(8192);
     gid::parse(o.address, s.ip);
   }
+  /// Brings `s`'s device back after it vanished (its handles dropped
+  /// here): same name, address and port, so the same CA GUID, and its
+  /// first QP gets the number the old one's first QP had.
+  void restart(side& s, int which) {
+    s.c = {};
+    s.p = {};
+    s.dev = {};
+    s.sdev.reset();
+    soft_device_options o;
+    o.name = s.name;
+    o.address = test_address(which);
+    o.port = test_port();
+    s.sdev = std::make_unique<soft_device>(o);
+    s.dev = open_device(ctx, o.name);
+    s.p = s.dev.alloc_pd();
+    s.c = s.dev.create_cq(64);
+  }
   qp make_qp(side& s) {
     qp_init_attr ia;
     ia.send_cq = ia.recv_cq = s.c;
@@ -220,17 +237,7 @@ TEST_F(cm_udp, a_peer_that_comes_back_meets_a_stale_connection_rejection) {
     c = {};
     qa = {};
   }
-  a.c = {};
-  a.p = {};
-  a.dev = {};
-  soft_device_options o;
-  o.name = a.name;
-  o.address = test_address(0);
-  o.port = test_port();
-  a.sdev = std::make_unique<soft_device>(o);
-  a.dev = open_device(ctx, o.name);
-  a.p = a.dev.alloc_pd();
-  a.c = a.dev.create_cq(64);
+  restart(a, 0);
   qp qa = make_qp(a);
   ASSERT_EQ(qa.num(), old_qpn);
   auto notified = passive.async_notify_disconnect(use_request);
@@ -289,17 +296,7 @@ TEST_F(cm_udp, a_requester_that_meets_a_stale_rep_ends_the_old_connection_too) {
     // same address: same CA GUID, same first QP number.
     b.sdev.reset();
   }
-  b.c = {};
-  b.p = {};
-  b.dev = {};
-  soft_device_options o;
-  o.name = b.name;
-  o.address = test_address(1);
-  o.port = test_port();
-  b.sdev = std::make_unique<soft_device>(o);
-  b.dev = open_device(ctx, o.name);
-  b.p = b.dev.alloc_pd();
-  b.c = b.dev.create_cq(64);
+  restart(b, 1);
   qp qb = make_qp(b);
   ASSERT_EQ(qb.num(), old_qpn);
   cm::listener l = cm::listen(b.dev, {b.ip, 7471});

@@ -275,6 +275,20 @@ class hostile_peer : public ::testing::Test {
     return drain(std::chrono::milliseconds(100));
   }
 
+  /// Registers `buf` and posts one signaled SEND (wr_id 42) of all of it;
+  /// the region is returned, to outlive the SEND.
+  mr post_send_of(std::vector<std::byte>& buf) {
+    mr m = pd_.reg_mr(buf.data(), buf.size(), access_local_write);
+    sge g{reinterpret_cast<std::uintptr_t>(buf.data()), static_cast<std::uint32_t>(buf.size()), m.lkey()};
+    send_wr w;
+    w.wr_id = 42;
+    w.sg_list = &g;
+    w.num_sge = 1;
+    w.flags = send_signaled;
+    EXPECT_FALSE(qp_.post_send(w));
+    return m;
+  }
+
   std::vector<std::byte> filled(std::size_t n, std::uint8_t v) { return std::vector<std::byte>(n, std::byte{v}); }
   std::uint64_t va(std::size_t off = 0) const { return reinterpret_cast<std::uintptr_t>(buf_.data()) + off; }
 
@@ -443,14 +457,7 @@ class hostile_peer_still_clock : public hostile_peer {
 TEST_F(hostile_peer_still_clock, a_nak_repeated_after_a_resend_overtaken_by_an_ack_is_answered_at_once) {
   make_qp(qp_type::rc);
   std::vector<std::byte> big(64 * 1024, std::byte{0x5A});
-  mr m = pd_.reg_mr(big.data(), big.size(), access_local_write);
-  sge g{reinterpret_cast<std::uintptr_t>(big.data()), static_cast<std::uint32_t>(big.size()), m.lkey()};
-  send_wr w;
-  w.wr_id = 42;
-  w.sg_list = &g;
-  w.num_sge = 1;
-  w.flags = send_signaled;
-  ASSERT_FALSE(qp_.post_send(w));  // PSNs 0..63
+  const mr m = post_send_of(big);  // PSNs 0..63
   ASSERT_TRUE(requests_until(63));
   respond(wire::opcode::rc_ack, 0, nak_psn_sequence);
   respond(wire::opcode::rc_ack, 40, wire::aeth_ack_unlimited);
@@ -513,14 +520,7 @@ TEST_F(hostile_peer, a_retry_count_lowered_in_sqd_applies_to_the_next_request) {
 TEST_F(hostile_peer, an_ack_for_a_psn_not_yet_sent_completes_nothing) {
   make_qp(qp_type::rc, nullptr, 18);  // a 1 s timeout: no resend muddles the PSNs
   std::vector<std::byte> big(200 * 1024, std::byte{0x5A});
-  mr m = pd_.reg_mr(big.data(), big.size(), access_local_write);
-  sge g{reinterpret_cast<std::uintptr_t>(big.data()), static_cast<std::uint32_t>(big.size()), m.lkey()};
-  send_wr w;
-  w.wr_id = 42;
-  w.sg_list = &g;
-  w.num_sge = 1;
-  w.flags = send_signaled;
-  ASSERT_FALSE(qp_.post_send(w));  // 200 packets; the window lets 128 go
+  const mr m = post_send_of(big);  // 200 packets; the window lets 128 go
   std::uint32_t highest = 0;
   while (const auto req = next_request(std::chrono::milliseconds(20))) highest = std::max(highest, req->bth.psn);
   ASSERT_EQ(highest, 127u);

@@ -332,19 +332,15 @@ std::size_t run_segment_size(std::span<const std::byte> dgram) noexcept {
     return std::memcmp(d + off + 2, d + 2, 2) == 0 && std::memcmp(d + off + 5, d + 5, 3) == 0 &&
            get24(d + off + 9) == ((psn + k) & psn_mask);
   };
-  for (std::size_t seg = min_packet; seg + min_packet <= len; ++seg) {
-    if (!continues(seg, 1)) continue;
-    bool whole = true;
-    std::uint32_t k = 2;
-    std::size_t off = 2 * seg;
-    for (; off < len; off += seg, ++k) {
-      if (len - off < min_packet || !continues(off, k)) {
-        whole = false;
-        break;
-      }
-    }
-    if (whole) return seg;
-  }
+  // Every segment after the first continues it, and none is shorter than a packet.
+  auto splits_at = [&](std::size_t seg) {
+    std::uint32_t k = 1;
+    for (std::size_t off = seg; off < len; off += seg, ++k)
+      if (len - off < min_packet || !continues(off, k)) return false;
+    return true;
+  };
+  for (std::size_t seg = min_packet; seg + min_packet <= len; ++seg)
+    if (continues(seg, 1) && splits_at(seg)) return seg;
   return len;
 }
 

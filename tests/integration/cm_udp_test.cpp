@@ -586,32 +586,42 @@ class fake_peer {
   int mads_ = 0;
 };
 
-// Connects `q` of `a` to the fake peer, which answers as `id`; returns
-// the REQ it read.
+// The device under test, `a` on test_address(1), and the fake peer.
 class cm_udp_fake_peer : public cm_udp {
  protected:
-  std::optional<wire::cm::req> connect_to_fake(side& a, const qp& q, cm::connector& c, std::uint32_t id) {
+  /// Makes `a`, its QP `qa` and connector `c`, and connects them to the
+  /// fake peer, which answers as `id`; returns the REQ it read (nothing if
+  /// the connection did not come up).
+  std::optional<wire::cm::req> establish(std::uint32_t id) {
+    make(a, 1, "", nullptr, false);
+    qa = make_qp(a);
+    c = cm::connector(a.dev);
     gid peer_ip;
     EXPECT_TRUE(gid::parse(test_address(0), peer_ip));
-    auto conn = c.async_connect(q, {peer_ip, 7471}, {}, fast(), use_request);
+    auto conn = c.async_connect(qa, {peer_ip, 7471}, {}, fast(), use_request);
     const auto req = peer.next<wire::cm::req>(ctx);
     if (!req) return std::nullopt;
     peer.accept(*req, id);
-    if (!peer.next<wire::cm::rtu>(ctx)) return std::nullopt;
-    const auto until = std::chrono::steady_clock::now() + 5s;
-    while (!conn.ready() && std::chrono::steady_clock::now() < until) ctx.poll();
-    if (!conn.ready()) return std::nullopt;
+    if (!peer.next<wire::cm::rtu>(ctx) || !poll_until([&] { return conn.ready(); })) return std::nullopt;
     std::error_code ec;
     conn.get(ec);
     EXPECT_FALSE(ec) << ec.message();
-    (void)a;
     return req;
   }
-  /// Polls for `d` (the device moves only when polled).
-  void run_for(std::chrono::milliseconds d) {
-    const auto until = std::chrono::steady_clock::now() + d;
-    while (std::chrono::steady_clock::now() < until) ctx.poll();
+  /// Polls (the devices move only when polled) until `done()` or `patience`
+  /// is over; returns `done()`.
+  template <class Done>
+  bool poll_until(Done done, std::chrono::milliseconds patience = 5s) {
+    const auto until = std::chrono::steady_clock::now() + patience;
+    while (!done() && std::chrono::steady_clock::now() < until) ctx.poll();
+    return done();
   }
+  /// Polls for `d`.
+  void run_for(std::chrono::milliseconds d) { (void)poll_until([] { return false; }, d); }
+
+  side a;
+  qp qa;
+  cm::connector c;
   fake_peer peer;
 };
 
@@ -622,11 +632,7 @@ class cm_udp_fake_peer : public cm_udp {
 // changes nothing.
 TEST_F(cm_udp_fake_peer, a_rej_for_an_established_connection_ends_it) {
   ASSERT_TRUE(peer.bound());
-  side a;
-  make(a, 1, "", nullptr, false);
-  qp qa = make_qp(a);
-  cm::connector c(a.dev);
-  const auto req = connect_to_fake(a, qa, c, 77);
+  const auto req = establish(77);
   ASSERT_TRUE(req.has_value()) << "not established";
   ASSERT_EQ(c.state(), cm::conn_state::established);
   auto notified = c.async_notify_disconnect(use_request);
@@ -645,9 +651,7 @@ TEST_F(cm_udp_fake_peer, a_rej_for_an_established_connection_ends_it) {
 
   j.local_comm_id = 77;
   peer.send(j);
-  const auto until = std::chrono::steady_clock::now() + 5s;
-  while (!notified.ready() && std::chrono::steady_clock::now() < until) ctx.poll();
-  ASSERT_TRUE(notified.ready()) << "the REJ did not end the connection";
+  ASSERT_TRUE(poll_until([&] { return notified.ready(); })) << "the REJ did not end the connection";
   std::error_code ec;
   notified.get(ec);
   EXPECT_EQ(ec, errc::connection_reset);
@@ -664,11 +668,7 @@ TEST_F(cm_udp_fake_peer, a_rej_for_an_established_connection_ends_it) {
 // sender that the connection ended.
 TEST_F(cm_udp_fake_peer, a_dreq_for_another_qp_is_neither_obeyed_nor_answered) {
   ASSERT_TRUE(peer.bound());
-  side a;
-  make(a, 1, "", nullptr, false);
-  qp qa = make_qp(a);
-  cm::connector c(a.dev);
-  const auto req = connect_to_fake(a, qa, c, 77);
+  const auto req = establish(77);
   ASSERT_TRUE(req.has_value()) << "not established";
   auto notified = c.async_notify_disconnect(use_request);
   wire::cm::dreq d;
@@ -727,9 +727,7 @@ TEST_F(cm_udp_fake_peer, a_req_resent_after_a_lost_rej_reaches_the_listener_agai
 
   auto next_request = [&]() -> std::optional<cm::connector> {
     auto got = l.async_get_request(use_request);
-    const auto until = std::chrono::steady_clock::now() + 2s;
-    while (!got.ready() && std::chrono::steady_clock::now() < until) ctx.poll();
-    if (!got.ready()) return std::nullopt;
+    if (!poll_until([&] { return got.ready(); }, 2s)) return std::nullopt;
     return got.get().conn;
   };
   peer.send(r);

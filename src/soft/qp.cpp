@@ -292,10 +292,10 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
   if ((mask & m_sqd_notify) != 0) qp->sqd_notify = a.en_sqd_async_notify;
   if (qp->type == qp_type::ud && (mask & m_qkey) == 0 && cur == qp_state::reset) qp->qkey = 0;
 
-  // A path changed in SQD (SQD -> SQD, IBTA 10.3.1) leaves from the source
-  // port of its new flow label, as rxe computes it at every modify.
-  if ((mask & m_av) != 0 && qp->type != qp_type::ud && (cur == qp_state::rts || cur == qp_state::sqd))
-    set_source_port(qp);
+  // The source port follows the path as rxe computes it, at every modify
+  // that sets one: INIT -> RTR (a responder in RTR already answers) and a
+  // path changed in SQD (SQD -> SQD, IBTA 10.3.1).
+  if ((mask & m_av) != 0 && qp->type != qp_type::ud) set_source_port(qp);
   if ((mask & m_state) == 0 || next == cur) {
     if (next == qp_state::sqd && (mask & m_state) != 0) check_sq_drained(qp);
     return {};

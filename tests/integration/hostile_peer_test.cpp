@@ -61,6 +61,20 @@ class hostile_peer : public ::testing::Test {
   /// PSNs 0, path MTU 1024.
   void make_qp(qp_type t, const srq* s = nullptr, std::uint8_t timeout = 14, std::uint8_t retry_cnt = 7,
                std::uint8_t rnr_retry = 7) {
+    make_qp_rtr(t, s);
+    qp_attr at;
+    at.state = qp_state::rts;
+    at.timeout = timeout;
+    at.retry_cnt = retry_cnt;
+    at.rnr_retry = rnr_retry;
+    at.max_rd_atomic = 4;
+    std::uint32_t mask = qp_attr_state | qp_attr_sq_psn;
+    if (t == qp_type::rc) mask |= qp_attr_timeout | qp_attr_retry_cnt | qp_attr_rnr_retry | qp_attr_max_qp_rd_atomic;
+    qp_.modify(at, mask);
+  }
+
+  /// make_qp() up to RTR: a responder only.
+  void make_qp_rtr(qp_type t, const srq* s = nullptr) {
     qp_init_attr ia;
     ia.send_cq = cq_;
     ia.recv_cq = cq_;
@@ -84,15 +98,6 @@ class hostile_peer : public ::testing::Test {
     at.ah.grh.dgid = peer_gid_;
     std::uint32_t mask = qp_attr_state | qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn | qp_attr_rq_psn;
     if (t == qp_type::rc) mask |= qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer;
-    qp_.modify(at, mask);
-    at = {};
-    at.state = qp_state::rts;
-    at.timeout = timeout;
-    at.retry_cnt = retry_cnt;
-    at.rnr_retry = rnr_retry;
-    at.max_rd_atomic = 4;
-    mask = qp_attr_state | qp_attr_sq_psn;
-    if (t == qp_type::rc) mask |= qp_attr_timeout | qp_attr_retry_cnt | qp_attr_rnr_retry | qp_attr_max_qp_rd_atomic;
     qp_.modify(at, mask);
   }
 
@@ -149,13 +154,17 @@ class hostile_peer : public ::testing::Test {
 
   /// Drives the device until it sends an ACK-carrying packet (ACK, NAK,
   /// atomic ACK) and returns its headers.
-  std::optional<wire::transport_headers> next_ack(std::chrono::milliseconds patience = std::chrono::seconds(5)) {
+  std::optional<wire::transport_headers> next_ack(std::chrono::milliseconds patience = std::chrono::seconds(5),
+                                                  std::uint16_t* from_port = nullptr) {
     const auto until = std::chrono::steady_clock::now() + patience;
     std::byte in[2048];
     while (std::chrono::steady_clock::now() < until) {
       (void)cq_.poll({});
-      const ssize_t n = ::recv(fd_, in, sizeof in, 0);
+      sockaddr_in from{};
+      socklen_t from_len = sizeof from;
+      const ssize_t n = ::recvfrom(fd_, in, sizeof in, 0, reinterpret_cast<sockaddr*>(&from), &from_len);
       if (n <= 0) continue;
+      if (from_port != nullptr) *from_port = ntohs(from.sin_port);
       wire::packet_view v;
       if (wire::decode(std::span(in, static_cast<std::size_t>(n)), true, v) != wire::decode_error::ok) continue;
       const auto op = static_cast<wire::opcode>(v.hdr.bth.opcode);
@@ -858,6 +867,24 @@ TEST_F(hostile_peer, a_flow_label_changed_in_sqd_moves_the_source_port) {
   EXPECT_EQ(req->bth.psn, 1u);
   EXPECT_EQ(after, wire::udp_source_port(0x12345, qp_.num(), peer_qpn));
   EXPECT_NE(after, before);
+}
+
+// A responder answers from its flow's source port as soon as it has a path:
+// rxe computes the port at every modify that sets the AV, INIT -> RTR
+// included, and a QP still in RTR acknowledges what it receives.
+TEST_F(hostile_peer, a_responder_in_rtr_answers_from_its_flows_source_port) {
+  make_qp_rtr(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write | access_remote_write);
+  wire::transport_headers h;
+  h.reth = {va(), m.rkey(), 16};
+  send(wire::opcode::rc_write_only, 0, filled(16, 7), h);
+  std::uint16_t from = 0;
+  const auto ack = next_ack(std::chrono::seconds(5), &from);
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_EQ(ack->aeth.syndrome, wire::aeth_ack_unlimited);
+  if (from == test_port())
+    GTEST_SKIP() << "no raw socket (needs CAP_NET_RAW): every datagram leaves from the RoCE port";
+  EXPECT_EQ(from, wire::udp_source_port(0, qp_.num(), peer_qpn));
 }
 
 // The ICRC covers the IPv4 ID, which a UDP socket does not show: a device

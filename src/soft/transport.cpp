@@ -477,6 +477,10 @@ void device::requester(qp_t* qp) noexcept {
     if (i == qp->sq.producer()) return;
     send_state& st = qp->sq_state[i & mask];
     auto* w = qp->sq.at<send_wqe>(i);
+    // Nothing after a WQE that failed here is started: the QP goes to ERR
+    // when the failure is retired, in order (IBTA 10.8.3), and a resend
+    // from an earlier PSN stops here too.
+    if (st.state == wqe_state::done && st.status != wc_status::success) return;
     if (st.state == wqe_state::done || st.state == wqe_state::pending) {
       ++qp->req.wqe_index;
       continue;
@@ -505,7 +509,6 @@ void device::requester(qp_t* qp) noexcept {
         // No initiator depth: a READ or atomic cannot be issued (IBTA 10.3.2).
         st.state = wqe_state::done;
         st.status = wc_status::loc_qp_op_err;
-        ++qp->req.wqe_index;
         ++qp->req.start_index;
         complete_wqes(qp);
         return;
@@ -541,7 +544,6 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
   auto fail = [&](wc_status s) {
     st.state = wqe_state::done;
     st.status = s;
-    ++qp->req.wqe_index;
     complete_wqes(qp);
     return false;
   };
@@ -1356,11 +1358,8 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
   // NAK or a reserved type there, or a reserved type in an ACK, is a
   // response nothing asked for (rxe check_ack).
   const bool plain_ack = p->hdr.bth.opcode == static_cast<std::uint8_t>(opcode::rc_ack);
-  if (has_aeth && !psn_before(psn, qp->comp.psn) &&
-      (type == wire::aeth_type::reserved || (!plain_ack && type != wire::aeth_type::ack))) {
-    fail_oldest(qp, wc_status::bad_resp_err);
-    return;
-  }
+  const bool malformed = has_aeth && !psn_before(psn, qp->comp.psn) &&
+                         (type == wire::aeth_type::reserved || (!plain_ack && type != wire::aeth_type::ack));
   const std::uint32_t before = qp->comp.psn;
 
   // Everything before `limit` reached the responder and executed (an ACK,
@@ -1389,6 +1388,15 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
     }
     return true;
   };
+
+  if (malformed) {
+    // What lies wholly before it was still acknowledged (rxe's check_psn()
+    // completes it first); the response fails the WQE it answers, or a
+    // READ or atomic before it whose response was skipped.
+    acked_below(psn);
+    fail_oldest(qp, wc_status::bad_resp_err);
+    return;
+  }
 
   // The oldest unfinished WQE, if started.
   auto oldest = [&](std::uint32_t& index) -> send_state* {

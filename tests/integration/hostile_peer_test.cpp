@@ -60,14 +60,14 @@ class hostile_peer : public ::testing::Test {
   /// A QP of type `t` connected to the fake peer's QP `peer_qpn`, both
   /// PSNs 0, path MTU 1024.
   void make_qp(qp_type t, const srq* s = nullptr, std::uint8_t timeout = 14, std::uint8_t retry_cnt = 7,
-               std::uint8_t rnr_retry = 7) {
+               std::uint8_t rnr_retry = 7, std::uint8_t max_rd_atomic = 4) {
     make_qp_rtr(t, s);
     qp_attr at;
     at.state = qp_state::rts;
     at.timeout = timeout;
     at.retry_cnt = retry_cnt;
     at.rnr_retry = rnr_retry;
-    at.max_rd_atomic = 4;
+    at.max_rd_atomic = max_rd_atomic;
     std::uint32_t mask = qp_attr_state | qp_attr_sq_psn;
     if (t == qp_type::rc) mask |= qp_attr_timeout | qp_attr_retry_cnt | qp_attr_rnr_retry | qp_attr_max_qp_rd_atomic;
     qp_.modify(at, mask);
@@ -539,6 +539,47 @@ TEST_F(hostile_peer, an_ack_for_a_psn_not_yet_sent_completes_nothing) {
   const auto more = next_request();
   ASSERT_TRUE(more.has_value());
   EXPECT_EQ(more->bth.psn, 128u);
+}
+
+// A READ refused for want of initiator depth (max_rd_atomic 0) ends the
+// send queue there (IBTA 10.8.3): the SEND posted behind it must not reach
+// the peer while the refusal waits for an earlier WQE's ACK to be retired.
+TEST_F(hostile_peer, nothing_posted_behind_a_read_refused_for_max_rd_atomic_0_is_sent) {
+  make_qp(qp_type::rc, nullptr, 18, 7, 7, 0);  // a 1 s timeout: no resend
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::send, 16, m, 0, 0, 0);  // unsignaled: the peer need not ACK it yet
+  post(wr_opcode::rdma_read, 16, m, 0x1000, 0x77);
+  post(wr_opcode::send, 16, m);
+  const auto first = next_request();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->bth.psn, 0u);
+  EXPECT_FALSE(next_request(std::chrono::milliseconds(100)).has_value());
+  respond(wire::opcode::rc_ack, 0, wire::aeth_ack_unlimited);
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].status, wc_status::loc_qp_op_err);
+  EXPECT_EQ(wcs[1].status, wc_status::wr_flush_err);
+  EXPECT_EQ(qp_.query().state, qp_state::err);
+}
+
+// A malformed response at the PSN of a later WQE first completes the ones
+// before it (an implied ACK, as rxe's check_psn() does), then fails its own.
+TEST_F(hostile_peer, a_bad_response_fails_its_own_wqe_not_the_one_before) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::send, 16, m);
+  post(wr_opcode::rdma_read, 16, m, 0x1000, 0x77);
+  ASSERT_TRUE(next_request().has_value());
+  const auto read = next_request();
+  ASSERT_TRUE(read.has_value());
+  ASSERT_EQ(read->bth.psn, 1u);
+  respond(wire::opcode::rc_read_response_only, 1, wire::aeth_rnr_nak(1), filled(16, 0xAA));
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+  EXPECT_EQ(wcs[0].opcode, wc_opcode::send);
+  EXPECT_EQ(wcs[1].status, wc_status::bad_resp_err);
+  EXPECT_EQ(wcs[1].opcode, wc_opcode::rdma_read);
 }
 
 // rxe: a READ response must carry an ACK syndrome.  One carrying an RNR

@@ -515,6 +515,10 @@ void device::complete_wqes(qp_t* qp) noexcept {
       wc.opcode = wc_opcode_of(w->opcode);
       wc.qp_num = qp->qpn;
       wc.byte_len = w->length;
+      // The sender's completion flags its immediate too (rxe, mlx5).
+      if (w->opcode == static_cast<std::uint8_t>(wr_opcode::send_with_imm) ||
+          w->opcode == static_cast<std::uint8_t>(wr_opcode::rdma_write_with_imm))
+        wc.wc_flags = wc_with_imm;
       overflow = !post_cqe(qp->scq, wc, false);
     }
     st = send_state{};

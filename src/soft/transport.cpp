@@ -629,7 +629,8 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
   if ((inf.headers & wire::hdr_reth) != 0) p->hdr.reth = {w->remote_addr, w->rkey, w->length};
   if ((inf.headers & wire::hdr_immdt) != 0) p->hdr.imm = w->imm;
   if ((inf.headers & wire::hdr_ieth) != 0) p->hdr.ieth_rkey = w->imm;
-  if (last && (w->flags & send_solicited) != 0) p->hdr.bth.se = true;
+  // Solicited Event belongs to SENDs and WRITE with Immediate (IBTA 9.2.3).
+  if (last && (w->flags & send_solicited) != 0 && op != wr_opcode::rdma_write) p->hdr.bth.se = true;
   if (qp->type == qp_type::rc) {
     // AckReq (IBTA 9.7.5.1.2): on the last packet of a signaled message,
     // as rxe does on every last packet -- an unsignaled one leaves it to

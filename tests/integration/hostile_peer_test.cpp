@@ -582,6 +582,22 @@ TEST_F(hostile_peer, a_bad_response_fails_its_own_wqe_not_the_one_before) {
   EXPECT_EQ(wcs[1].opcode, wc_opcode::rdma_read);
 }
 
+// Solicited Event is a SEND's or a WRITE with Immediate's (IBTA 9.2.3,
+// rxe's init_req_packet()): a plain RDMA WRITE posted solicited leaves
+// without it.
+TEST_F(hostile_peer, solicited_event_is_set_on_sends_not_on_plain_writes) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::rdma_write, 16, m, 0x1000, 0x77, send_signaled | send_solicited);
+  post(wr_opcode::rdma_write_with_imm, 16, m, 0x1000, 0x77, send_signaled | send_solicited);
+  post(wr_opcode::send, 16, m, 0, 0, send_signaled | send_solicited);
+  for (const bool se : {false, true, true}) {
+    const auto req = next_request();
+    ASSERT_TRUE(req.has_value());
+    EXPECT_EQ(req->bth.se, se) << "opcode " << int{req->bth.opcode};
+  }
+}
+
 // rxe: a READ response must carry an ACK syndrome.  One carrying an RNR
 // NAK is a bad response, not an RNR wait.
 TEST_F(hostile_peer, a_read_response_with_an_rnr_nak_syndrome_is_a_bad_response) {

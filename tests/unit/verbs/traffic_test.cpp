@@ -53,7 +53,9 @@ TEST_F(traffic, rc_send_with_imm_reports_imm_in_network_order) {
   send_wr w = make_wr(wr_opcode::send_with_imm, sg, 3);
   w.imm_data = net32(0x12345678);
   ASSERT_FALSE(p.a.post_send(w));
-  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 3, wc_opcode::send));
+  const auto s = poll_one(p.cq_a);
+  EXPECT_TRUE(wc_ok(s, 3, wc_opcode::send));
+  EXPECT_EQ(s.wc_flags, static_cast<std::uint32_t>(wc_with_imm));  // the sender's too, as rxe and mlx5 report it
   const auto r = poll_one(p.cq_b);
   EXPECT_TRUE(wc_ok(r, 7, wc_opcode::recv));
   EXPECT_EQ(r.byte_len, 64u);
@@ -207,7 +209,9 @@ TEST_F(traffic, rc_write_with_imm_consumes_receive_with_write_length) {
   send_wr w = make_wr(wr_opcode::rdma_write_with_imm, sg, 15, send_signaled, remote.addr(), remote.m.rkey());
   w.imm_data = net32(0xA5A5F00F);
   ASSERT_FALSE(p.a.post_send(w));
-  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 15, wc_opcode::rdma_write));
+  const auto s = poll_one(p.cq_a);
+  EXPECT_TRUE(wc_ok(s, 15, wc_opcode::rdma_write));
+  EXPECT_EQ(s.wc_flags, static_cast<std::uint32_t>(wc_with_imm));
   const auto r = poll_one(p.cq_b);
   EXPECT_TRUE(wc_ok(r, 14, wc_opcode::recv_rdma_with_imm));
   EXPECT_EQ(r.byte_len, 1500u);

@@ -858,7 +858,15 @@ void device::respond(qp_t* qp, packet* p) noexcept {
                                                                  : wire::nak_code::invalid_request;
       send_ack(qp, wire::aeth_nak(code), psn);
     }
-    if (r.have_wqe && recv_status != wc_status::success) fail_recv(recv_status);
+    // The receive the broken message took completes with the error (rxe's
+    // do_class_ac_error()), not flushed as if never used.
+    if (r.have_wqe) {
+      if (recv_status == wc_status::success)
+        recv_status = e == resp_error::access        ? wc_status::rem_access_err
+                      : e == resp_error::operational ? wc_status::rem_op_err
+                                                     : wc_status::rem_inv_req_err;
+      fail_recv(recv_status);
+    }
     raise_event(e == resp_error::access ? event_type::qp_access_err : event_type::qp_req_err, qp->qpn);
     qp_to_error(qp);
   };

@@ -582,6 +582,28 @@ TEST_F(hostile_peer, a_bad_response_fails_its_own_wqe_not_the_one_before) {
   EXPECT_EQ(wcs[1].opcode, wc_opcode::rdma_read);
 }
 
+// A fatal error in the middle of a SEND fails the receive the SEND took,
+// with the error's status (rxe's do_class_ac_error(); hfi1 completes it in
+// error too): it is not merely flushed with the ones behind it.
+TEST_F(hostile_peer, a_send_broken_off_by_an_error_completes_its_receive_in_error) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 8192, access_local_write);
+  post_recvs(m, 2, 2048);
+  send(wire::opcode::rc_send_first, 0, filled(1024, 1));
+  send(wire::opcode::rc_send_middle, 1, filled(512, 2));  // a MIDDLE shorter than the path MTU
+  std::optional<wire::transport_headers> nak;
+  while ((nak = next_ack()) && nak->aeth.syndrome == wire::aeth_ack_unlimited) {
+  }
+  ASSERT_TRUE(nak.has_value());
+  EXPECT_EQ(nak->aeth.syndrome, wire::aeth_nak(wire::nak_code::invalid_request));
+  EXPECT_EQ(nak->bth.psn, 1u);
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].wr_id, 0u);
+  EXPECT_EQ(wcs[0].status, wc_status::rem_inv_req_err);
+  EXPECT_EQ(wcs[1].status, wc_status::wr_flush_err);
+}
+
 // Solicited Event is a SEND's or a WRITE with Immediate's (IBTA 9.2.3,
 // rxe's init_req_packet()): a plain RDMA WRITE posted solicited leaves
 // without it.

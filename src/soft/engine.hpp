@@ -292,6 +292,7 @@ struct qp_t {
     bool nak_sent = false;        // one PSN-sequence NAK per gap (unless it persists)
     std::uint32_t nak_count = 0;  // packets seen past the gap since the NAK
     bool rnr_behind = false;      // an RNR NAK was sent; the packets pipelined behind it may follow
+    bool rnr_nak = false;         // the NAK outstanding is an RNR NAK: the requester waits, then resends
     bool drop_msg = false;        // UC: dropping until the next FIRST/ONLY
     bool comm_est = false;        // COMM_EST raised
     // The message in progress.

@@ -140,6 +140,7 @@ void device::send_rnr_nak(qp_t* qp, std::uint32_t psn) noexcept {
   qp->resp.nak_sent = true;
   qp->resp.nak_count = 0;
   qp->resp.rnr_behind = true;
+  qp->resp.rnr_nak = true;
 }
 
 void device::send_ack(qp_t* qp, std::uint8_t syndrome, std::uint32_t psn) noexcept {
@@ -888,13 +889,16 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       if (r.nak_sent && psn == ((r.psn + 1) & wire::psn_mask)) {
         again = !r.rnr_behind;
         r.rnr_behind = false;
-      } else if (r.nak_sent) {
+      } else if (r.nak_sent && !r.rnr_nak) {
+        // (Not behind an RNR NAK: every packet the requester pipelined
+        // comes past it before the RNR timer lets it resend.)
         again = ++r.nak_count >= 64;
       }
       if (!r.nak_sent || again) {
         send_ack(qp, wire::aeth_nak(wire::nak_code::psn_sequence_error), r.psn);
         r.nak_sent = true;
         r.nak_count = 0;
+        r.rnr_nak = false;
         ++counters_.seq_naks_sent;
       }
       return;
@@ -905,6 +909,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
     }
     r.nak_sent = false;
     r.rnr_behind = false;
+    r.rnr_nak = false;
   } else {
     // UC: a gap drops the rest of the message; a FIRST or ONLY resyncs.
     if (psn != r.psn) {

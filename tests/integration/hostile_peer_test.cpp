@@ -741,6 +741,21 @@ TEST_F(hostile_peer, an_rnr_nak_answers_for_the_packet_pipelined_behind_it) {
   EXPECT_EQ(buf_[64], std::byte{0xBB});
 }
 
+// However many packets the requester pipelined behind an RNR NAK, they
+// get no sequence NAK (one NAK per gap, rxe's check_psn()): the requester
+// waits out the RNR timer before it resends, and an rxe requester would
+// count a sequence NAK against retry_cnt.
+TEST_F(hostile_peer, a_long_pipeline_behind_an_rnr_nak_gets_no_sequence_nak) {
+  make_qp(qp_type::rc);
+  for (std::uint32_t psn = 0; psn < 70; ++psn) send(wire::opcode::rc_send_only, psn, filled(16, 0xAA));
+  const auto rnr = next_ack();
+  ASSERT_TRUE(rnr.has_value());
+  EXPECT_EQ(wire::aeth_type_of(rnr->aeth.syndrome), wire::aeth_type::rnr_nak);
+  EXPECT_EQ(rnr->bth.psn, 0u);
+  const auto extra = next_ack(std::chrono::milliseconds(200));
+  EXPECT_FALSE(extra.has_value()) << "syndrome " << int(extra->aeth.syndrome) << " psn " << extra->bth.psn;
+}
+
 // An RNR NAK that also acknowledges earlier requests is progress, which
 // refills the RNR retry budget before the NAK spends from it (rxe's
 // check_psn() resets both retry counters): with rnr_retry 1, two RNR NAKs

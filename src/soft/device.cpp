@@ -1000,7 +1000,7 @@ bool device::post_cqe(cq_t* cq, const work_completion& wc, bool solicited) noexc
     // Overflow: the CQ is in error (IBTA 11.4.2.1) and says so once.
     cq->error = true;
     ++counters_.cq_overflows;
-    raise_event(event_type::cq_err, cq->handle);
+    raise_event(event_type::cq_err, cq->event_id());
     return false;
   }
   const std::uint32_t p = cq->q.producer();
@@ -1148,7 +1148,7 @@ void device::check_srq_limit(srq_t* srq) noexcept {
   // receives drops below the limit, then the limit disarms.
   if (srq->limit != 0 && srq->q.count() < srq->limit) {
     srq->limit = 0;
-    raise_event(event_type::srq_limit_reached, srq->handle);
+    raise_event(event_type::srq_limit_reached, srq->event_id());
   }
 }
 

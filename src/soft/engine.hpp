@@ -162,6 +162,8 @@ struct cq_notify {
 struct cq_t {
   std::uint32_t handle = 0;
   ring q;
+  /// The number async events name it by (`cq::handle()`): never 0.
+  std::uint32_t event_id() const noexcept { return handle + 1; }
   std::uint32_t cqe = 0;  // capacity the user sees
   std::uint32_t users = 0;
   bool armed = false;
@@ -172,6 +174,8 @@ struct cq_t {
 
 struct srq_t {
   std::uint32_t handle = 0;
+  /// The number async events name it by (`srq::handle()`): never 0.
+  std::uint32_t event_id() const noexcept { return handle + 1; }
   pd_t* pd = nullptr;
   ring q;
   std::uint32_t max_wr = 0;

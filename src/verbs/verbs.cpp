@@ -514,6 +514,8 @@ std::size_t cq::poll(std::span<work_completion> out) const noexcept {
 }
 
 std::uint32_t cq::cqe() const noexcept { return obj_ && obj_->e ? obj_->e->cqe : 0; }
+std::uint32_t cq::handle() const noexcept { return obj_ && obj_->e ? obj_->e->event_id() : 0; }
+std::uint32_t srq::handle() const noexcept { return obj_ && obj_->e ? obj_->e->event_id() : 0; }
 
 std::size_t cq::cancel_notifies() const noexcept { return obj_ ? obj_->notifies->cancel() : 0; }
 

@@ -34,6 +34,10 @@ class cq {
   /// The capacity the CQ was created or resized with.
   std::uint32_t cqe() const noexcept;
 
+  /// The number an `async_event` names this CQ by (`cq_err`); unique among
+  /// the device's live CQs, 0 for an empty or destroyed handle.
+  std::uint32_t handle() const noexcept;
+
   /// Completes when the next completion (`solicited_only`: the next
   /// solicited one) is added to the CQ (`ibv_req_notify_cq` +
   /// `ibv_get_cq_event` as one request).  Completions already queued do not

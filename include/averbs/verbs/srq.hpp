@@ -31,6 +31,11 @@ class srq {
   std::error_code post_recv(std::span<const recv_wr> wrs, std::size_t* bad = nullptr) const noexcept;
   std::error_code post_recv(const recv_wr& wr) const noexcept { return post_recv({&wr, 1}); }
 
+  /// The number an `async_event` names this SRQ by (`srq_limit_reached`);
+  /// unique among the device's live SRQs, 0 for an empty or destroyed
+  /// handle.
+  std::uint32_t handle() const noexcept;
+
   /// `ibv_modify_srq`.  Errors: `invalid_argument` (limit above max_wr, bad
   /// mask), `not_supported` (resizing).
   template <completion_token<void> Token>

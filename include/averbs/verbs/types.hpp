@@ -302,7 +302,8 @@ enum class event_type : std::uint8_t {
 const char* to_string(event_type t) noexcept;
 
 /// An asynchronous event.  The element it concerns is named by number: the
-/// QP number, the CQ or SRQ handle, or the port number.
+/// QP number (`qp::num()`), the CQ's or SRQ's `handle()`, or the port
+/// number.
 struct async_event {
   event_type type = event_type::device_fatal;
   std::uint32_t element = 0;

@@ -151,6 +151,8 @@ TEST_F(events_test, srq_limit_reached_once) {
   ASSERT_FALSE(post_send(p.a, wr_opcode::send, {}, 2));
   EXPECT_EQ(poll(p.cq_b, 2).size(), 2u);
   EXPECT_EQ(count_events(event_type::srq_limit_reached), 1u);
+  EXPECT_NE(s.handle(), 0u);
+  EXPECT_EQ(count_events(event_type::srq_limit_reached, s.handle()), 1u) << "the event names the SRQ";
 }
 
 TEST_F(events_test, cq_err_when_a_cq_overflows) {
@@ -161,6 +163,9 @@ TEST_F(events_test, cq_err_when_a_cq_overflows) {
   EXPECT_EQ(count_events(event_type::cq_err), 0u);
   ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {src.whole()}, 2, send_signaled, remote.addr(), remote.m.rkey()));
   EXPECT_EQ(count_events(event_type::cq_err), 1u);
+  EXPECT_NE(p.cq_a.handle(), p.cq_b.handle());
+  EXPECT_NE(p.cq_a.handle(), 0u);
+  EXPECT_EQ(count_events(event_type::cq_err, p.cq_a.handle()), 1u) << "the event names the CQ that overflowed";
   EXPECT_EQ(query_state(p.a), qp_state::err);
 }
 

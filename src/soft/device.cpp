@@ -599,13 +599,17 @@ void device::free_key(std::uint32_t key) noexcept {
   free_keys_.push_back(index);
 }
 
-mr_t* device::lookup_lkey(pd_t* pd, std::uint32_t lkey) noexcept {
+mr_t* device::find_mr(std::uint32_t lkey) noexcept {
   const std::uint32_t index = lkey >> 8;
   if (index >= keys_.size()) return nullptr;
   const key_entry& e = keys_[index];
   if (e.type != key_entry::kind::mr || e.key != (lkey & 0xFF)) return nullptr;
-  auto* mr = static_cast<mr_t*>(e.obj);
-  return mr->pd == pd ? mr : nullptr;
+  return static_cast<mr_t*>(e.obj);
+}
+
+mr_t* device::lookup_lkey(pd_t* pd, std::uint32_t lkey) noexcept {
+  mr_t* mr = find_mr(lkey);
+  return mr != nullptr && mr->pd == pd ? mr : nullptr;
 }
 
 bool device::resolve_rkey(qp_t* qp, std::uint32_t rkey, std::uint64_t va, std::uint64_t len,
@@ -650,15 +654,19 @@ bool device::resolve_rkey(qp_t* qp, std::uint32_t rkey, std::uint64_t va, std::u
 
 namespace {
 
-// The access flags of a region, at registration or re-registration.
+// The access flags of a region, at registration or re-registration, as the
+// kernel's ib_check_mr_access() has them: bits it does not know are
+// invalid_argument; the optional range (bits 20-29, relaxed ordering among
+// them) and the huge-page hint are accepted and need nothing here; on-demand
+// paging is a real request we cannot honour.
 std::error_code check_mr_access(std::uint32_t access) {
   // IBTA 10.6.3.1: remote write or atomic access needs local write.
   if ((access & (access_remote_write | access_remote_atomic)) != 0 && (access & access_local_write) == 0)
     return make_error_code(errc::invalid_argument);
-  constexpr std::uint32_t known = access_local_write | access_remote_write | access_remote_read |
-                                  access_remote_atomic | access_mw_bind | access_zero_based |
-                                  access_relaxed_ordering;
-  if ((access & ~known) != 0) return make_error_code(errc::not_supported);
+  constexpr std::uint32_t optional_range = 0x3FF00000u;  // IBV_ACCESS_OPTIONAL_RANGE
+  constexpr std::uint32_t known = ((access_hugetlb << 1) - 1) | optional_range;
+  if ((access & ~known) != 0) return make_error_code(errc::invalid_argument);
+  if ((access & access_on_demand) != 0) return make_error_code(errc::not_supported);
   return {};
 }
 
@@ -1062,7 +1070,8 @@ void device::arm_cq(cq_t* cq, bool solicited_only, detail::context_impl& ctx, de
 std::error_code device::create_srq(pd_t* pd, const srq_attr& attr, srq_t*& out) {
   if (attr.max_wr < 1 || attr.max_wr > limits::max_srq_wr) return err(errc::invalid_argument);
   if (attr.max_sge > limits::max_srq_sge) return err(errc::invalid_argument);
-  if (attr.srq_limit > attr.max_wr) return err(errc::invalid_argument);
+  // srq_limit is not checked here (ibv_create_srq(3): "irrelevant"; rxe
+  // does not check it): it arms the limit as it is, as rxe's does.
   const std::uint32_t max_sge = std::max<std::uint32_t>(attr.max_sge, 1);  // rxe: 0 means 1
   std::lock_guard lock(lock_);
   if (live_srqs_ >= limits::max_srq) return err(errc::no_resources);
@@ -1084,7 +1093,8 @@ std::error_code device::create_srq(pd_t* pd, const srq_attr& attr, srq_t*& out) 
 
 std::error_code device::modify_srq(srq_t* srq, const srq_attr& attr, std::uint32_t mask) {
   constexpr std::uint32_t max_wr_bit = 1, limit_bit = 2;
-  if ((mask & ~(max_wr_bit | limit_bit)) != 0 || mask == 0) return err(errc::invalid_argument);
+  // A mask of 0 changes nothing (ibv_modify_srq(3): "either 0 or ...").
+  if ((mask & ~(max_wr_bit | limit_bit)) != 0) return err(errc::invalid_argument);
   std::lock_guard lock(lock_);
   const std::uint32_t new_max = (mask & max_wr_bit) != 0 ? attr.max_wr : srq->max_wr;
   if ((mask & max_wr_bit) != 0) {

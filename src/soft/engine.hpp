@@ -716,6 +716,7 @@ class device final : public progress_source, public clock_listener {
 
   // Keys and memory.
   mr_t* lookup_lkey(pd_t* pd, std::uint32_t lkey) noexcept;
+  mr_t* find_mr(std::uint32_t lkey) noexcept;  ///< the MR with this L_Key, whatever its PD
   /// Resolves an R_Key range for remote access: MR or MW, PD, access, bounds.
   /// On success `host` (may be null) and `addr` name the range's start.
   bool resolve_rkey(qp_t* qp, std::uint32_t rkey, std::uint64_t va, std::uint64_t len, std::uint32_t need,

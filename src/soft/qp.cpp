@@ -736,6 +736,11 @@ std::error_code device::bind_mw1(qp_t* qp, mw_t* mw, std::uint64_t wr_id, std::u
   // A type-1 window is never zero-based (IBTA o10-36.2.2; rxe's provider
   // refuses it at post time too).
   if ((info.access & access_zero_based) != 0) return err(errc::invalid_argument);
+  // libibverbs' ibv_bind_mw(): the region must be in the window's PD (EPERM,
+  // at the call); without a region there is nothing to bind a range to.
+  if (info.mr_lkey == 0 && (info.addr != 0 || info.length != 0)) return err(errc::invalid_argument);
+  if (const mr_t* mr = find_mr(info.mr_lkey); mr != nullptr && mr->pd != mw->pd)
+    return err(errc::permission_denied);
   const qp_state s = qp->state;
   if (s == qp_state::reset || s == qp_state::init || s == qp_state::rtr) return err(errc::invalid_state);
   if (qp->type == qp_type::ud) return err(errc::invalid_argument);

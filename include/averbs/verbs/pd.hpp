@@ -35,7 +35,9 @@ class pd {
 
   /// Registers [addr, addr + length) (`ibv_reg_mr`).  Errors:
   /// `invalid_argument` (remote write or atomic without local write, zero
-  /// length, overflow), `not_supported` (unknown flags), `no_resources`.
+  /// length, overflow, an unknown flag), `not_supported` (on-demand
+  /// paging), `no_resources`.  The huge-page hint and the optional flags
+  /// (bits 20-29, relaxed ordering) are accepted, as the kernel does.
   template <completion_token<mr> Token>
   auto async_reg_mr(void* addr, std::size_t length, std::uint32_t access, Token&& token) const {
     return detail::initiate<mr>(detail::context_of(obj_.get()), nullptr, std::forward<Token>(token),
@@ -94,8 +96,8 @@ class pd {
   }
 
   /// Creates a shared receive queue (`ibv_create_srq`); `attr.srq_limit`
-  /// arms the limit at once.  Errors: `invalid_argument` (max_wr 0 or above
-  /// the limit, too many SGEs, limit above max_wr).
+  /// arms the limit at once, whatever its value (as rxe).  Errors:
+  /// `invalid_argument` (max_wr 0 or above the limit, too many SGEs).
   template <completion_token<srq> Token>
   auto async_create_srq(const srq_attr& attr, Token&& token) const {
     return detail::initiate<srq>(detail::context_of(obj_.get()), nullptr, std::forward<Token>(token),

@@ -91,8 +91,10 @@ class qp {
 
   /// Binds a type-1 window (`ibv_bind_mw`): posts the bind and returns the
   /// window's new R_Key at once; the bind itself completes in order
-  /// (`wc_opcode::bind_mw`, or `mw_bind_err`).  Errors as `post_send`, and
-  /// `invalid_argument` for a type-2 window.
+  /// (`wc_opcode::bind_mw`, or `mw_bind_err`).  Errors as `post_send`,
+  /// `invalid_argument` for a type-2 window, a zero-based bind or a range
+  /// without a region (lkey 0), and `permission_denied` for a region in
+  /// another PD than the window's (as `ibv_bind_mw`).
   std::error_code bind_mw(const mw& w, std::uint64_t wr_id, std::uint32_t flags, const mw_bind_info& info,
                           std::uint32_t* new_rkey = nullptr) const noexcept;
 

@@ -36,8 +36,9 @@ class srq {
   /// handle.
   std::uint32_t handle() const noexcept;
 
-  /// `ibv_modify_srq`.  Errors: `invalid_argument` (limit above max_wr, bad
-  /// mask), `not_supported` (resizing).
+  /// `ibv_modify_srq`: `srq_attr_mask::max_wr` resizes, `limit` arms the
+  /// limit, a mask of 0 changes nothing.  Errors: `invalid_argument` (limit
+  /// above max_wr, a size below the receives posted, an unknown mask bit).
   template <completion_token<void> Token>
   auto async_modify(const srq_attr& attr, std::uint32_t mask, Token&& token) const {
     return detail::initiate<void>(detail::context_of(obj_.get()), nullptr, std::forward<Token>(token),

@@ -76,6 +76,29 @@ TEST_F(mr_test, reg_zero_length_bad_flow) {
   EXPECT_FALSE(m);
 }
 
+// The kernel's ib_check_mr_access(): an unknown bit is EINVAL; the huge-page
+// hint and the optional range (bits 20-29, relaxed ordering among them)
+// are accepted.
+TEST_F(mr_test, reg_with_an_unknown_access_bit_bad_flow) {
+  std::vector<std::byte> mem(64);
+  std::error_code ec;
+  for (const std::uint32_t bit : {1u << 8, 1u << 12, 1u << 19, 1u << 30, 1u << 31}) {
+    mr m = pd_.reg_mr(mem.data(), mem.size(), lw | bit, ec);
+    EXPECT_EQ(ec, make_error_code(errc::invalid_argument)) << bit;
+    EXPECT_FALSE(m);
+  }
+}
+
+TEST_F(mr_test, reg_with_the_hugetlb_hint_or_an_optional_bit_succeeds) {
+  std::vector<std::byte> mem(64);
+  for (const std::uint32_t bit : {std::uint32_t{access_hugetlb}, std::uint32_t{access_relaxed_ordering}, 1u << 29}) {
+    std::error_code ec;
+    mr m = pd_.reg_mr(mem.data(), mem.size(), lw | bit, ec);
+    EXPECT_FALSE(ec) << bit << ": " << ec.message();
+    EXPECT_TRUE(m);
+  }
+}
+
 TEST_F(mr_test, reg_on_demand_paging_not_supported_bad_flow) {
   std::vector<std::byte> mem(64);
   std::error_code ec;
@@ -394,7 +417,7 @@ TEST_F(mr_test, rereg_with_an_unknown_access_bit_is_refused_and_changes_nothing)
   const std::uint32_t key = remote.m.rkey();
   std::error_code ec;
   remote.m.rereg(rereg_change_access, nullptr, nullptr, 0, lw | rw | (1u << 30), ec);
-  EXPECT_EQ(ec, make_error_code(errc::not_supported));
+  EXPECT_EQ(ec, make_error_code(errc::invalid_argument));
   EXPECT_EQ(remote.m.rkey(), key);
   local.fill(7);
   ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {local.whole()}, 34, send_signaled, remote.addr(), key));

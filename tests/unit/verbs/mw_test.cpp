@@ -151,6 +151,25 @@ TEST_F(mw_test, type1_zero_based_bind_bad_flow) {
   EXPECT_EQ(w.rkey(), key);
 }
 
+// libibverbs' ibv_bind_mw(): a region in another PD than the window's is
+// EPERM at the call, and a range without a region EINVAL; nothing is
+// posted and the QP carries on.
+TEST_F(mw_test, type1_bind_to_a_region_of_another_pd_bad_flow) {
+  auto p = connected_pair();
+  pd other = dev.alloc_pd();
+  std::vector<std::byte> mem(4096);
+  mr foreign = other.reg_mr(mem.data(), mem.size(), region_access);
+  mw w = pd_.alloc_mw(mw_type::type1);
+  EXPECT_EQ(p.b.bind_mw(w, 1, send_signaled,
+                        {foreign.lkey(), reinterpret_cast<std::uintptr_t>(mem.data()), 4096, access_remote_write}),
+            make_error_code(errc::permission_denied));
+  EXPECT_EQ(p.b.bind_mw(w, 2, send_signaled,
+                        {0, reinterpret_cast<std::uintptr_t>(mem.data()), 4096, access_remote_write}),
+            make_error_code(errc::invalid_argument));
+  EXPECT_TRUE(drain(p.cq_b).empty());
+  EXPECT_EQ(query_state(p.b), qp_state::rts);
+}
+
 TEST_F(mw_test, type1_bind_on_a_ud_qp_bad_flow) {
   qp_options o;
   o.type = qp_type::ud;

@@ -67,6 +67,9 @@ enum class errc : int {
   already_exists = 22,
   /// The operation needs a connection that does not exist yet.
   not_connected = 23,
+  /// The address range is not mapped in the process, or not with the
+  /// access asked for (`EFAULT`: `ibv_reg_mr` of memory that is not there).
+  bad_address = 24,
 };
 
 /// Work-completion status, numbered exactly like rdma-core's `ibv_wc_status`.

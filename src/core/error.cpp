@@ -36,6 +36,7 @@ class errc_category final : public std::error_category {
       case errc::stale_handle: return "stale handle";
       case errc::already_exists: return "already exists";
       case errc::not_connected: return "not connected";
+      case errc::bad_address: return "address range not mapped with the access asked for";
     }
     return "unknown averbs error " + std::to_string(ev);
   }
@@ -65,6 +66,7 @@ class errc_category final : public std::error_category {
       case errc::stale_handle: return std::errc::bad_file_descriptor;
       case errc::already_exists: return std::errc::file_exists;
       case errc::not_connected: return std::errc::not_connected;
+      case errc::bad_address: return std::errc::bad_address;
     }
     return {ev, *this};
   }

@@ -670,6 +670,12 @@ std::error_code check_mr_access(std::uint32_t access) {
   return {};
 }
 
+// The pages must be writable for these (the kernel's ib_access_writable():
+// a window bound in the region may grant remote write).
+bool writable_access(std::uint32_t access) {
+  return (access & (access_local_write | access_remote_write | access_remote_atomic | access_mw_bind)) != 0;
+}
+
 }  // namespace
 
 std::error_code device::reg_mr(pd_t* pd, std::uint64_t addr, std::uint64_t length, std::uint32_t access,
@@ -677,6 +683,7 @@ std::error_code device::reg_mr(pd_t* pd, std::uint64_t addr, std::uint64_t lengt
   if (auto ec = check_mr_access(access)) return ec;
   if (length == 0) return err(errc::invalid_argument);  // ib_umem_get: no pages
   if (addr + length < addr) return err(errc::invalid_argument);
+  if (auto ec = mem_->check(addr, length, writable_access(access))) return ec;
   std::lock_guard lock(lock_);
   if (live_mrs_ >= limits::max_mr) return err(errc::no_resources);
   auto mr = std::make_unique<mr_t>();
@@ -708,6 +715,12 @@ std::error_code device::rereg_mr(mr_t* mr, int flags, pd_t* pd, std::uint64_t ad
   if (auto ec = check_mr_access(new_access)) return ec;
   if ((flags & change_translation) != 0 && (length == 0 || addr + length < addr))
     return err(errc::invalid_argument);
+  if ((flags & (change_translation | change_access)) != 0) {
+    // The pages must be there with the access the region will have.
+    const std::uint64_t a = (flags & change_translation) != 0 ? addr : mr->host_addr;
+    const std::uint64_t n = (flags & change_translation) != 0 ? length : mr->length;
+    if (auto ec = mem_->check(a, n, writable_access(new_access))) return ec;
+  }
   std::lock_guard lock(lock_);
   if (mr->bound_mws != 0) return err(errc::invalid_state);
   // The new keys first: a region that cannot have them stays as it was.

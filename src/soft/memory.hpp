@@ -7,7 +7,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
+#include <system_error>
 
 namespace averbs::soft {
 
@@ -19,7 +21,16 @@ class memory_access {
   virtual std::byte* map(std::uint64_t addr, std::uint64_t len) noexcept = 0;
   virtual bool read(std::uint64_t addr, void* dst, std::size_t len) noexcept = 0;
   virtual bool write(std::uint64_t addr, const void* src, std::size_t len) noexcept = 0;
+  /// Whether [addr, addr + len) is mapped readable, and writable if
+  /// `writable`, as registration needs it: the kernel's ib_umem_get() pins
+  /// the pages and fails with EFAULT otherwise (`errc::bad_address`).
+  virtual std::error_code check(std::uint64_t addr, std::uint64_t len, bool writable) noexcept = 0;
 };
+
+/// Whether the mappings listed in `maps` (the text of /proc/PID/maps, in
+/// address order) cover [addr, end) readable, and writable if `writable`:
+/// direct_memory::check() where the kernel has no PROCMAP_QUERY.
+bool maps_text_covers(std::FILE* maps, std::uint64_t addr, std::uint64_t end, bool writable) noexcept;
 
 /// The application shares the engine's address space (the embedded device).
 class direct_memory final : public memory_access {
@@ -35,6 +46,7 @@ class direct_memory final : public memory_access {
     std::memcpy(map(addr, len), src, len);
     return true;
   }
+  std::error_code check(std::uint64_t addr, std::uint64_t len, bool writable) noexcept override;
 };
 
 }  // namespace averbs::soft

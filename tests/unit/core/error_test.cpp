@@ -21,6 +21,7 @@ TEST(error, errc_matches_std_errc_conditions) {
   EXPECT_EQ(make_error_code(errc::busy), std::errc::device_or_resource_busy);
   EXPECT_EQ(make_error_code(errc::connection_refused), std::errc::connection_refused);
   EXPECT_EQ(make_error_code(errc::device_removed), std::errc::no_such_device);
+  EXPECT_EQ(make_error_code(errc::bad_address), std::errc::bad_address);
   EXPECT_NE(make_error_code(errc::invalid_argument), std::errc::timed_out);
 }
 

@@ -4,6 +4,12 @@
 // statuses, re-registration, zero-based regions, deregistration.
 #include "verbs_fixture.hpp"
 
+#include "soft/memory.hpp"
+
+#include <cstdio>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <thread>
 
@@ -97,6 +103,80 @@ TEST_F(mr_test, reg_with_the_hugetlb_hint_or_an_optional_bit_succeeds) {
     EXPECT_FALSE(ec) << bit << ": " << ec.message();
     EXPECT_TRUE(m);
   }
+}
+
+// The kernel pins a region's pages (ib_umem_get) and fails with EFAULT
+// where there are none, or where they do not allow the access: a region
+// the device could later fault on is never registered.
+TEST_F(mr_test, reg_of_unmapped_memory_is_bad_address) {
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  void* m = ::mmap(nullptr, 3 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  auto* base = static_cast<std::byte*>(m);
+  ASSERT_EQ(::munmap(base + page, page), 0);  // a hole in the middle
+  std::error_code ec;
+  EXPECT_FALSE(pd_.reg_mr(base + page, page, lw | rw, ec));
+  EXPECT_EQ(ec, make_error_code(errc::bad_address));
+  EXPECT_FALSE(pd_.reg_mr(base, 3 * page, lw, ec)) << "a range across the hole";
+  EXPECT_EQ(ec, make_error_code(errc::bad_address));
+  mr ok = pd_.reg_mr(base, page, lw | rw, ec);  // the pages around it still register
+  EXPECT_FALSE(ec) << ec.message();
+  mr ok2 = pd_.reg_mr(base + 2 * page + 10, page - 10, lw | rw, ec);
+  EXPECT_FALSE(ec) << ec.message();
+  // Re-registration to the hole is refused and leaves the region as it was.
+  const std::uint32_t key = ok.lkey();
+  ok.rereg(rereg_change_translation, nullptr, base + page, page, 0, ec);
+  EXPECT_EQ(ec, make_error_code(errc::bad_address));
+  EXPECT_EQ(ok.lkey(), key);
+  EXPECT_EQ(ok.addr(), base);
+  ok.dereg();
+  ok2.dereg();
+  ::munmap(base, page);
+  ::munmap(base + 2 * page, page);
+}
+
+TEST_F(mr_test, reg_of_read_only_memory_needs_read_only_access) {
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  void* m = ::mmap(nullptr, page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(m, MAP_FAILED);
+  std::error_code ec;
+  for (const std::uint32_t acc : {lw, lw | rw, lw | ra, std::uint32_t{access_mw_bind}}) {
+    EXPECT_FALSE(pd_.reg_mr(m, page, acc, ec));
+    EXPECT_EQ(ec, make_error_code(errc::bad_address)) << acc;
+  }
+  mr r = pd_.reg_mr(m, page, rr, ec);  // remote read only: the pages need not be writable
+  EXPECT_FALSE(ec) << ec.message();
+  r.dereg();
+  ASSERT_EQ(::mprotect(m, page, PROT_NONE), 0);
+  EXPECT_FALSE(pd_.reg_mr(m, page, rr, ec));
+  EXPECT_EQ(ec, make_error_code(errc::bad_address)) << "not even readable";
+  ::munmap(m, page);
+}
+
+// Kernels before 6.11 have no PROCMAP_QUERY: the check reads the text.
+TEST(mr_maps_text, a_range_is_covered_only_by_mappings_without_holes_and_with_the_access) {
+  static const char text[] =
+      "00400000-00452000 r-xp 00000000 08:02 173521      /usr/bin/prog\n"
+      "00651000-00652000 r--p 00051000 08:02 173521      /usr/bin/prog\n"
+      "00652000-00655000 rw-p 00052000 08:02 173521      /usr/bin/prog\n"
+      "00e03000-00e24000 rw-p 00000000 00:00 0           [heap]\n"
+      "7f0000000000-7f0000001000 ---p 00000000 00:00 0\n";
+  auto covers = [](std::uint64_t a, std::uint64_t e, bool w) {
+    std::FILE* f = ::fmemopen(const_cast<char*>(text), sizeof text - 1, "r");
+    const bool r = soft::maps_text_covers(f, a, e, w);
+    std::fclose(f);
+    return r;
+  };
+  EXPECT_TRUE(covers(0x400000, 0x452000, false));
+  EXPECT_FALSE(covers(0x400000, 0x452000, true)) << "not writable";
+  EXPECT_TRUE(covers(0x651800, 0x654000, false)) << "two adjacent mappings";
+  EXPECT_FALSE(covers(0x651800, 0x654000, true)) << "the first is read-only";
+  EXPECT_TRUE(covers(0x652000, 0x655000, true));
+  EXPECT_FALSE(covers(0x654000, 0xe04000, false)) << "a hole between";
+  EXPECT_TRUE(covers(0xe10000, 0xe10008, true));
+  EXPECT_FALSE(covers(0xe20000, 0xe30000, true)) << "runs off the end of the heap";
+  EXPECT_FALSE(covers(0x7f0000000000, 0x7f0000000010, false)) << "no access at all";
+  EXPECT_FALSE(covers(0x1000, 0x2000, false)) << "below every mapping";
 }
 
 TEST_F(mr_test, reg_on_demand_paging_not_supported_bad_flow) {

@@ -1319,14 +1319,17 @@ void device::respond_duplicate(qp_t* qp, packet* p) noexcept {
   const std::uint32_t psn = p->hdr.bth.psn;
   ++counters_.duplicates_received;
   if ((ops & wire::op_read) != 0) {
-    // Replay from the resource whose PSN range holds this one; the new RETH
-    // must lie inside the original request (IBTA 9.7.5.1.1, rxe P5).
+    // Replay from the resource whose PSN range holds this one (IBTA
+    // 9.7.5.1.1, rxe P5).  The new RETH must ask for the rest of the
+    // original from this PSN on: its offset is this PSN's, its end the
+    // original's (hfi1's rule), so the responses keep the original's PSNs
+    // and none lands on a later request's.
     for (const rd_resource& res : r.resources) {
       if (res.type != rd_resource::kind::read) continue;
       if (psn_before(psn, res.first_psn) || psn_before(res.last_psn, psn)) continue;
       const wire::reth& t = p->hdr.reth;
-      if (t.rkey != res.rkey || t.va < res.va || t.length > res.length || t.va - res.va > res.length - t.length)
-        return;
+      const std::uint64_t skip = std::uint64_t{(psn - res.first_psn) & wire::psn_mask} * qp->mtu_bytes;
+      if (t.rkey != res.rkey || t.va != res.va + skip || std::uint64_t{t.length} + skip != res.length) return;
       std::byte* host = nullptr;
       std::uint64_t addr = 0;
       if (t.length != 0 && !resolve_rkey(qp, t.rkey, t.va, t.length, access_remote_read, host, addr)) return;

@@ -173,6 +173,23 @@ class hostile_peer : public ::testing::Test {
     return std::nullopt;
   }
 
+  /// Drives the device for `d` and returns the headers of every packet it
+  /// sent meanwhile.
+  std::vector<wire::transport_headers> collect(std::chrono::milliseconds d = std::chrono::milliseconds(100)) {
+    std::vector<wire::transport_headers> out;
+    const auto until = std::chrono::steady_clock::now() + d;
+    std::byte in[2048];
+    while (std::chrono::steady_clock::now() < until) {
+      (void)cq_.poll({});
+      const ssize_t n = ::recv(fd_, in, sizeof in, 0);
+      if (n <= 0) continue;
+      wire::packet_view v;
+      if (wire::decode(std::span(in, static_cast<std::size_t>(n)), true, v) == wire::decode_error::ok)
+        out.push_back(v.hdr);
+    }
+    return out;
+  }
+
   /// Answers the device's requester: a response packet `op` at `psn` with
   /// AETH `syndrome`.
   void respond(wire::opcode op, std::uint32_t psn, std::uint8_t syndrome, std::span<const std::byte> payload = {}) {
@@ -580,6 +597,43 @@ TEST_F(hostile_peer, a_bad_response_fails_its_own_wqe_not_the_one_before) {
   EXPECT_EQ(wcs[0].opcode, wc_opcode::send);
   EXPECT_EQ(wcs[1].status, wc_status::bad_resp_err);
   EXPECT_EQ(wcs[1].opcode, wc_opcode::rdma_read);
+}
+
+// A duplicate READ is answered again only if it asks for the rest of the
+// original from its own PSN on (hfi1's rule: its offset matches its PSN
+// and it ends where the original did).  One that asks for more would be
+// answered with PSNs past the original READ's, where later requests have
+// theirs.
+TEST_F(hostile_peer, a_duplicate_read_is_replayed_only_for_the_rest_from_its_psn) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 8192, access_local_write | access_remote_read | access_remote_write);
+  wire::transport_headers h;
+  h.reth = {va(), m.rkey(), 4096};
+  send(wire::opcode::rc_read_request, 0, {}, h);  // 4 responses, PSNs 0-3
+  auto out = collect();
+  ASSERT_EQ(out.size(), 4u);
+  EXPECT_EQ(out.back().bth.psn, 3u);
+  h.reth = {va(4096), m.rkey(), 16};
+  send(wire::opcode::rc_write_only, 4, filled(16, 1), h);  // the next request, PSN 4
+  out = collect();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].bth.psn, 4u);
+
+  h.reth = {va(), m.rkey(), 4096};  // the whole READ again, at its last PSN
+  send(wire::opcode::rc_read_request, 3, {}, h);
+  out = collect();
+  EXPECT_TRUE(out.empty()) << out.size() << " responses, the last at PSN " << out.back().bth.psn;
+  h.reth = {va(1024), m.rkey(), 3072};  // the rest from PSN 2, but not from 3
+  send(wire::opcode::rc_read_request, 3, {}, h);
+  EXPECT_TRUE(collect().empty());
+
+  h.reth = {va(2048), m.rkey(), 2048};  // the rest from PSN 2
+  send(wire::opcode::rc_read_request, 2, {}, h);
+  out = collect();
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].bth.psn, 2u);
+  EXPECT_EQ(out[1].bth.psn, 3u);
+  EXPECT_EQ(static_cast<wire::opcode>(out[1].bth.opcode), wire::opcode::rc_read_response_last);
 }
 
 // A fatal error in the middle of a SEND fails the receive the SEND took,

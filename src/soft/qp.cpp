@@ -360,6 +360,15 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
     case qp_state::sqd:
       qp->state = next;
       qp->sq_draining = true;
+      // The drain ends with the last ACK: an unasked tail is asked for now
+      // (resent, every last packet asking), not after a retransmit timeout,
+      // from a peer that acknowledges only what asks (see on_qp_timer).
+      if (qp->type == qp_type::rc && qp->req.last_unasked && qp->comp.psn != qp->req.next_psn &&
+          !link_->peers_ack_unasked()) {
+        qp->comp.ask_all = true;
+        retry(qp, false);
+        run();
+      }
       check_sq_drained(qp);
       break;
     case qp_state::sqe:

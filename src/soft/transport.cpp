@@ -637,11 +637,12 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
     // as rxe does on every last packet -- an unsignaled one leaves it to
     // the responder's lazy ACK unless the send queue or the PSN window is
     // half used, or a timeout found an unasked tail unacknowledged (a peer
-    // such as rxe acknowledges only what asks: see on_qp_timer); and
-    // every max_pkts_per_ack packets regardless.
+    // such as rxe acknowledges only what asks: see on_qp_timer), or there
+    // is no retransmit timer (timeout 0) to find one; and every
+    // max_pkts_per_ack packets regardless.
     bool want = (qp->req.noack_pkts += run) >= limits::max_pkts_per_ack;
     if (last && !want) {
-      want = qp->comp.ask_all || (w->flags & send_signaled) != 0 || qp->sq_sig_all ||
+      want = qp->comp.ask_all || qp->timeout == 0 || (w->flags & send_signaled) != 0 || qp->sq_sig_all ||
              qp->sq.producer() - qp->sq.consumer() >= qp->sq.size() / 2 ||
              ((qp->req.next_psn - qp->comp.psn) & wire::psn_mask) >= limits::max_unacked_psns / 2;
     }

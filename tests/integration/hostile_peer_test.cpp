@@ -745,6 +745,42 @@ TEST_F(hostile_peer, an_unasked_tail_is_asked_for_again_when_the_peer_acks_only_
   EXPECT_EQ(qp_.query().state, qp_state::rts);
 }
 
+// With no retransmit timer (timeout 0) nothing could ask for an unasked
+// tail again: every last packet asks for its ACK, as rxe's all do.
+TEST_F(hostile_peer, without_a_retransmit_timer_every_last_packet_asks_for_an_ack) {
+  make_qp(qp_type::rc, nullptr, 0);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::send, 16, m, 0, 0, 0);  // unsignaled
+  const auto req = next_request();
+  ASSERT_TRUE(req.has_value());
+  EXPECT_TRUE(req->bth.ack_req);
+}
+
+// Draining the send queue (SQD) waits for the last ACK: an unasked tail is
+// asked for at once, not after a retransmit timeout (here 1 s).
+TEST_F(hostile_peer, entering_sqd_asks_for_an_unasked_tail_at_once) {
+  make_qp(qp_type::rc, nullptr, 18);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::send, 16, m, 0, 0, 0);  // unsignaled
+  const auto req = next_request();
+  ASSERT_TRUE(req.has_value());
+  ASSERT_FALSE(req->bth.ack_req);
+  qp_attr at;
+  at.state = qp_state::sqd;
+  at.en_sqd_async_notify = true;
+  qp_.modify(at, qp_attr_state | qp_attr_en_sqd_async_notify);
+  const auto again = next_request(std::chrono::milliseconds(300));
+  ASSERT_TRUE(again.has_value()) << "not asked before the timeout";
+  EXPECT_EQ(again->bth.psn, 0u);
+  EXPECT_TRUE(again->bth.ack_req);
+  respond(wire::opcode::rc_ack, 0, wire::aeth_ack_unlimited);
+  EXPECT_TRUE(drain().empty());
+  EXPECT_FALSE(qp_.query().sq_draining);
+  at = {};
+  at.state = qp_state::rts;
+  qp_.modify(at, qp_attr_state);  // drained: SQD -> RTS is allowed
+}
+
 // ... while a peer that is gone is still counted out.
 TEST_F(hostile_peer, an_unasked_tail_to_a_dead_peer_still_ends_in_retry_exc_err) {
   make_qp(qp_type::rc, nullptr, 8, 0);

@@ -910,6 +910,7 @@ std::error_code device::create_ah(pd_t* pd, const ah_attr& attr, ah_t*& out) {
   ahs_[i] = std::make_unique<ah_t>();
   ahs_[i]->pd = pd;
   ahs_[i]->handle = i;
+  ahs_[i]->gen = ++ah_gen_;
   ahs_[i]->attr = attr;
   ahs_[i]->sgid = gids_[attr.grh.sgid_index];
   ++pd->children;

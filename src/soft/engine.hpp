@@ -88,7 +88,7 @@ struct send_wqe {
   std::uint64_t bind_addr;
   std::uint64_t bind_length;
   std::uint32_t bind_access;
-  std::uint32_t reserved;
+  std::uint32_t ah_gen;      // UD: the AH's generation (its slot may be reused)
   // followed by wqe_sge[num_sge], or by inline_len bytes
   wqe_sge* sges() noexcept { return reinterpret_cast<wqe_sge*>(this + 1); }
   std::byte* inline_data() noexcept { return reinterpret_cast<std::byte*>(this + 1); }
@@ -143,6 +143,7 @@ struct mw_t {
 struct ah_t {
   pd_t* pd = nullptr;
   std::uint32_t handle = 0;
+  std::uint32_t gen = 0;  // which AH in its slot: a send queued for a destroyed one fails
   ah_attr attr{};
   gid sgid{};
 };
@@ -829,6 +830,7 @@ class device final : public progress_source, public clock_listener {
   std::vector<std::uint32_t> free_srqs_;
   std::vector<std::unique_ptr<qp_t>> qps_;  // index = qpn - qpn_base
   std::deque<std::uint32_t> free_qps_;      // FIFO: a QPN is reused late
+  std::uint32_t ah_gen_ = 0;  // the last AH generation given
   std::uint32_t live_pds_ = 0, live_mrs_ = 0, live_mws_ = 0, live_ahs_ = 0, live_cqs_ = 0,
                 live_srqs_ = 0, live_qps_ = 0;
 

@@ -688,7 +688,10 @@ std::error_code device::post_one_send(qp_t* qp, const send_wr& wr) noexcept {
   w->swap = wr.swap;
   w->remote_qpn = wr.remote_qpn & wire::qpn_mask;
   w->remote_qkey = wr.remote_qkey;
-  if (ah != nullptr) w->ah = ah->handle;
+  if (ah != nullptr) {
+    w->ah = ah->handle;
+    w->ah_gen = ah->gen;
+  }
   if (mw != nullptr) {
     w->mw_type = 2;
     w->mw = mw->handle;

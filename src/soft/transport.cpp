@@ -612,8 +612,10 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
   packet* p = new_packet(qp, static_cast<opcode>(opc), qp->req.psn);
   if (p == nullptr) return false;
   if (qp->type == qp_type::ud) {
+    // The AH as posted: destroyed meanwhile, its slot may hold another
+    // (rxe fails the send when its AH is gone, loc_qp_op_err).
     const ah_t* ah = w->ah < ahs_.size() ? ahs_[w->ah].get() : nullptr;
-    if (ah == nullptr) {
+    if (ah == nullptr || ah->gen != w->ah_gen) {
       free_packet(p);
       return fail(wc_status::loc_qp_op_err);
     }

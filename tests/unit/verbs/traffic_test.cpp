@@ -156,6 +156,35 @@ TEST_F(traffic, ud_allows_only_send_opcodes_bad_flow) {
   EXPECT_TRUE(drain(p.cq_a).empty());
 }
 
+// A send queued behind SQD whose AH is destroyed before it leaves fails
+// (rxe: loc_qp_op_err); it does not go where a new AH in the same slot
+// points.
+TEST_F(traffic, ud_send_whose_ah_is_destroyed_before_it_leaves_fails) {
+  auto p = connected_pair(with_type(qp_type::ud));
+  auto src = make_buffer(32), dst = make_buffer(40 + 32);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 9));
+  qp_attr at;
+  at.state = qp_state::sqd;
+  p.a.modify(at, qp_attr_state);
+  {
+    ah h = make_ah();
+    ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.whole()}, 5));
+    h.destroy();
+  }
+  ah_attr a;
+  a.is_global = true;
+  a.grh.dgid = gid::from_ipv4(0x7F0000FE);  // nobody
+  a.grh.sgid_index = 0;
+  a.port_num = 1;
+  ah other = pd_.create_ah(a);
+  at.state = qp_state::rts;
+  p.a.modify(at, qp_attr_state);
+  const auto wc = poll_one(p.cq_a);
+  EXPECT_EQ(wc.wr_id, 5u);
+  EXPECT_EQ(wc.status, wc_status::loc_qp_op_err);
+  EXPECT_TRUE(poll(p.cq_b, 1).empty());
+}
+
 TEST_F(traffic, ud_send_without_address_handle_bad_flow) {
   auto p = connected_pair(with_type(qp_type::ud));
   auto local = make_buffer(64);

@@ -519,12 +519,13 @@ std::uint32_t take_slot(std::vector<std::unique_ptr<T>>& table, std::vector<std:
 // ---------------------------------------------------------------------------
 // PD
 
-std::error_code device::alloc_pd(pd_t*& out) {
+std::error_code device::alloc_pd(event_channel* events, pd_t*& out) {
   std::lock_guard lock(lock_);
   if (live_pds_ >= limits::max_pd) return err(errc::no_resources);
   const std::uint32_t i = take_slot(pds_, free_pds_);
   pds_[i] = std::make_unique<pd_t>();
   pds_[i]->handle = i;
+  pds_[i]->events = events;
   ++live_pds_;
   out = pds_[i].get();
   return {};
@@ -933,13 +934,14 @@ std::error_code device::destroy_ah(ah_t* ah) {
 // ---------------------------------------------------------------------------
 // CQ
 
-std::error_code device::create_cq(std::uint32_t cqe, cq_t*& out) {
+std::error_code device::create_cq(std::uint32_t cqe, event_channel* events, cq_t*& out) {
   if (cqe < 1 || cqe > limits::max_cqe) return err(errc::invalid_argument);
   std::lock_guard lock(lock_);
   if (live_cqs_ >= limits::max_cq) return err(errc::no_resources);
   auto cq = std::make_unique<cq_t>();
   if (!cq->q.init(cqe + 1, sizeof(work_completion))) return err(errc::no_resources);
   cq->cqe = cqe;
+  cq->events = events;
   const std::uint32_t i = take_slot(cqs_, free_cqs_);
   cq->handle = i;
   out = cq.get();
@@ -1022,7 +1024,7 @@ bool device::post_cqe(cq_t* cq, const work_completion& wc, bool solicited) noexc
     // Overflow: the CQ is in error (IBTA 11.4.2.1) and says so once.
     cq->error = true;
     ++counters_.cq_overflows;
-    raise_event(event_type::cq_err, cq->event_id());
+    raise_event(cq->events, event_type::cq_err, cq->event_id());
     return false;
   }
   const std::uint32_t p = cq->q.producer();
@@ -1172,7 +1174,7 @@ void device::check_srq_limit(srq_t* srq) noexcept {
   // receives drops below the limit, then the limit disarms.
   if (srq->limit != 0 && srq->q.count() < srq->limit) {
     srq->limit = 0;
-    raise_event(event_type::srq_limit_reached, srq->event_id());
+    raise_event(srq->pd->events, event_type::srq_limit_reached, srq->event_id());
   }
 }
 
@@ -1202,38 +1204,49 @@ std::error_code device::post_srq_recv(srq_t* srq, const recv_wr* wrs, std::size_
 // ---------------------------------------------------------------------------
 // Async events
 
-void device::raise_event(event_type t, std::uint32_t element) noexcept {
+event_channel* device::open_events() {
+  std::lock_guard lock(lock_);
+  channels_.push_back(std::make_unique<event_channel>());
+  return channels_.back().get();
+}
+
+void device::close_events(event_channel* ch) noexcept {
+  std::lock_guard lock(lock_);
+  for (const parked& p : ch->waiters) complete_parked(p, err(errc::operation_aborted), nullptr);
+  // A released PD or CQ the engine keeps until its last child goes raises
+  // nothing once its handle is closed.
+  for (auto& pd : pds_)
+    if (pd != nullptr && pd->events == ch) pd->events = nullptr;
+  for (auto& cq : cqs_)
+    if (cq != nullptr && cq->events == ch) cq->events = nullptr;
+  std::erase_if(channels_, [ch](const std::unique_ptr<event_channel>& c) { return c.get() == ch; });
+}
+
+void device::raise_event(event_channel* ch, event_type t, std::uint32_t element) noexcept {
+  if (ch == nullptr) return;
   async_event ev{t, element};
   // The first waiter still pending takes it; cancelled ones are skipped so
   // the event is not lost on them.
-  while (!event_waiters_.empty()) {
-    const parked p = event_waiters_.front();
-    event_waiters_.erase(event_waiters_.begin());
+  while (!ch->waiters.empty()) {
+    const parked p = ch->waiters.front();
+    ch->waiters.erase(ch->waiters.begin());
     const bool taken = detail::complete_request(*p.ctx, p.id, {}, &ev);
     detail::context_release(*p.ctx);
     if (taken) return;
   }
-  if (events_.size() < 4096) events_.push_back(ev);
+  if (ch->events.size() < 4096) ch->events.push_back(ev);
 }
 
-void device::cancel_event_waiters(detail::context_impl& ctx) noexcept {
-  std::lock_guard lock(lock_);
-  for (auto it = event_waiters_.begin(); it != event_waiters_.end();) {
-    if (it->ctx == &ctx) {
-      complete_parked(*it, err(errc::operation_aborted), nullptr);
-      it = event_waiters_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+void device::broadcast_event(event_type t, std::uint32_t element) noexcept {
+  for (auto& ch : channels_) raise_event(ch.get(), t, element);
 }
 
-void device::get_event(detail::context_impl& ctx, detail::request_id id) {
+void device::get_event(event_channel* ch, detail::context_impl& ctx, detail::request_id id) {
   std::lock_guard lock(lock_);
-  prune(event_waiters_, [](const parked& p) -> const parked& { return p; });
-  if (!events_.empty()) {
-    async_event ev = events_.front();
-    events_.pop_front();
+  prune(ch->waiters, [](const parked& p) -> const parked& { return p; });
+  if (!ch->events.empty()) {
+    async_event ev = ch->events.front();
+    ch->events.pop_front();
     detail::complete_request(ctx, id, {}, &ev);
     return;
   }
@@ -1242,14 +1255,14 @@ void device::get_event(detail::context_impl& ctx, detail::request_id id) {
     return;
   }
   detail::context_add_ref(ctx);
-  event_waiters_.push_back({&ctx, id});
+  ch->waiters.push_back({&ctx, id});
 }
 
 void device::set_port_state(port_state s) {
   std::lock_guard lock(lock_);
   if (s == port_state_) return;
   port_state_ = s;
-  raise_event(s == port_state::active ? event_type::port_active : event_type::port_err, 1);
+  broadcast_event(s == port_state::active ? event_type::port_active : event_type::port_err, 1);
 }
 
 void device::fatal() {
@@ -1261,8 +1274,8 @@ void device::fatal() {
     if (q != nullptr && q->state != qp_state::reset && q->state != qp_state::err) qp_to_error(q.get());
   for (auto& c : cqs_)
     if (c != nullptr) fail_all(c->notifies, err(errc::device_removed));
-  raise_event(event_type::device_fatal, 0);
-  fail_all(event_waiters_, err(errc::device_removed));
+  broadcast_event(event_type::device_fatal, 0);
+  for (auto& ch : channels_) fail_all(ch->waiters, err(errc::device_removed));
 }
 
 // ---------------------------------------------------------------------------

@@ -105,8 +105,24 @@ struct recv_wqe {
 // ---------------------------------------------------------------------------
 // Objects.  Every field is guarded by device::lock_.
 
+/// A request parked on an object (CQ notification, async event).
+struct parked {
+  detail::context_impl* ctx;
+  detail::request_id id;
+};
+
+/// The async events of one opened device handle (an `ibv_context`'s): a
+/// QP's, CQ's or SRQ's go to the handle that created it (through its PD),
+/// port and device events to every handle, as the kernel's uverbs files
+/// have them.
+struct event_channel {
+  std::deque<async_event> events;
+  std::vector<parked> waiters;
+};
+
 struct pd_t {
   std::uint32_t handle = 0;
+  event_channel* events = nullptr;  // the creating handle's (null once it closed)
   std::uint32_t children = 0;
   bool released = false;  // the user dropped it; freed with its last child
 };
@@ -148,11 +164,6 @@ struct ah_t {
   gid sgid{};
 };
 
-/// A request parked on an object (CQ notification, async event).
-struct parked {
-  detail::context_impl* ctx;
-  detail::request_id id;
-};
 
 /// A parked CQ notification: next completion, or next solicited one.
 struct cq_notify {
@@ -162,6 +173,7 @@ struct cq_notify {
 
 struct cq_t {
   std::uint32_t handle = 0;
+  event_channel* events = nullptr;  // the creating handle's (null once it closed)
   ring q;
   /// The number async events name it by (`cq::handle()`): never 0.
   std::uint32_t event_id() const noexcept { return handle + 1; }
@@ -490,7 +502,10 @@ class device final : public progress_source, public clock_listener {
   bool find_gid(const gid& g, std::uint32_t& index) const;
 
   // --- objects ----------------------------------------------------------------
-  std::error_code alloc_pd(pd_t*& out);
+  /// A new handle's event queue; close_events() before the handle goes.
+  event_channel* open_events();
+  void close_events(event_channel* ch) noexcept;
+  std::error_code alloc_pd(event_channel* events, pd_t*& out);
   std::error_code dealloc_pd(pd_t* pd);     ///< errc::busy with children
   void release_pd(pd_t* pd) noexcept;       ///< handle dropped
 
@@ -509,7 +524,7 @@ class device final : public progress_source, public clock_listener {
   std::error_code create_ah(pd_t* pd, const ah_attr& attr, ah_t*& out);
   std::error_code destroy_ah(ah_t* ah);
 
-  std::error_code create_cq(std::uint32_t cqe, cq_t*& out);
+  std::error_code create_cq(std::uint32_t cqe, event_channel* events, cq_t*& out);
   std::error_code resize_cq(cq_t* cq, std::uint32_t cqe);
   std::error_code destroy_cq(cq_t* cq);     ///< errc::busy while QPs use it
   void release_cq(cq_t* cq) noexcept;
@@ -550,10 +565,9 @@ class device final : public progress_source, public clock_listener {
 
   /// Parks a CQ notification request (next completion, or next solicited).
   void arm_cq(cq_t* cq, bool solicited_only, detail::context_impl& ctx, detail::request_id id);
-  /// Parks a request for the next async event (completes at once if queued).
-  void get_event(detail::context_impl& ctx, detail::request_id id);
-  /// Completes (aborted) and forgets every parked event request of `ctx`.
-  void cancel_event_waiters(detail::context_impl& ctx) noexcept;
+  /// Parks a request for the next async event of `ch` (completes at once if
+  /// one is queued).
+  void get_event(event_channel* ch, detail::context_impl& ctx, detail::request_id id);
   /// Raises a port event and sets the port state (tests pull the cable).
   void set_port_state(port_state s);
   /// Raises DEVICE_FATAL, moves every QP to error, fails parked requests.
@@ -690,7 +704,10 @@ class device final : public progress_source, public clock_listener {
   void flush_qp(qp_t* qp) noexcept;
   void check_sq_drained(qp_t* qp) noexcept;
   bool post_cqe(cq_t* cq, const work_completion& wc, bool solicited) noexcept;
-  void raise_event(event_type t, std::uint32_t element) noexcept;
+  /// Queues an event on `ch` (dropped if its handle has closed).
+  void raise_event(event_channel* ch, event_type t, std::uint32_t element) noexcept;
+  /// A port or device event: every handle gets it.
+  void broadcast_event(event_type t, std::uint32_t element) noexcept;
   void send_ack(qp_t* qp, std::uint8_t syndrome, std::uint32_t psn) noexcept;
   void send_rnr_nak(qp_t* qp, std::uint32_t psn) noexcept;
   void send_atomic_ack(qp_t* qp, std::uint32_t psn, std::uint64_t orig) noexcept;
@@ -835,8 +852,7 @@ class device final : public progress_source, public clock_listener {
                 live_srqs_ = 0, live_qps_ = 0;
 
   // Async events.
-  std::deque<async_event> events_;
-  std::vector<parked> event_waiters_;
+  std::vector<std::unique_ptr<event_channel>> channels_;
 
   // Timers.
   detail::timer_queue timers_;

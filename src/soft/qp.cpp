@@ -436,7 +436,7 @@ void device::qp_to_error(qp_t* qp) noexcept {
   qp->comp.rnr_waiting = false;
   flush_qp(qp);
   // IBTA 11.6.3.3: a QP attached to an SRQ reports its last WQE.
-  if (qp->srq != nullptr) raise_event(event_type::qp_last_wqe_reached, qp->qpn);
+  if (qp->srq != nullptr) raise_event(qp->pd->events, event_type::qp_last_wqe_reached, qp->qpn);
   if (qp->cm != nullptr) gsi_->on_qp(qp, qp_note::error);
 }
 
@@ -503,7 +503,7 @@ void device::check_sq_drained(qp_t* qp) noexcept {
   // Drained when nothing started is outstanding.
   if (qp->sq.consumer() != qp->req.start_index) return;
   qp->sq_draining = false;
-  if (qp->sqd_notify) raise_event(event_type::sq_drained, qp->qpn);
+  if (qp->sqd_notify) raise_event(qp->pd->events, event_type::sq_drained, qp->qpn);
 }
 
 void device::complete_wqes(qp_t* qp) noexcept {

@@ -807,7 +807,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
     // a connected service's only (a UD QP has no connection to establish;
     // qib and hfi1 raise it from their RC and UC receive paths alone).
     qp->resp.comm_est = true;
-    raise_event(event_type::comm_est, qp->qpn);
+    raise_event(qp->pd->events, event_type::comm_est, qp->qpn);
   }
   if (qp->type == qp_type::ud) {
     respond_ud(qp, p);
@@ -871,7 +871,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
                                                      : wc_status::rem_inv_req_err;
       fail_recv(recv_status);
     }
-    raise_event(e == resp_error::access ? event_type::qp_access_err : event_type::qp_req_err, qp->qpn);
+    raise_event(qp->pd->events, e == resp_error::access ? event_type::qp_access_err : event_type::qp_req_err, qp->qpn);
     qp_to_error(qp);
   };
 
@@ -1148,7 +1148,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
         wc.status = wc_status::rem_inv_req_err;
         consume_recv(qp);
         post_cqe(qp->rcq, wc, false);
-        raise_event(event_type::qp_req_err, qp->qpn);
+        raise_event(qp->pd->events, event_type::qp_req_err, qp->qpn);
         qp_to_error(qp);
         return;
       }
@@ -1205,7 +1205,7 @@ bool device::pump_read_reply(qp_t* qp) noexcept {
     rd.active = false;
     if (rd.replay) return;  // the requester times out and asks again
     send_ack(qp, wire::aeth_nak(code), psn_add(rd.first_psn, rd.sent));
-    raise_event(code == wire::nak_code::remote_access_error ? event_type::qp_access_err : event_type::qp_req_err,
+    raise_event(qp->pd->events, code == wire::nak_code::remote_access_error ? event_type::qp_access_err : event_type::qp_req_err,
                 qp->qpn);
     qp_to_error(qp);
   };

@@ -31,6 +31,7 @@ struct device_obj {
   context* ctx = nullptr;
   std::shared_ptr<device_entry> entry;
   soft::device* eng = nullptr;
+  soft::event_channel* channel = nullptr;  // this handle's async events
   std::unique_ptr<request_group> events;
   ~device_obj();
   bool removed() const noexcept { return entry->removed.load(std::memory_order_acquire); }

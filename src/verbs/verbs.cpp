@@ -95,7 +95,7 @@ request_group* group_of(const cq_obj* q) noexcept { return q != nullptr ? q->not
 
 device_obj::~device_obj() {
   events.reset();  // cancels parked get_event requests
-  eng->cancel_event_waiters(ctx->detail_impl());
+  if (channel != nullptr) eng->close_events(channel);
   if (entry == nullptr) return;  // open_device failed before it became a source of the context
   std::lock_guard lock(entry->mu);
   auto it = entry->sources.find(&ctx->detail_impl());
@@ -146,6 +146,7 @@ void start_open_device(context& ctx, const std::string& name, completer<device> 
     obj->entry = entry;
     obj->eng = entry->engine.get();
     obj->events = std::make_unique<request_group>(ctx);
+    obj->channel = obj->eng->open_events();
     {
       std::lock_guard lock(entry->mu);
       int& n = entry->sources[&ctx.detail_impl()];
@@ -206,7 +207,7 @@ void start_alloc_pd(const std::shared_ptr<device_obj>& d, completer<pd> c) noexc
   try {
     auto obj = std::make_shared<pd_obj>();
     obj->dev = d;
-    if (auto ec = d->eng->alloc_pd(obj->e)) return void(c.fail(ec));
+    if (auto ec = d->eng->alloc_pd(d->channel, obj->e)) return void(c.fail(ec));
     c.complete({}, handle_access::make<pd>(std::move(obj)));
   } catch (...) {
     c.fail(err(errc::no_resources));
@@ -219,7 +220,7 @@ void start_create_cq(const std::shared_ptr<device_obj>& d, std::uint32_t cqe, co
     auto obj = std::make_shared<cq_obj>();
     obj->dev = d;
     obj->notifies = std::make_unique<request_group>(*d->ctx);
-    if (auto ec = d->eng->create_cq(cqe, obj->e)) return void(c.fail(ec));
+    if (auto ec = d->eng->create_cq(cqe, d->channel, obj->e)) return void(c.fail(ec));
     c.complete({}, handle_access::make<cq>(std::move(obj)));
   } catch (...) {
     c.fail(err(errc::no_resources));
@@ -231,7 +232,7 @@ void start_get_event(const std::shared_ptr<device_obj>& d, completer<async_event
   // out, as rdma-core does; then the engine answers device_removed.
   if (d == nullptr) return void(c.fail(err(errc::invalid_argument)));
   try {
-    d->eng->get_event(c.context(), c.id());
+    d->eng->get_event(d->channel, c.context(), c.id());
   } catch (...) {
     c.fail(err(errc::no_resources));
   }

@@ -154,7 +154,10 @@ class device {
 
   /// Completes with the next asynchronous event of this device and its
   /// objects (the seeds' IRP-based events; `ibv_get_async_event`).  Park as
-  /// many as you like; each event completes one, oldest first.
+  /// many as you like; each event completes one, oldest first.  Each opened
+  /// handle has its own events, as each `ibv_context` has: port and device
+  /// events reach every handle, a QP's, CQ's or SRQ's only the handle that
+  /// created it (the QP's and SRQ's through their PD).
   /// `cancel_events()` and closing the device complete them with
   /// `operation_aborted`.  When the device is removed the first parked
   /// request (or the next one) receives `event_type::device_fatal`; the

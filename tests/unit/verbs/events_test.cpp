@@ -266,6 +266,64 @@ TEST_F(events_test, an_event_raised_after_request_cancel_goes_to_the_next_reques
   EXPECT_EQ(r2.get().type, event_type::port_err);
 }
 
+// Each opened handle has its own events, as each ibv_context has: a port
+// event reaches every handle, a QP's or CQ's only the handle that created
+// it; closing one handle leaves the other's requests parked.
+TEST_F(events_test, each_opened_handle_gets_port_events_and_its_own_objects_events) {
+  auto parked = dev.async_get_event(use_request);
+  {
+    device other = open_device(*ctx, dev.name());
+    auto theirs = other.async_get_event(use_request);
+    dev_holder->set_port_state(port_state::down);
+    ASSERT_TRUE(parked.wait_for(0ns));
+    ASSERT_TRUE(theirs.wait_for(0ns)) << "a port event reaches every handle";
+    EXPECT_EQ(parked.get().type, event_type::port_err);
+    EXPECT_EQ(theirs.get().type, event_type::port_err);
+
+    // The other handle's CQ overflows: the event is the other handle's.
+    cq full = other.create_cq(1);
+    pd other_pd = other.alloc_pd();
+    qp_init_attr ia;
+    ia.send_cq = full;
+    ia.recv_cq = full;
+    ia.cap = {16, 16, 1, 1, 0};
+    ia.type = qp_type::rc;
+    qp_options o;
+    cq cb = dev.create_cq(16);
+    qp a = other_pd.create_qp(ia), b = make_qp(o, cb, cb);
+    bring_up(a, o, b.num(), 100, 200);
+    bring_up(b, o, a.num(), 200, 100);
+    std::vector<std::byte> mem(16);
+    mr m = other_pd.reg_mr(mem.data(), mem.size(), access_local_write);
+    auto remote = make_buffer(16);
+    auto overflow = other.async_get_event(use_request);
+    for (std::uint64_t id = 1; id <= 2; ++id) {
+      sge g{reinterpret_cast<std::uintptr_t>(mem.data()), 8, m.lkey()};
+      send_wr w;
+      w.wr_id = id;
+      w.opcode = wr_opcode::rdma_write;
+      w.sg_list = &g;
+      w.num_sge = 1;
+      w.flags = send_signaled;
+      w.remote_addr = remote.addr();
+      w.rkey = remote.m.rkey();
+      ASSERT_FALSE(a.post_send(w));
+    }
+    for (int i = 0; i < 10000 && !overflow.ready(); ++i) ctx->poll();
+    ASSERT_TRUE(overflow.ready());
+    const async_event ev = overflow.get();
+    EXPECT_EQ(ev.type, event_type::cq_err);
+    EXPECT_EQ(ev.element, full.handle());
+    EXPECT_EQ(count_events(event_type::cq_err), 0u) << "another handle's CQ";
+    parked = dev.async_get_event(use_request);
+    ctx->poll();
+    ASSERT_FALSE(parked.ready());
+  }  // the other handle and everything it made close
+  ctx->poll();
+  EXPECT_FALSE(parked.ready()) << "closing another handle completed this one's request";
+  EXPECT_EQ(dev.cancel_events(), 2u) << "this one's and the fixture's are still parked";
+}
+
 TEST_F(events_test, get_event_with_a_callback_runs_it_in_an_alertable_wait) {
   int calls = 0;
   async_event got{};

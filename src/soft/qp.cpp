@@ -8,10 +8,22 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <linux/capability.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 namespace averbs::soft {
 
 namespace {
+
+// Whether the calling thread has CAP_NET_RAW in its effective set (capget:
+// libcap is not a dependency for one bit).
+bool has_cap_net_raw() noexcept {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3]{};
+  if (::syscall(SYS_capget, &hdr, data) != 0) return false;
+  return (data[CAP_NET_RAW / 32].effective & (1u << (CAP_NET_RAW % 32))) != 0;
+}
 
 std::error_code err(errc e) { return make_error_code(e); }
 
@@ -233,6 +245,10 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
     return err(errc::invalid_argument);
   if ((mask & m_mig) != 0 && static_cast<unsigned>(a.path_mig_state) > static_cast<unsigned>(mig_state::armed))
     return err(errc::invalid_argument);
+  // A controlled Q_Key (high bit set, IBTA 10.2.4) needs CAP_NET_RAW, as
+  // Linux 6.4's uverbs requires.
+  if ((mask & m_qkey) != 0 && (a.qkey & 0x80000000u) != 0 && !has_cap_net_raw())
+    return err(errc::permission_denied);
 
   // Apply.
   if ((mask & m_access) != 0) qp->access_flags = a.qp_access_flags;

@@ -11,6 +11,10 @@
 //   full_rq_bad_flow, create_rq_with_larger_sgl_bad_flow).
 #include "verbs_fixture.hpp"
 
+#include <linux/capability.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <coroutine>
@@ -543,6 +547,36 @@ TEST_F(qp_test, uc_init_without_each_required_attribute_bad_flow) {
 TEST_F(qp_test, ud_init_without_qkey_bad_flow) {
   check_missing(qp_type::ud, qp_state::reset, qp_state::init, qp_attr_qkey);
 }
+// A controlled Q_Key (bit 31) needs CAP_NET_RAW (Linux 6.4 uverbs: EPERM).
+// Capabilities are per thread: this thread drops CAP_NET_RAW from its
+// effective set for the first try and takes it back for the second.
+TEST_F(qp_test, a_controlled_qkey_needs_cap_net_raw) {
+  __user_cap_header_struct hdr{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct caps[_LINUX_CAPABILITY_U32S_3]{};
+  ASSERT_EQ(::syscall(SYS_capget, &hdr, caps), 0);
+  const std::uint32_t bit = 1u << (CAP_NET_RAW % 32);
+  if ((caps[CAP_NET_RAW / 32].permitted & bit) == 0)
+    GTEST_SKIP() << "CAP_NET_RAW is not permitted here: only the refusal could be tested, and it is the default";
+  qp_options o;
+  o.type = qp_type::ud;
+  cq c = dev.create_cq(16);
+  qp q = make_qp(o, c, c);
+  qp_attr a = init_attr(o);
+  a.qkey = 0x80010000u;
+  __user_cap_data_struct without[_LINUX_CAPABILITY_U32S_3];
+  std::memcpy(without, caps, sizeof caps);
+  without[CAP_NET_RAW / 32].effective &= ~bit;
+  ASSERT_EQ(::syscall(SYS_capset, &hdr, without), 0);
+  std::error_code ec;
+  q.modify(a, init_mask(o.type), ec);
+  ASSERT_EQ(::syscall(SYS_capset, &hdr, caps), 0);
+  EXPECT_EQ(ec, make_error_code(errc::permission_denied));
+  EXPECT_EQ(q.query().state, qp_state::reset);
+  q.modify(a, init_mask(o.type), ec);
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_EQ(q.query().qkey, 0x80010000u);
+}
+
 TEST_F(qp_test, ud_init_without_pkey_index_or_port_bad_flow) {
   check_missing(qp_type::ud, qp_state::reset, qp_state::init, qp_attr_pkey_index);
   check_missing(qp_type::ud, qp_state::reset, qp_state::init, qp_attr_port);

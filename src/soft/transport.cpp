@@ -519,6 +519,13 @@ void device::requester(qp_t* qp) noexcept {
           !psn_before(qp->req.next_psn, psn_add(qp->comp.psn, limits::max_unacked_psns)))
         return;  // window full
       const std::uint32_t n = is_atomic(w->opcode) ? 1 : packets_for(w->length, qp->mtu_bytes);
+      // Every PSN a WQE takes stays within half the PSN space of the oldest
+      // unacknowledged one (IBTA's valid region), or PSN comparisons turn
+      // around: a READ takes one per response, 2^23 for 2 GiB at PMTU 256.
+      // Such a WQE waits for the ACKs before it; alone it may take them all.
+      if (qp->type == qp_type::rc && qp->comp.psn != qp->req.next_psn &&
+          ((qp->req.next_psn - qp->comp.psn) & wire::psn_mask) + std::uint64_t{n} >= (1u << 23))
+        return;
       st.first_psn = qp->req.next_psn;
       st.last_psn = psn_add(st.first_psn, n - 1);
       qp->req.next_psn = psn_add(st.last_psn, 1);

@@ -10,6 +10,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -73,6 +74,8 @@ class hostile_peer : public ::testing::Test {
     qp_.modify(at, mask);
   }
 
+  mtu path_mtu_ = mtu::mtu_1024;  ///< make_qp()'s, unless a test changes it first
+
   /// make_qp() up to RTR: a responder only.
   void make_qp_rtr(qp_type t, const srq* s = nullptr) {
     qp_init_attr ia;
@@ -89,7 +92,7 @@ class hostile_peer : public ::testing::Test {
     qp_.modify(at, qp_attr_state | qp_attr_pkey_index | qp_attr_port | qp_attr_access_flags);
     at = {};
     at.state = qp_state::rtr;
-    at.path_mtu = mtu::mtu_1024;
+    at.path_mtu = path_mtu_;
     at.dest_qp_num = peer_qpn;
     at.rq_psn = 0;
     at.max_dest_rd_atomic = 4;
@@ -577,6 +580,48 @@ TEST_F(hostile_peer, nothing_posted_behind_a_read_refused_for_max_rd_atomic_0_is
   EXPECT_EQ(wcs[0].status, wc_status::loc_qp_op_err);
   EXPECT_EQ(wcs[1].status, wc_status::wr_flush_err);
   EXPECT_EQ(qp_.query().state, qp_state::err);
+}
+
+// A READ takes one PSN per response; 2 GiB at PMTU 256 takes 2^23, half
+// the PSN space.  Sent behind an unacknowledged SEND it would put that
+// SEND's PSN outside the valid region, and the SEND's own ACK would be
+// dropped as a stray: it waits for the ACKs before it instead.
+TEST_F(hostile_peer, a_read_that_takes_half_the_psn_space_waits_for_the_acks_before_it) {
+  path_mtu_ = mtu::mtu_256;
+  make_qp(qp_type::rc, nullptr, 18);  // a 1 s timeout: no resend muddles the PSNs
+  constexpr std::size_t two_gib = std::size_t{1} << 31;
+  void* big = ::mmap(nullptr, two_gib, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(big, MAP_FAILED);
+  {
+    mr mb = pd_.reg_mr(big, two_gib, access_local_write);
+    mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+    post(wr_opcode::send, 16, m);  // PSN 0
+    sge g{reinterpret_cast<std::uintptr_t>(big), static_cast<std::uint32_t>(two_gib), mb.lkey()};
+    send_wr w;
+    w.wr_id = 43;
+    w.opcode = wr_opcode::rdma_read;
+    w.sg_list = &g;
+    w.num_sge = 1;
+    w.flags = send_signaled;
+    w.remote_addr = 0x10000;
+    w.rkey = 0x77;
+    ASSERT_FALSE(qp_.post_send(w));
+    const auto first = next_request();
+    ASSERT_TRUE(first.has_value());
+    EXPECT_EQ(first->bth.psn, 0u);
+    EXPECT_FALSE(next_request(std::chrono::milliseconds(100)).has_value()) << "the READ did not wait";
+    respond(wire::opcode::rc_ack, 0, wire::aeth_ack_unlimited);
+    const auto wcs = drain();
+    ASSERT_EQ(wcs.size(), 1u) << "the SEND's ACK was not taken";
+    EXPECT_EQ(wcs[0].wr_id, 42u);
+    const auto read = next_request();
+    ASSERT_TRUE(read.has_value());
+    EXPECT_EQ(static_cast<wire::opcode>(read->bth.opcode), wire::opcode::rc_read_request);
+    EXPECT_EQ(read->bth.psn, 1u);
+    EXPECT_EQ(read->reth.length, two_gib);
+    qp_ = qp{};
+  }
+  ::munmap(big, two_gib);
 }
 
 // A malformed response at the PSN of a later WQE first completes the ones

@@ -458,6 +458,8 @@ std::error_code device::query_port(std::uint8_t port, port_attr& out) const {
   out.active_speed = 32;  // EDR-like, as rxe reports for fast links
   out.phys_state = port_state_ == port_state::active ? 5 /* LINK_UP */ : 3 /* DISABLED */;
   out.link_layer = averbs::link_layer::ethernet;
+  out.bad_pkey_cntr = bad_pkey_cntr_;
+  out.qkey_viol_cntr = qkey_viol_cntr_;
   return {};
 }
 
@@ -1454,9 +1456,12 @@ void device::receive_gsi(packet* p) noexcept {
   // what passes counts as management traffic, which shortens send batches
   // for a while: junk addressed to QP1 must not.
   std::array<std::byte, wire::cm::mad_size> mad;
-  if (p->hdr.bth.opcode != static_cast<std::uint8_t>(wire::opcode::ud_send_only) ||
-      (p->hdr.bth.pkey & 0x7FFF) != (wire::default_pkey & 0x7FFF) || p->hdr.deth.qkey != wire::gsi_qkey ||
+  const bool pkey_ok = (p->hdr.bth.pkey & 0x7FFF) == (wire::default_pkey & 0x7FFF);
+  const bool qkey_ok = p->hdr.deth.qkey == wire::gsi_qkey;
+  if (p->hdr.bth.opcode != static_cast<std::uint8_t>(wire::opcode::ud_send_only) || !pkey_ok || !qkey_ok ||
       p->payload_len != mad.size()) {
+    if (!pkey_ok) ++bad_pkey_cntr_;
+    else if (!qkey_ok && p->hdr.bth.opcode == static_cast<std::uint8_t>(wire::opcode::ud_send_only)) ++qkey_viol_cntr_;
     ++counters_.dropped;
     return;
   }
@@ -1608,7 +1613,16 @@ void device::run() noexcept {
                       : (s == qp_state::rtr || s == qp_state::rts || s == qp_state::sqd || s == qp_state::sqe);
       }
       if (ok && qp->type != qp_type::ud) ok = p->src == qp->av.grh.dgid && p->dst == qp->sgid;
-      if (ok) ok = (p->hdr.bth.pkey & 0x7FFF) == (wire::default_pkey & 0x7FFF);
+      // The key checks (rxe's check_keys(); IBTA 10.9.3): violations count
+      // in the port's P_Key and Q_Key violation counters.
+      if (ok && (p->hdr.bth.pkey & 0x7FFF) != (wire::default_pkey & 0x7FFF)) {
+        ok = false;
+        ++bad_pkey_cntr_;
+      }
+      if (ok && qp->type == qp_type::ud && p->hdr.deth.qkey != qp->qkey) {
+        ok = false;  // silently dropped (IBTA 10.2.5)
+        ++qkey_viol_cntr_;
+      }
       if (!ok) {
         ++counters_.dropped;
         free_packet(p);

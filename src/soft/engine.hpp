@@ -761,6 +761,8 @@ class device final : public progress_source, public clock_listener {
   std::uint64_t node_guid_;
   std::vector<gid> gids_;
   port_state port_state_ = port_state::active;
+  std::uint32_t bad_pkey_cntr_ = 0;   // PortInfo P_KeyViolations (query_port)
+  std::uint32_t qkey_viol_cntr_ = 0;  // PortInfo Q_KeyViolations
   mtu active_mtu_ = mtu::mtu_4096;  // from the interface MTU of a UDP device
   bool fatal_ = false;  // the device was removed
   direct_memory direct_;

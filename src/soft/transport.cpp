@@ -518,7 +518,9 @@ void device::requester(qp_t* qp) noexcept {
       if (qp->type == qp_type::rc &&
           !psn_before(qp->req.next_psn, psn_add(qp->comp.psn, limits::max_unacked_psns)))
         return;  // window full
-      const std::uint32_t n = is_atomic(w->opcode) ? 1 : packets_for(w->length, qp->mtu_bytes);
+      // (A UD send is one packet, whatever its length: it has no path MTU.)
+      const std::uint32_t n =
+          is_atomic(w->opcode) || qp->type == qp_type::ud ? 1 : packets_for(w->length, qp->mtu_bytes);
       // Every PSN a WQE takes stays within half the PSN space of the oldest
       // unacknowledged one (IBTA's valid region), or PSN comparisons turn
       // around: a READ takes one per response, 2^23 for 2 GiB at PMTU 256.
@@ -742,19 +744,28 @@ std::uint64_t recv_capacity(recv_wqe* w) {
 
 }  // namespace
 
+// The Q_Key was checked with the headers (device::run).
 void device::respond_ud(qp_t* qp, packet* p) noexcept {
-  const std::uint32_t qkey = p->hdr.deth.qkey;
-  if (qkey != qp->qkey) {
-    ++counters_.dropped;  // Q_Key violation: silently dropped (IBTA 10.2.5)
-    return;
-  }
   if (!next_recv(qp)) {
     ++counters_.dropped;  // UD has no RNR: the datagram is lost
     return;
   }
   recv_wqe* w = qp->resp.wqe;
   if (recv_capacity(w) < 40ull + p->payload_len) {
-    ++counters_.dropped;  // does not fit behind the 40-byte GRH area (rxe)
+    // It does not fit behind the 40-byte GRH area.  A receive of the QP's
+    // own stays for the next datagram (rxe's class D); one taken from an
+    // SRQ has left it and completes in error, as for UC (class E).
+    ++counters_.dropped;
+    if (qp->srq != nullptr) {
+      work_completion wc;
+      wc.wr_id = w->wr_id;
+      wc.status = wc_status::loc_len_err;
+      wc.opcode = wc_opcode::recv;
+      wc.qp_num = qp->qpn;
+      wc.src_qp = p->hdr.deth.src_qp;
+      consume_recv(qp);
+      post_cqe(qp->rcq, wc, false);
+    }
     return;
   }
   // The GRH area: the IPv6 header, or 20 zero bytes and the IPv4 header

@@ -27,6 +27,7 @@ namespace averbs::test {
 namespace {
 
 constexpr std::uint32_t peer_qpn = 0x1234;
+constexpr std::uint32_t ud_qkey = 0x11111111;  ///< make_qp()'s for a UD QP
 
 class hostile_peer : public ::testing::Test {
  protected:
@@ -88,6 +89,14 @@ class hostile_peer : public ::testing::Test {
     qp_attr at;
     at.state = qp_state::init;
     at.port_num = 1;
+    if (t == qp_type::ud) {
+      at.qkey = ud_qkey;
+      qp_.modify(at, qp_attr_state | qp_attr_pkey_index | qp_attr_port | qp_attr_qkey);
+      at = {};
+      at.state = qp_state::rtr;
+      qp_.modify(at, qp_attr_state);
+      return;
+    }
     at.qp_access_flags = access_local_write | access_remote_write | access_remote_read | access_remote_atomic;
     qp_.modify(at, qp_attr_state | qp_attr_pkey_index | qp_attr_port | qp_attr_access_flags);
     at = {};
@@ -1029,6 +1038,94 @@ TEST_F(hostile_peer, a_packet_for_no_qp_counts_as_dropped_not_received) {
   EXPECT_EQ(after.dropped, before.dropped + 1);
   EXPECT_EQ(after.packets_received, before.packets_received);
   EXPECT_EQ(after.bytes_received, before.bytes_received);
+}
+
+// The key checks come with the header checks (rxe's check_keys()): a
+// datagram with another Q_Key, or a packet with another P_Key, is dropped
+// without counting as received, and counts in the port's Q_Key or P_Key
+// violation counter (IBTA PortInfo; ibv_query_port).
+TEST_F(hostile_peer, key_violations_count_in_the_port_not_as_received) {
+  make_qp(qp_type::ud);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post_recvs(m, 2, 128);
+  const device_counters before = dev_.counters();
+  wire::transport_headers h;
+  h.deth = {0x22222222, peer_qpn};
+  send(wire::opcode::ud_send_only, 0, filled(16, 1), h);
+  (void)drain(std::chrono::milliseconds(20));
+  device_counters after = dev_.counters();
+  EXPECT_EQ(after.packets_received, before.packets_received);
+  EXPECT_EQ(after.dropped, before.dropped + 1);
+  EXPECT_EQ(dev_.query_port(1).qkey_viol_cntr, 1u);
+  EXPECT_EQ(dev_.query_port(1).bad_pkey_cntr, 0u);
+
+  h.deth = {ud_qkey, peer_qpn};
+  h.bth.pkey = 0x1234;
+  h.bth.opcode = static_cast<std::uint8_t>(wire::opcode::ud_send_only);
+  h.bth.dest_qp = qp_.num();
+  send_as_is(h, filled(16, 2));
+  (void)drain(std::chrono::milliseconds(20));
+  EXPECT_EQ(dev_.query_port(1).bad_pkey_cntr, 1u);
+  EXPECT_EQ(dev_.query_port(1).qkey_viol_cntr, 1u);
+  EXPECT_EQ(dev_.counters().packets_received, before.packets_received);
+
+  send(wire::opcode::ud_send_only, 1, filled(16, 3), {.deth = {ud_qkey, peer_qpn}});  // the right keys
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+  EXPECT_EQ(wcs[0].byte_len, 40u + 16u);
+}
+
+// A datagram too long for its receive: one of the QP's own stays for the
+// next datagram (as rxe); one taken from an SRQ has left it and completes
+// in error (loc_len_err, as for UC), not held by this QP unseen.
+TEST_F(hostile_peer, a_ud_datagram_too_long_for_an_srq_receive_completes_it_in_error) {
+  srq s = make_srq();
+  make_qp(qp_type::ud, &s);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post_recvs(m, 2, 64, &s);
+  wire::transport_headers h;
+  h.deth = {ud_qkey, peer_qpn};
+  send(wire::opcode::ud_send_only, 0, filled(100, 0xAA), h);  // 140 bytes with the GRH area
+  send(wire::opcode::ud_send_only, 1, filled(8, 0xBB), h);
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].wr_id, 0u);
+  EXPECT_EQ(wcs[0].status, wc_status::loc_len_err);
+  EXPECT_EQ(wcs[1].wr_id, 1u);
+  EXPECT_EQ(wcs[1].status, wc_status::success);
+  EXPECT_EQ(wcs[1].byte_len, 48u);
+  EXPECT_EQ(qp_.query().state, qp_state::rts);
+}
+
+// A UD send is one packet whatever its length (UD has no path MTU): the
+// PSN moves by one per send, as rxe's.
+TEST_F(hostile_peer, each_ud_send_takes_one_psn) {
+  make_qp(qp_type::ud);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  ah_attr aa;
+  aa.is_global = true;
+  aa.grh.dgid = peer_gid_;
+  aa.port_num = 1;
+  ah h = pd_.create_ah(aa);
+  for (std::uint64_t id = 1; id <= 2; ++id) {
+    sge g{va(), 1024, m.lkey()};
+    send_wr w;
+    w.wr_id = id;
+    w.opcode = wr_opcode::send;
+    w.sg_list = &g;
+    w.num_sge = 1;
+    w.flags = send_signaled;
+    w.ah = &h;
+    w.remote_qpn = peer_qpn;
+    w.remote_qkey = 0x33333333;
+    ASSERT_FALSE(qp_.post_send(w));
+  }
+  const auto a = next_request();
+  const auto b = next_request();
+  ASSERT_TRUE(a && b);
+  EXPECT_EQ(b->bth.psn, (a->bth.psn + 1) & wire::psn_mask);
+  EXPECT_EQ(qp_.query().sq_psn, (b->bth.psn + 1) & wire::psn_mask);
 }
 
 // A receive the responder took from an SRQ for a message that never

@@ -187,15 +187,24 @@ int port_impl::native_handle() noexcept {
 }
 
 void port_impl::close() noexcept {
-  std::lock_guard lock(mu_);
-  closed_ = true;
-  while (count_ != 0) {
-    const item it = ring_[head_];
-    head_ = (head_ + 1) & (ring_.size() - 1);
-    --count_;
+  std::vector<item> left;
+  std::size_t head = 0, count = 0;
+  {
+    std::lock_guard lock(mu_);
+    closed_ = true;
+    left.swap(ring_);
+    head = std::exchange(head_, 0);
+    count = std::exchange(count_, 0);
+    size_.store(0, std::memory_order_release);
+  }
+  // Freed outside the lock: a result's destructor may release the last
+  // handle of an object whose own teardown cancels a request bound to this
+  // port (push_request takes mu_), or takes a device lock another thread
+  // holds while it completes into this port.
+  for (std::size_t i = 0; i < count; ++i) {
+    const item it = left[(head + i) & (left.size() - 1)];
     if (it.index != no_index) ctx_.free_slot(it.index);
   }
-  size_.store(0, std::memory_order_release);
 }
 
 }  // namespace detail

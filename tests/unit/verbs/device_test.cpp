@@ -285,6 +285,23 @@ TEST_F(device_test, query_port_with_bind_port) {
   EXPECT_EQ(a->state, port_state::active);
 }
 
+// Destroying a port destroys the results nobody took.  One may hold the
+// last reference to a device handle whose teardown cancels an event request
+// bound to the same port: that completion must find the port closed, not
+// its lock held by the same thread (a self-deadlock before).
+TEST_F(device_test, destroying_a_port_whose_results_close_a_device_with_a_request_on_it) {
+  {
+    completion_port port(*ctx);
+    {
+      device other = open_device(*ctx, dev.name());
+      other.async_get_event(bind_port(port, 1));  // parked in the engine
+      other.async_alloc_pd(bind_port(port, 2));   // a PD handle waits in the port, holding `other`
+    }
+    ctx->poll();
+  }  // ~completion_port: the PD goes, then the device handle, which cancels the event request
+  EXPECT_TRUE(dev.query_port(1).state == port_state::active) << "the device still works";
+}
+
 TEST_F(device_test, query_port_with_bind_port_bad_flow) {
   completion_port port(*ctx);
   dev.async_query_port(0, bind_port(port, 9));

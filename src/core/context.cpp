@@ -67,6 +67,11 @@ class request_waiter final : public wait_target {
     const std::uint64_t w = s_.word.load(std::memory_order_acquire);
     return state_of(w) == state_completed && (w & flag_delivering) == 0;
   }
+  bool settling() noexcept override {
+    // Completed, its completer still delivering: the wake-up may have come
+    // before this thread armed its sleep, and will not come again.
+    return state_of(s_.word.load(std::memory_order_acquire)) == state_completed;
+  }
   bool arm(thread_state& ts) noexcept override {
     s_.waiter.store(&ts, std::memory_order_release);
     std::uint64_t w = s_.word.load(std::memory_order_acquire);
@@ -198,11 +203,13 @@ class never final : public detail::wait_target {
 std::size_t context::alertable_wait(std::chrono::nanoseconds timeout, std::error_code& ec) {
   detail::thread_state& ts = detail::thread_state::current();
   ec.clear();
-  if (ts.has_work()) return ts.run();
+  // The rule first: inside a handler a waiting call fails at once, even
+  // when handlers are queued (running them here would nest them).
   if (timeout != std::chrono::nanoseconds::zero() && detail::in_handler()) {
     ec = make_error_code(errc::would_deadlock);
     return 0;
   }
+  if (ts.has_work()) return ts.run();
   never target;
   std::size_t ran = 0;
   const std::error_code wec = impl_->wait(target, timeout, true, &ran);

@@ -87,4 +87,26 @@ TEST(dispatch, blocking_waits_inside_a_handler_fail_but_polling_is_allowed) {
   EXPECT_TRUE(ready_polled);
 }
 
+// The rule holds even with handlers queued: a waiting alertable_wait inside
+// a handler fails at once, and does not run the queued ones nested.
+TEST(dispatch, alertable_wait_with_a_timeout_inside_a_handler_fails_even_with_handlers_queued) {
+  averbs::context ctx;
+  std::error_code ec;
+  int inner = 0;
+  std::size_t ran = 99;
+  bool nested = false;
+  averbs::async_nop(ctx, {}, [&](std::error_code, std::uint64_t) {
+    averbs::async_nop(ctx, {}, [&](std::error_code, std::uint64_t) { ++inner; });
+    ran = ctx.alertable_wait(1s, ec);
+    nested = inner != 0;
+  });
+  ctx.alertable_wait(0ns);
+  EXPECT_EQ(ec, errc::would_deadlock);
+  EXPECT_EQ(ran, 0u);
+  EXPECT_FALSE(nested) << "a queued handler ran inside another";
+  while (ctx.alertable_wait(0ns) != 0) {
+  }
+  EXPECT_EQ(inner, 1);
+}
+
 }  // namespace

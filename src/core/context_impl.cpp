@@ -524,7 +524,7 @@ std::error_code context_impl::wait(wait_target& t, std::chrono::nanoseconds time
       if (ts.arm(alertable)) {
         sleep_sources(true);
         poll();
-        if (!t.ready()) {
+        if (!t.ready() && !t.settling()) {
           pollfd fds[3] = {{ep_, POLLIN, 0}, {ts.wake_fd(), POLLIN, 0}, {t.fd(), POLLIN, 0}};
           const nfds_t nfds = t.fd() >= 0 ? 3 : 2;
           if (deadline == std::chrono::nanoseconds::max()) {
@@ -656,6 +656,7 @@ void context_impl::drain_deferred() noexcept {
 // Progress thread
 
 void context_impl::start_progress_thread() {
+  std::lock_guard lock(progress_mu_);
   if (progress_thread_.joinable()) return;
   progress_stop_.store(false, std::memory_order_relaxed);
   progress_stop_fd_ = make_eventfd();
@@ -663,6 +664,7 @@ void context_impl::start_progress_thread() {
 }
 
 void context_impl::stop_progress_thread() noexcept {
+  std::lock_guard lock(progress_mu_);
   if (!progress_thread_.joinable()) return;
   progress_stop_.store(true, std::memory_order_release);
   write_one(progress_stop_fd_);

@@ -93,6 +93,10 @@ struct slot {
 class wait_target {
  public:
   virtual bool ready() noexcept = 0;
+  /// Not ready yet, but done in a few instructions (a completer finishing
+  /// its delivery, whose wake-up may already have gone by): no reason to
+  /// sleep.
+  virtual bool settling() noexcept { return false; }
   virtual bool arm(thread_state& ts) noexcept = 0;
   virtual void disarm() noexcept = 0;
   virtual int fd() const noexcept { return -1; }
@@ -213,6 +217,7 @@ class context_impl final : public clock_listener {
   bool deferred_signaled_ = false;        // Must hold deferred_mu_.
   std::mutex deferred_run_mu_;
 
+  std::mutex progress_mu_;  // start/stop may race (any member may be called from any thread)
   std::thread progress_thread_;
   int progress_stop_fd_ = -1;
   std::atomic<bool> progress_stop_{false};

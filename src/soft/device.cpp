@@ -1076,9 +1076,15 @@ std::size_t device::poll_cq(cq_t* cq, std::span<work_completion> out) {
 
 void device::arm_cq(cq_t* cq, bool solicited_only, detail::context_impl& ctx, detail::request_id id) {
   std::lock_guard lock(lock_);
+  // Removed after the caller's unlocked check: fatal() has already failed
+  // the parked notifications, and would never see this one.
+  if (fatal_) {
+    detail::complete_request(ctx, id, err(errc::device_removed), nullptr);
+    return;
+  }
   prune(cq->notifies, [](const cq_notify& n) -> const parked& { return n.p; });
+  cq->notifies.push_back({{&ctx, id}, solicited_only});  // may throw: no reference taken yet
   detail::context_add_ref(ctx);
-  cq->notifies.push_back({{&ctx, id}, solicited_only});
   cq->armed = true;
 }
 
@@ -1256,8 +1262,8 @@ void device::get_event(event_channel* ch, detail::context_impl& ctx, detail::req
     detail::complete_request(ctx, id, err(errc::device_removed), nullptr);
     return;
   }
+  ch->waiters.push_back({&ctx, id});  // may throw: no reference taken yet
   detail::context_add_ref(ctx);
-  ch->waiters.push_back({&ctx, id});
 }
 
 void device::set_port_state(port_state s) {

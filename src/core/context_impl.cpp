@@ -553,12 +553,13 @@ void context_impl::sleep_sources(bool armed) noexcept {
 // Timers and deferred completions
 
 void context_impl::schedule(clock::duration delay, timer_fn fn, void* arg, const timer_payload& p) {
-  // A delay too long for the clock saturates: the timer never fires (and
-  // arms nothing), rather than wrapping to a deadline in the past.
+  // A delay too long for the clock saturates: the timer never fires (it is
+  // not even queued, where it would stay for good), rather than wrapping
+  // to a deadline in the past.
   const clock::time_point now = clock_->now();
-  const clock::time_point deadline =
-      delay >= clock::time_point::max() - now ? clock::time_point::max() : now + delay;
-  if (timers_.schedule(deadline, fn, arg, p) && deadline != clock::time_point::max()) rearm_timer(deadline);
+  if (delay >= clock::time_point::max() - now) return;  // never due: nothing to keep in the heap
+  const clock::time_point deadline = now + delay;
+  if (timers_.schedule(deadline, fn, arg, p)) rearm_timer(deadline);
 }
 
 void context_impl::rearm_timer(clock::time_point deadline) noexcept {

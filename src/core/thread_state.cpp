@@ -85,6 +85,11 @@ bool thread_state::push(context_impl& ctx, std::uint32_t index) {
     if (head_ == items_.size()) {  // empty: rewind so the vector does not grow
       items_.clear();
       head_ = 0;
+    } else if (head_ != 0 && items_.size() == items_.capacity()) {
+      // Never empty (handlers that queue their successors): move what
+      // waits to the front instead of growing by one per completion.
+      items_.erase(items_.begin(), items_.begin() + static_cast<std::ptrdiff_t>(head_));
+      head_ = 0;
     }
     items_.push_back({&ctx, index});
     ctx.add_ref();

@@ -66,6 +66,32 @@ TEST(alloc, port_cycles_in_batches_do_not_allocate) {
   EXPECT_GT(got, 0u);
 }
 
+// A handler that starts its own successor, in two chains: the thread's
+// handler queue is never empty while they run, so it must reuse its front
+// rather than grow by one entry per completion.
+struct chain {
+  averbs::context* ctx;
+  int* left;
+  void operator()(std::error_code, std::uint64_t) const {
+    if (--*left > 0) averbs::async_nop(*ctx, {}, *this);
+  }
+};
+
+TEST(alloc, two_self_restarting_callback_chains_do_not_allocate) {
+  averbs::context ctx;
+  int a = 0, b = 0;
+  EXPECT_EQ(allocations_during([&](int n) {
+              a = b = n / 2;
+              averbs::async_nop(ctx, {}, chain{&ctx, &a});
+              averbs::async_nop(ctx, {}, chain{&ctx, &b});
+              while (ctx.alertable_wait(0ns) != 0) {
+              }
+            }),
+            0u);
+  EXPECT_EQ(a, 0);
+  EXPECT_EQ(b, 0);
+}
+
 TEST(alloc, callback_cycles_in_batches_do_not_allocate) {
   averbs::context ctx;
   std::uint64_t ran = 0;

@@ -727,6 +727,17 @@ bool device::next_recv(qp_t* qp) noexcept {
   return true;
 }
 
+void device::fail_recv_wqe(qp_t* qp, wc_status status, std::uint32_t src_qp) noexcept {
+  work_completion wc;
+  wc.wr_id = qp->resp.wqe->wr_id;
+  wc.status = status;
+  wc.opcode = wc_opcode::recv;
+  wc.qp_num = qp->qpn;
+  wc.src_qp = src_qp;
+  consume_recv(qp);
+  post_cqe(qp->rcq, wc, false);
+}
+
 void device::consume_recv(qp_t* qp) noexcept {
   if (qp->srq == nullptr) qp->rq.release(qp->rq.consumer() + 1);
   qp->resp.have_wqe = false;
@@ -756,16 +767,7 @@ void device::respond_ud(qp_t* qp, packet* p) noexcept {
     // own stays for the next datagram (rxe's class D); one taken from an
     // SRQ has left it and completes in error, as for UC (class E).
     ++counters_.dropped;
-    if (qp->srq != nullptr) {
-      work_completion wc;
-      wc.wr_id = w->wr_id;
-      wc.status = wc_status::loc_len_err;
-      wc.opcode = wc_opcode::recv;
-      wc.qp_num = qp->qpn;
-      wc.src_qp = p->hdr.deth.src_qp;
-      consume_recv(qp);
-      post_cqe(qp->rcq, wc, false);
-    }
+    if (qp->srq != nullptr) fail_recv_wqe(qp, wc_status::loc_len_err, p->hdr.deth.src_qp);
     return;
   }
   // The GRH area: the IPv6 header, or 20 zero bytes and the IPv4 header
@@ -852,16 +854,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
 
   // Errors: NAK (RC) and move the QP to error; the receive in use, if any,
   // completes with `wc` status (IBTA 9.7.5.2.8, 11.6.2).
-  auto fail_recv = [&](wc_status status) {
-    work_completion wc;
-    wc.wr_id = r.wqe->wr_id;
-    wc.status = status;
-    wc.opcode = wc_opcode::recv;
-    wc.qp_num = qp->qpn;
-    wc.src_qp = qp->dest_qpn;
-    consume_recv(qp);
-    post_cqe(qp->rcq, wc, false);
-  };
+  auto fail_recv = [&](wc_status status) { fail_recv_wqe(qp, status, qp->dest_qpn); };
   auto error = [&](resp_error e, wc_status recv_status) {
     if (!rc && (recv_status == wc_status::success || recv_status == wc_status::loc_len_err)) {
       // UC has no NAK: the message is dropped and the QP carries on

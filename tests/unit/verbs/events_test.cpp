@@ -298,16 +298,8 @@ TEST_F(events_test, each_opened_handle_gets_port_events_and_its_own_objects_even
     auto remote = make_buffer(16);
     auto overflow = other.async_get_event(use_request);
     for (std::uint64_t id = 1; id <= 2; ++id) {
-      sge g{reinterpret_cast<std::uintptr_t>(mem.data()), 8, m.lkey()};
-      send_wr w;
-      w.wr_id = id;
-      w.opcode = wr_opcode::rdma_write;
-      w.sg_list = &g;
-      w.num_sge = 1;
-      w.flags = send_signaled;
-      w.remote_addr = remote.addr();
-      w.rkey = remote.m.rkey();
-      ASSERT_FALSE(a.post_send(w));
+      const sge g{reinterpret_cast<std::uintptr_t>(mem.data()), 8, m.lkey()};
+      ASSERT_FALSE(post_send(a, wr_opcode::rdma_write, {g}, id, send_signaled, remote.addr(), remote.m.rkey()));
     }
     for (int i = 0; i < 10000 && !overflow.ready(); ++i) ctx->poll();
     ASSERT_TRUE(overflow.ready());

@@ -3,31 +3,78 @@
 
 #include "core/context_impl.hpp"
 
+#include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <system_error>
+#include <utility>
 
 namespace averbs::detail {
 
 namespace {
 
-// Owns the thread's state; its destructor runs at thread exit.
-struct thread_state_owner {
-  thread_state* state = nullptr;
-  ~thread_state_owner() {
-    if (state != nullptr) state->exit();
+// The calling thread's state.  A plain pointer: it stays readable while the
+// thread's C++ thread_local destructors run, whatever their order, so a
+// destructor that waits on a request after the one below has run still
+// finds the state (it is retired, not freed).
+thread_local thread_state* tl_state = nullptr;
+
+// Retires the state when the thread's thread_local objects are destroyed:
+// handlers still queued are dropped, none is queued after.  The state itself
+// stays until the thread's POSIX keys are destroyed, which happens after
+// every thread_local destructor; the main thread's stays until the process
+// ends (exit() destroys no keys), for static destructors that wait.
+struct thread_state_retirer {
+  bool armed = false;
+  ~thread_state_retirer() {
+    if (tl_state != nullptr) tl_state->retire();
+  }
+};
+thread_local thread_state_retirer tl_retirer;
+
+void release_state(void* p) noexcept {
+  auto* ts = static_cast<thread_state*>(p);
+  ts->retire();
+  // A later key destructor (another library's) that waits makes a fresh
+  // state; the key is set again, and this runs again for that one.
+  tl_state = nullptr;
+  ts->release();
+}
+
+struct state_key {
+  pthread_key_t key{};
+  bool ok = false;
+  state_key() noexcept { ok = ::pthread_key_create(&key, &release_state) == 0; }
+  // Unloading the library (dlclose) must not leave a destructor pointing
+  // into it; the states of threads still running then are leaked.
+  ~state_key() {
+    if (ok) ::pthread_key_delete(key);
+    ok = false;
   }
 };
 
-thread_local thread_state_owner tl_owner;
+state_key& the_key() noexcept {
+  static state_key k;  // first use, not static-initialisation order
+  return k;
+}
 
 }  // namespace
 
 thread_state& thread_state::current() {
-  if (tl_owner.state == nullptr) tl_owner.state = new thread_state();
-  return *tl_owner.state;
+  if (tl_state != nullptr) return *tl_state;
+  state_key& key = the_key();
+  if (!key.ok) throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
+                            "pthread_key_create");
+  auto* ts = new thread_state();
+  if (const int e = ::pthread_setspecific(key.key, ts); e != 0) {
+    ts->release();
+    throw std::system_error(e, std::system_category(), "pthread_setspecific");
+  }
+  tl_state = ts;
+  tl_retirer.armed = true;  // first use: registers its destructor for this thread
+  return *ts;
 }
 
 thread_state::thread_state() {
@@ -156,21 +203,22 @@ void thread_state::wake() noexcept {
   }
 }
 
-void thread_state::exit() noexcept {
-  std::vector<item> left;
+void thread_state::retire() noexcept {
+  std::vector<item> left;  // taken whole: no allocation here
+  std::size_t head = 0;
   {
     std::lock_guard lock(mu_);
+    if (!alive_) return;
     alive_ = false;
-    left.assign(items_.begin() + static_cast<std::ptrdiff_t>(head_), items_.end());
-    items_.clear();
-    head_ = 0;
+    left.swap(items_);
+    head = std::exchange(head_, 0);
     queued_.store(0, std::memory_order_relaxed);
+    update_handle_locked();
   }
-  for (const item& it : left) {
-    it.ctx->run_handler(it.index, false);
-    it.ctx->release();
+  for (std::size_t i = head; i < left.size(); ++i) {
+    left[i].ctx->run_handler(left[i].index, false);
+    left[i].ctx->release();
   }
-  release();
 }
 
 }  // namespace averbs::detail

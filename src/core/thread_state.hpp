@@ -46,8 +46,9 @@ class thread_state {
   void add_ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
   void release() noexcept;
 
-  /// Called by the thread-exit hook: drops queued handlers unrun.
-  void exit() noexcept;
+  /// The thread is ending: drops queued handlers unrun and refuses new
+  /// ones.  Waits still work.  Idempotent.
+  void retire() noexcept;
 
  private:
   thread_state();

@@ -7,7 +7,9 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <memory>
 #include <stdexcept>
 #include <thread>
@@ -220,4 +222,95 @@ TEST(callback, a_thread_that_cannot_get_its_wake_descriptor_leaks_no_request) {
   EXPECT_EQ(index_of_next(), free_slot) << "the failed start kept a slot";
   EXPECT_EQ(ctx.stats().in_flight, 0u);
 }
+
+// Waits on a request in its destructor, as a connection cache kept in a
+// thread_local or a global object may.
+struct waits_when_destroyed {
+  averbs::context* ctx = nullptr;
+  std::uint64_t* out = nullptr;
+  ~waits_when_destroyed() {
+    if (ctx == nullptr) return;
+    averbs::nop_params p;
+    p.value = 7;
+    p.delay = 20ms;  // past the wait's spin: it sleeps on the thread's state
+    *out = averbs::nop(*ctx, p);
+  }
+};
+
+// thread_local objects die in reverse order of construction: one made
+// before the thread first used averbs dies after averbs retired the
+// thread's state.  Waiting there must still work.
+TEST(callback, a_thread_local_destructor_may_wait_after_the_thread_state_is_retired) {
+  averbs::context ctx;
+  std::uint64_t got = 0;
+  std::thread t([&] {
+    static thread_local waits_when_destroyed late;  // before the thread's averbs state
+    late.ctx = &ctx;
+    late.out = &got;
+    averbs::nop_params p;
+    p.defer = true;
+    averbs::nop(ctx, p);  // makes the state: its retirement is registered after `late`
+  });
+  t.join();
+  EXPECT_EQ(got, 7u) << "the wait in the late destructor did not complete";
+  EXPECT_EQ(ctx.stats().in_flight, 0u);
+}
+
+// A handler queued for a thread that has retired its state is dropped (its
+// slot freed), not queued where nobody will run it.
+TEST(callback, a_handler_started_from_a_thread_local_destructor_is_dropped) {
+  averbs::context ctx;
+  int calls = 0;
+  struct starts_when_destroyed {
+    averbs::context* ctx = nullptr;
+    int* calls = nullptr;
+    ~starts_when_destroyed() {
+      if (ctx == nullptr) return;
+      averbs::nop_params p;
+      p.defer = true;
+      averbs::async_nop(*ctx, p, [c = calls](std::error_code, std::uint64_t) { ++*c; });
+    }
+  };
+  std::thread t([&] {
+    static thread_local starts_when_destroyed late;
+    late.ctx = &ctx;
+    late.calls = &calls;
+    averbs::nop_params p;
+    p.defer = true;
+    averbs::nop(ctx, p);
+  });
+  t.join();
+  ctx.poll();  // completes the deferred no-op: its thread is gone
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(ctx.stats().handlers_dropped, 1u);
+  EXPECT_EQ(ctx.stats().in_flight, 0u);
+}
+
+averbs::context* g_exit_ctx = nullptr;
+
+void wait_at_exit() {
+  averbs::nop_params p;
+  p.value = 9;
+  p.delay = 20ms;  // past the wait's spin: it sleeps on the thread's state
+  std::error_code ec;
+  const std::uint64_t v = averbs::nop(*g_exit_ctx, p, ec);
+  ::_exit(!ec && v == 9 ? 0 : 3);
+}
+
+// exit() destroys the main thread's thread_local objects before it runs
+// atexit handlers and static destructors, which may still wait.
+TEST(callback, an_atexit_handler_on_the_main_thread_may_wait) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        g_exit_ctx = new averbs::context;  // used at exit, never destroyed
+        averbs::nop_params p;
+        p.defer = true;
+        averbs::nop(*g_exit_ctx, p);  // makes this thread's state
+        std::atexit(&wait_at_exit);
+        std::exit(1);
+      },
+      testing::ExitedWithCode(0), "");
+}
+
 }  // namespace

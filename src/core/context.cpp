@@ -201,15 +201,16 @@ class never final : public detail::wait_target {
 }  // namespace
 
 std::size_t context::alertable_wait(std::chrono::nanoseconds timeout, std::error_code& ec) {
-  detail::thread_state& ts = detail::thread_state::current();
   ec.clear();
+  detail::thread_state* const ts = detail::thread_state::try_current(ec);
+  if (ts == nullptr) return 0;
   // The rule first: inside a handler a waiting call fails at once, even
   // when handlers are queued (running them here would nest them).
   if (timeout != std::chrono::nanoseconds::zero() && detail::in_handler()) {
     ec = make_error_code(errc::would_deadlock);
     return 0;
   }
-  if (ts.has_work()) return ts.run();
+  if (ts->has_work()) return ts->run();
   never target;
   std::size_t ran = 0;
   const std::error_code wec = impl_->wait(target, timeout, true, &ran);
@@ -221,7 +222,7 @@ std::size_t context::alertable_wait(std::chrono::nanoseconds timeout, std::error
 std::size_t context::alertable_wait(std::chrono::nanoseconds timeout) {
   std::error_code ec;
   const std::size_t n = alertable_wait(timeout, ec);
-  if (ec == errc::would_deadlock) throw_error(ec, "averbs::context::alertable_wait");
+  if (ec && ec != errc::timed_out) throw_error(ec, "averbs::context::alertable_wait");
   return n;
 }
 

@@ -497,7 +497,10 @@ std::size_t context_impl::poll_sources() noexcept {
 
 std::error_code context_impl::wait(wait_target& t, std::chrono::nanoseconds timeout,
                                    bool alertable, std::size_t* ran) {
-  thread_state& ts = thread_state::current();
+  std::error_code ec;
+  thread_state* const state = thread_state::try_current(ec);
+  if (state == nullptr) return ec;  // no descriptor for its wake-up: the wait's error
+  thread_state& ts = *state;
   const auto start = real_now();
   const auto deadline = deadline_after(start, timeout);
   const auto spin_until = start + spin_;

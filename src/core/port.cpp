@@ -221,7 +221,7 @@ std::size_t completion_port::get(std::span<completion_entry> out, std::chrono::n
                                  wait_mode mode) {
   std::error_code ec;
   const std::size_t n = get(out, timeout, mode, ec);
-  if (ec == errc::would_deadlock) throw_error(ec, "averbs::completion_port::get");
+  if (ec && ec != errc::timed_out && ec != errc::alerted) throw_error(ec, "averbs::completion_port::get");
   return n;
 }
 

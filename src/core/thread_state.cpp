@@ -3,6 +3,8 @@
 
 #include "core/context_impl.hpp"
 
+#include <averbs/error.hpp>
+
 #include <pthread.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -75,6 +77,17 @@ thread_state& thread_state::current() {
   tl_state = ts;
   tl_retirer.armed = true;  // first use: registers its destructor for this thread
   return *ts;
+}
+
+thread_state* thread_state::try_current(std::error_code& ec) noexcept {
+  try {
+    return &current();
+  } catch (const std::system_error& e) {
+    ec = e.code();
+  } catch (...) {
+    ec = make_error_code(errc::no_resources);
+  }
+  return nullptr;
 }
 
 thread_state::thread_state() {

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <mutex>
+#include <system_error>
 #include <vector>
 
 namespace averbs::detail {
@@ -17,6 +18,9 @@ class thread_state {
  public:
   /// The calling thread's state, created on first use.
   static thread_state& current();
+  /// The same, for callers that report errors: null, with the reason in
+  /// `ec` (EMFILE when no descriptor is left for its wake eventfd).
+  static thread_state* try_current(std::error_code& ec) noexcept;
 
   int wake_fd() const noexcept { return wake_fd_; }
 

@@ -102,8 +102,10 @@ class completion_port {
   /// or when an alertable wait ran handlers.
   ///
   /// Errors (`ec` overload): `errc::timed_out`, `errc::alerted`,
-  /// `errc::would_deadlock` (blocking inside a handler).  The throwing
-  /// overload throws only for `would_deadlock`.  In alertable mode an
+  /// `errc::would_deadlock` (blocking inside a handler), or the system error
+  /// that kept the thread from waiting (EMFILE: no descriptor left for its
+  /// wake-up).  The throwing overload throws for all but `timed_out` and
+  /// `alerted`.  In alertable mode an
   /// exception thrown by a handler propagates out of either overload.
   std::size_t get(std::span<completion_entry> out, std::chrono::nanoseconds timeout,
                   wait_mode mode = wait_mode::normal);

@@ -110,7 +110,9 @@ class context {
   /// Returns the number of handlers run; 0 on timeout.
   ///
   /// Errors (`ec` overload): `errc::timed_out`; `errc::would_deadlock` when
-  /// called inside a handler with a non-zero timeout.  A handler that throws
+  /// called inside a handler with a non-zero timeout; the system error that
+  /// kept the thread from waiting (EMFILE: no descriptor left for its
+  /// wake-up).  The throwing overload throws for all but `timed_out`.  A handler that throws
   /// propagates its exception out of this call after its request was freed.
   std::size_t alertable_wait(std::chrono::nanoseconds timeout);
   std::size_t alertable_wait(std::chrono::nanoseconds timeout, std::error_code& ec);

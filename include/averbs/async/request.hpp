@@ -64,8 +64,10 @@ class request {
   bool ready() const noexcept { return ctx_ != nullptr && detail::request_ready(*ctx_, id_); }
 
   /// Waits until the operation completes, driving progress.
-  /// Errors: `errc::would_deadlock` inside a handler.  The operation's own
-  /// status is reported by `get()`.
+  /// Errors: `errc::would_deadlock` inside a handler; the system error that
+  /// kept the thread from waiting (EMFILE: no descriptor left for the
+  /// thread's wake-up, made on its first wait).  The operation's own status
+  /// is reported by `get()`.
   void wait() {
     std::error_code ec;
     wait(ec);
@@ -77,13 +79,13 @@ class request {
 
   /// Waits up to `timeout`; returns true once the operation completed.
   /// Errors (`ec` overload): `timed_out`, `alerted` (alertable mode ran
-  /// handlers), `would_deadlock`.  The throwing overload throws only for
-  /// `would_deadlock`.  In alertable mode an exception thrown by a handler
-  /// propagates.
+  /// handlers), `would_deadlock`, or a system error as for `wait()`.  The
+  /// throwing overload throws for all but `timed_out` and `alerted`.  In
+  /// alertable mode an exception thrown by a handler propagates.
   bool wait_for(std::chrono::nanoseconds timeout, wait_mode mode = wait_mode::normal) {
     std::error_code ec;
     const bool done = wait_for(timeout, mode, ec);
-    if (ec == errc::would_deadlock) throw_error(ec, "averbs::request::wait_for");
+    if (ec && ec != errc::timed_out && ec != errc::alerted) throw_error(ec, "averbs::request::wait_for");
     return done;
   }
   bool wait_for(std::chrono::nanoseconds timeout, wait_mode mode, std::error_code& ec) {

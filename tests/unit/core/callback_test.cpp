@@ -9,6 +9,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdlib>
 #include <memory>
 #include <stdexcept>
@@ -221,6 +222,58 @@ TEST(callback, a_thread_that_cannot_get_its_wake_descriptor_leaks_no_request) {
   EXPECT_TRUE(threw) << "the thread's state needs an eventfd";
   EXPECT_EQ(index_of_next(), free_slot) << "the failed start kept a slot";
   EXPECT_EQ(ctx.stats().in_flight, 0u);
+}
+
+// The waits that report errors through an error_code report the one that
+// keeps a thread from waiting at all (no descriptor for its wake-up) there
+// too, rather than throwing out of a noexcept call (which ends the
+// process); the throwing forms throw it.  The request is not lost.
+TEST(callback, a_thread_that_cannot_get_its_wake_descriptor_gets_the_error_from_its_waits) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "needs RLIMIT_NOFILE 0 for a moment, which the sanitizer runtime does not survive";
+#endif
+  averbs::context ctx;
+  averbs::completion_port port(ctx);
+  averbs::nop_params p;
+  p.value = 5;
+  p.delay = 50ms;
+  auto r = averbs::async_nop(ctx, p, averbs::use_request);
+  std::error_code wait_ec, get_ec, port_ec, alert_ec, sync_ec;
+  bool wait_for_threw = false, port_threw = false;
+  std::thread t([&] {
+    rlimit old{};
+    ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+    rlimit none = old;
+    none.rlim_cur = 0;
+    ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &none), 0);
+    r.wait(wait_ec);
+    try {
+      r.wait_for(1ms);
+    } catch (const std::system_error&) {
+      wait_for_threw = true;
+    }
+    std::array<averbs::completion_entry, 1> e;
+    port.get(e, 1ms, averbs::wait_mode::normal, port_ec);
+    try {
+      port.get(e, 1ms);
+    } catch (const std::system_error&) {
+      port_threw = true;
+    }
+    ctx.alertable_wait(1ms, alert_ec);
+    averbs::nop(ctx, p, sync_ec);
+    ::setrlimit(RLIMIT_NOFILE, &old);
+  });
+  t.join();
+  EXPECT_EQ(wait_ec, std::errc::too_many_files_open);
+  EXPECT_TRUE(wait_for_threw);
+  EXPECT_EQ(port_ec, std::errc::too_many_files_open);
+  EXPECT_TRUE(port_threw);
+  EXPECT_EQ(alert_ec, std::errc::too_many_files_open);
+  EXPECT_EQ(sync_ec, std::errc::too_many_files_open);
+  EXPECT_EQ(r.get(), 5u) << "the request survived the failed waits";
+  // The synchronous no-op's request was dropped unwaited; it is freed when
+  // its timer fires.
+  while (ctx.stats().in_flight != 0) ctx.poll();
 }
 
 // Waits on a request in its destructor, as a connection cache kept in a

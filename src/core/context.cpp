@@ -55,48 +55,6 @@ void set_cancel_hook(context_impl& ctx, request_id id, cancel_fn fn, void* arg) 
 void context_add_ref(context_impl& ctx) noexcept { ctx.add_ref(); }
 void context_release(context_impl& ctx) noexcept { ctx.release(); }
 
-namespace {
-
-// Waits for one request; the completer wakes the thread recorded here.
-class request_waiter final : public wait_target {
- public:
-  request_waiter(slot& s, request_id id) : s_(s), id_(id) {}
-  bool ready() noexcept override {
-    // Not while the completer may still wake this thread: it might be
-    // gone by then.
-    const std::uint64_t w = s_.word.load(std::memory_order_acquire);
-    return state_of(w) == state_completed && (w & flag_delivering) == 0;
-  }
-  bool settling() noexcept override {
-    // Completed, its completer still delivering: the wake-up may have come
-    // before this thread armed its sleep, and will not come again.
-    return state_of(s_.word.load(std::memory_order_acquire)) == state_completed;
-  }
-  bool arm(thread_state& ts) noexcept override {
-    s_.waiter.store(&ts, std::memory_order_release);
-    std::uint64_t w = s_.word.load(std::memory_order_acquire);
-    for (;;) {
-      if (state_of(w) == state_completed) return false;
-      if (s_.word.compare_exchange_weak(w, w | flag_waiter, std::memory_order_acq_rel,
-                                        std::memory_order_acquire))
-        return true;
-    }
-  }
-  void disarm() noexcept override {
-    std::uint64_t w = s_.word.load(std::memory_order_acquire);
-    while (state_of(w) != state_completed &&
-           !s_.word.compare_exchange_weak(w, w & ~std::uint64_t{flag_waiter}, std::memory_order_acq_rel,
-                                          std::memory_order_acquire)) {
-    }
-  }
-
- private:
-  slot& s_;
-  request_id id_;
-};
-
-}  // namespace
-
 bool request_ready(context_impl& ctx, request_id id) noexcept {
   return state_of(ctx.at(id.index).word.load(std::memory_order_acquire)) == state_completed;
 }

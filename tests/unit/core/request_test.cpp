@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: MIT
 // Rule 2 (slab, exactly once, stale and duplicate completions) and the
 // use_request token.
+#include "core/context_impl.hpp"
+
 #include <averbs/async.hpp>
 
 #include <gtest/gtest.h>
@@ -259,6 +261,57 @@ TEST(request, a_completer_signalling_late_does_not_touch_the_next_occupant) {
   stop.store(true);
   completer.join();
   EXPECT_EQ(spurious, 0) << "a pending request's descriptor was readable";
+}
+
+// A completer publishes "completed" with its delivery still under way,
+// wakes the waiter, then clears the delivery flag.  If the wake-up comes
+// after the waiter registered on the request but before it armed its sleep,
+// it is lost, and nothing wakes the waiter again: it must not sleep on a
+// request in that state.  The test's target plays the completer by hand in
+// exactly that window (inside arm()), and clears the flag 50 ms later.
+TEST(request, a_waiter_does_not_sleep_through_a_completion_whose_wake_up_went_by) {
+  namespace d = averbs::detail;
+  averbs::context ctx;
+  manual_op op;
+  auto r = async_manual(ctx, op, averbs::use_request);
+  d::slot& s = ctx.detail_impl().at(op.done.id().index);
+  struct racing_target final : d::wait_target {
+    d::request_waiter inner;
+    d::slot& s;
+    std::thread clearer;
+    racing_target(d::slot& sl, d::request_id id) : inner(sl, id), s(sl) {}
+    bool ready() noexcept override { return inner.ready(); }
+    bool settling() noexcept override { return inner.settling(); }
+    bool arm(d::thread_state& ts) noexcept override {
+      if (!inner.arm(ts)) return false;
+      if (!clearer.joinable()) {
+        std::uint64_t w = s.word.load();
+        while (!s.word.compare_exchange_weak(w, (w & ~std::uint64_t{d::state_mask}) | d::state_completed |
+                                                    d::flag_delivering)) {
+        }
+        ts.wake();  // before the thread armed its sleep: lost
+        clearer = std::thread([this] {
+          std::this_thread::sleep_for(50ms);
+          s.word.fetch_and(~std::uint64_t{d::flag_delivering});  // no wake-up follows
+        });
+      }
+      return true;
+    }
+    void disarm() noexcept override { inner.disarm(); }
+  } target(s, op.done.id());
+  std::atomic<bool> returned{false};
+  std::thread waiter([&] {
+    ctx.detail_impl().wait(target, std::chrono::nanoseconds::max(), false);
+    returned.store(true);
+  });
+  for (int i = 0; i < 5000 && !returned.load(); ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(returned.load()) << "the waiter slept through the completion";
+  if (!returned.load()) {
+    if (d::thread_state* t = s.waiter.load()) t->wake();  // let the thread end
+  }
+  waiter.join();
+  target.clearer.join();
+  EXPECT_EQ(r.get(), 0);
 }
 
 }  // namespace

@@ -184,12 +184,31 @@ std::uint32_t context_impl::grow() {
 }
 
 slot_ref context_impl::begin(const initiation& in) {
-  // The calling thread's state first: creating it may throw, and nothing
-  // is taken yet.
+  // Whatever may throw first, before the slot is taken: the calling
+  // thread's state (made on first use), the room its handler or the port's
+  // entry will need when the request completes (completers cannot fail).
   thread_state* const ts = in.kind == delivery_kind::thread ? &thread_state::current() : nullptr;
+  struct reservations {
+    thread_state* ts = nullptr;
+    port_impl* port = nullptr;
+    ~reservations() {
+      if (ts != nullptr) ts->unreserve();
+      if (port != nullptr) port->unreserve();
+    }
+  } held;
+  if (ts != nullptr) {
+    ts->reserve();
+    held.ts = ts;
+  }
+  if (in.port != nullptr) {
+    in.port->reserve();
+    held.port = in.port;
+  }
   std::uint32_t index = pop_free();
   if (index == no_index) index = grow();
   if (index == no_index) throw std::system_error(make_error_code(errc::no_resources), "request slab full");
+  held.ts = nullptr;  // the slot holds them now; free_slot() gives them back
+  held.port = nullptr;
   slot& s = at(index);
   s.kind = in.kind;
   s.skip_inline = in.skip_port_on_inline_success;
@@ -251,10 +270,14 @@ void context_impl::free_slot(std::uint32_t index) noexcept {
     s.module = nullptr;
   }
   if (s.port != nullptr) {
-    std::exchange(s.port, nullptr)->release();
+    port_impl* const p = std::exchange(s.port, nullptr);
+    p->unreserve();
+    p->release();
   }
   if (s.thread != nullptr) {
-    std::exchange(s.thread, nullptr)->release();
+    thread_state* const t = std::exchange(s.thread, nullptr);
+    t->unreserve();
+    t->release();
   }
   if (s.fd_signaled) {
     drain_fd(s.event_fd);

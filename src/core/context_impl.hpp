@@ -269,8 +269,16 @@ class port_impl {
   void add_ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
   void release() noexcept;
 
-  /// Queues a completed request; false (caller frees the slot) if closed.
-  bool push_request(std::uint32_t index);
+  /// Makes room for the entry a request will queue here when it completes,
+  /// so push_request() never allocates.  Called when the request starts;
+  /// throws bad_alloc.
+  void reserve();
+  /// Gives the room back (the request's slot is freed).
+  void unreserve() noexcept { reserved_.fetch_sub(1, std::memory_order_relaxed); }
+  /// Queues a completed request (it holds a reservation); false (the
+  /// caller frees the slot) if closed.
+  bool push_request(std::uint32_t index) noexcept;
+  /// Queues a user packet.  Throws bad_alloc when the ring cannot grow.
   void post(std::uint64_t key, std::uint64_t value, const std::error_code& ec);
   std::size_t try_get(std::span<completion_entry> out) noexcept;
   std::size_t get(std::span<completion_entry> out, std::chrono::nanoseconds timeout, bool alertable,
@@ -289,7 +297,9 @@ class port_impl {
     std::error_code ec;
     std::uint32_t index;  // no_index for a user packet
   };
-  void push_locked(const item& it, bool& need_write);
+  /// Grows the ring to hold `need` entries (a power of two), unrolled.
+  void grow_locked(std::size_t need);
+  void push_locked(const item& it, bool& need_write) noexcept;
   void clear_signal_locked() noexcept;
 
   context_impl& ctx_;
@@ -298,6 +308,13 @@ class port_impl {
   std::vector<item> ring_;  // Must hold mu_; power-of-two capacity.
   std::size_t head_ = 0;    // Must hold mu_.
   std::size_t count_ = 0;   // Must hold mu_.
+  std::size_t posts_ = 0;   // Must hold mu_: user packets among the count_.
+  // Requests that may still queue an entry.  The ring holds at least
+  // reserved_ + posts_ entries, so a completion always finds room; see
+  // reserve() for the lock-free check.
+  std::atomic<std::size_t> reserved_{0};
+  std::atomic<std::size_t> posts_seen_{0};  // posts_, written under mu_
+  std::atomic<std::size_t> room_{16};       // ring_.size(), written under mu_
   std::atomic<std::size_t> size_{0};
   int fd_ = -1;
   int watchers_ = 0;       // Must hold mu_: threads sleeping in get().

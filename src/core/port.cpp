@@ -7,6 +7,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 namespace averbs {
@@ -35,15 +36,18 @@ void port_impl::release() noexcept {
   if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
 }
 
-void port_impl::push_locked(const item& it, bool& need_write) {
-  if (count_ == ring_.size()) {
-    // Grow to the next power of two, unrolling the ring; only past the
-    // largest backlog seen so far.
-    std::vector<item> bigger(ring_.size() * 2);
-    for (std::size_t i = 0; i < count_; ++i) bigger[i] = ring_[(head_ + i) & (ring_.size() - 1)];
-    ring_.swap(bigger);
-    head_ = 0;
-  }
+void port_impl::grow_locked(std::size_t need) {
+  std::size_t size = std::max<std::size_t>(ring_.size(), 16);  // empty once closed
+  while (size < need) size *= 2;
+  if (size == ring_.size()) return;
+  std::vector<item> bigger(size);
+  for (std::size_t i = 0; i < count_; ++i) bigger[i] = ring_[(head_ + i) & (ring_.size() - 1)];
+  ring_.swap(bigger);
+  head_ = 0;
+  room_.store(ring_.size(), std::memory_order_release);
+}
+
+void port_impl::push_locked(const item& it, bool& need_write) noexcept {
   ring_[(head_ + count_) & (ring_.size() - 1)] = it;
   ++count_;
   size_.store(count_, std::memory_order_release);
@@ -62,16 +66,29 @@ void port_impl::clear_signal_locked() noexcept {
   }
 }
 
-bool port_impl::push_request(std::uint32_t index) {
+// Lock-free while the ring is big enough.  Against a concurrent post(),
+// which counts its packet and then reads reserved_ (sequentially
+// consistent, as here): either this check sees the packet, or the post
+// sees this reservation and grows the ring for both.  Among concurrent
+// reservations, the one counted last saw a count at least their number.
+void port_impl::reserve() {
+  const std::size_t want = reserved_.fetch_add(1) + 1;
+  if (want + posts_seen_.load() <= room_.load(std::memory_order_acquire)) return;
+  try {
+    std::lock_guard lock(mu_);
+    grow_locked(reserved_.load() + posts_);
+  } catch (...) {
+    reserved_.fetch_sub(1, std::memory_order_relaxed);
+    throw;
+  }
+}
+
+bool port_impl::push_request(std::uint32_t index) noexcept {
   bool need_write = false;
   {
     std::lock_guard lock(mu_);
     if (closed_) return false;
-    try {
-      push_locked({0, 0, {}, index}, need_write);
-    } catch (...) {
-      return false;  // out of memory: the completion is dropped, not leaked
-    }
+    push_locked({0, 0, {}, index}, need_write);  // its reservation keeps the room
   }
   if (need_write) write_one(fd_);
   return true;
@@ -82,7 +99,15 @@ void port_impl::post(std::uint64_t key, std::uint64_t value, const std::error_co
   {
     std::lock_guard lock(mu_);
     if (closed_) return;
+    posts_seen_.store(posts_ + 1);  // before reading reserved_: see reserve()
+    try {
+      grow_locked(reserved_.load() + posts_ + 1);
+    } catch (...) {
+      posts_seen_.store(posts_);
+      throw;
+    }
     push_locked({key, value, ec, no_index}, need_write);
+    ++posts_;
   }
   if (need_write) write_one(fd_);
 }
@@ -96,6 +121,7 @@ std::size_t port_impl::try_get(std::span<completion_entry> out) noexcept {
     completion_entry& e = out[i];
     e.reset();
     if (it.index == no_index) {
+      posts_seen_.store(--posts_, std::memory_order_relaxed);
       e.key_ = it.key;
       e.ec_ = it.ec;
       e.user_ = true;
@@ -195,6 +221,8 @@ void port_impl::close() noexcept {
     left.swap(ring_);
     head = std::exchange(head_, 0);
     count = std::exchange(count_, 0);
+    posts_ = 0;
+    posts_seen_.store(0, std::memory_order_relaxed);
     size_.store(0, std::memory_order_release);
   }
   // Freed outside the lock: a result's destructor may release the last

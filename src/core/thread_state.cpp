@@ -9,6 +9,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <system_error>
 #include <utility>
@@ -137,7 +138,26 @@ void thread_state::signal_locked(bool& need_write) noexcept {
   }
 }
 
-bool thread_state::push(context_impl& ctx, std::uint32_t index) {
+// The queue holds at most the reserved requests' handlers (each queues one,
+// and keeps its reservation until its slot is freed, after it ran), so a
+// capacity of at least `reserved_` means push() appends without growing,
+// once the entries already run are moved off the front.  The check is
+// lock-free: of the reservations held at any moment, the one counted last
+// saw a count at least their number, and a room at least that.
+void thread_state::reserve() {
+  const std::size_t want = reserved_.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (want <= room_.load(std::memory_order_acquire)) return;
+  try {
+    std::lock_guard lock(mu_);
+    if (items_.capacity() < want) items_.reserve(std::max({want, 2 * items_.capacity(), std::size_t{16}}));
+    room_.store(items_.capacity(), std::memory_order_release);
+  } catch (...) {
+    reserved_.fetch_sub(1, std::memory_order_relaxed);
+    throw;
+  }
+}
+
+bool thread_state::push(context_impl& ctx, std::uint32_t index) noexcept {
   bool need_write = false;
   {
     std::lock_guard lock(mu_);
@@ -151,7 +171,7 @@ bool thread_state::push(context_impl& ctx, std::uint32_t index) {
       items_.erase(items_.begin(), items_.begin() + static_cast<std::ptrdiff_t>(head_));
       head_ = 0;
     }
-    items_.push_back({&ctx, index});
+    items_.push_back({&ctx, index});  // within the reserved capacity: does not allocate
     ctx.add_ref();
     queued_.fetch_add(1, std::memory_order_release);
     signal_locked(need_write);

@@ -28,9 +28,16 @@ class thread_state {
   /// event loop (context::thread_handle()).  Created on first use.
   int handle_fd();
 
+  /// Makes room for one handler a request may queue here later, so that
+  /// push() never allocates (it runs in completers, which cannot fail).
+  /// Called when the request starts; throws bad_alloc.
+  void reserve();
+  /// Gives the room back (the request's slot is freed).
+  void unreserve() noexcept { reserved_.fetch_sub(1, std::memory_order_relaxed); }
+
   /// Queues a handler; false if the thread has exited (the caller drops it).
-  /// Takes a context reference for the queued item.
-  bool push(context_impl& ctx, std::uint32_t index);
+  /// Takes a context reference for the queued item.  Needs a reservation.
+  bool push(context_impl& ctx, std::uint32_t index) noexcept;
 
   /// Runs queued handlers (only on the owning thread).  Stops after the
   /// first handler that throws, rethrowing its exception.
@@ -77,6 +84,10 @@ class thread_state {
   bool signaled_ = false;    // Must hold mu_: the eventfd holds a count.
   bool alive_ = true;        // Must hold mu_.
   std::atomic<std::size_t> queued_{0};
+  // Requests that may still queue a handler here, and the queue's capacity:
+  // reserved_ <= room_ keeps push() from allocating (see reserve()).
+  std::atomic<std::size_t> reserved_{0};
+  std::atomic<std::size_t> room_{0};  // written under mu_
   std::atomic<int> refs_{1};  // the thread itself, plus one per slot targeting it
 };
 

@@ -7,10 +7,12 @@
 
 namespace {
 std::atomic<std::uint64_t> g_allocations{0};
-}
+thread_local bool tl_fail = false;
+}  // namespace
 
 void* operator new(std::size_t n) {
   g_allocations.fetch_add(1, std::memory_order_relaxed);
+  if (tl_fail) throw std::bad_alloc();
   if (void* p = std::malloc(n == 0 ? 1 : n)) return p;
   throw std::bad_alloc();
 }
@@ -23,5 +25,7 @@ void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
 namespace averbs::test {
 
 std::uint64_t heap_allocations() noexcept { return g_allocations.load(); }
+
+void fail_allocations_on_this_thread(bool fail) noexcept { tl_fail = fail; }
 
 }  // namespace averbs::test

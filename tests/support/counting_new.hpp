@@ -11,4 +11,7 @@ namespace averbs::test {
 /// operator new calls (all forms) since the program started.
 std::uint64_t heap_allocations() noexcept;
 
+/// While true, operator new fails (throws bad_alloc) on the calling thread.
+void fail_allocations_on_this_thread(bool fail) noexcept;
+
 }  // namespace averbs::test

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <thread>
 
 namespace {
 
@@ -124,6 +125,80 @@ TEST(alloc, timer_cycles_do_not_allocate) {
               }
             }),
             0u);
+}
+
+// A completer cannot fail: the room a completion needs in its thread's
+// handler queue or its port's ring is made when the request starts.  Here
+// every allocation on the completing thread fails while 40 completions
+// reach a queue and a ring that were empty (so they would have to grow):
+// every one must arrive (before, the thread queue's growth ended the
+// process and the port dropped what did not fit).
+TEST(alloc, completions_need_no_allocation_on_the_completing_thread) {
+  constexpr int n = 40;
+  averbs::context ctx;
+  averbs::nop_params p;
+  p.defer = true;  // completed by whoever polls next
+  p.value = 1;
+  auto complete_all_without_memory = [&] {
+    std::thread completer([&] {
+      averbs::test::fail_allocations_on_this_thread(true);
+      ctx.poll();
+      averbs::test::fail_allocations_on_this_thread(false);
+    });
+    completer.join();
+  };
+  int ran = 0;
+  std::thread initiator([&] {  // its handler queue starts empty
+    for (int i = 0; i < n; ++i) averbs::async_nop(ctx, p, [&](std::error_code ec, std::uint64_t) { ran += !ec; });
+    complete_all_without_memory();
+    while (ran < n && ctx.alertable_wait(0ns) != 0) {
+    }
+  });
+  initiator.join();
+  EXPECT_EQ(ran, n) << "handlers lost when their queue could not grow";
+
+  averbs::completion_port port(ctx);
+  for (int i = 0; i < n; ++i) averbs::async_nop(ctx, p, averbs::bind_port(port, std::uint64_t(i)));
+  complete_all_without_memory();
+  std::array<averbs::completion_entry, n> e;
+  EXPECT_EQ(port.get(e, 0ns), std::size_t{n}) << "port entries lost when the ring could not grow";
+  EXPECT_EQ(ctx.stats().in_flight, 0u);
+}
+
+// When that room cannot be made, starting the request fails with
+// bad_alloc and takes nothing; the next requests work.
+TEST(alloc, a_request_whose_room_cannot_be_made_does_not_start) {
+  averbs::context ctx;
+  averbs::completion_port port(ctx);
+  averbs::nop_params p;
+  p.value = 1;
+  int ran = 0;
+  bool callback_threw = false, port_threw = false;
+  std::thread t([&] {  // a fresh thread: an empty handler queue
+    ctx.alertable_wait(0ns);  // makes the thread's state
+    averbs::nop_params pending;
+    pending.delay = 1h;  // hold the port's 16 entries
+    for (int i = 0; i < 16; ++i) averbs::async_nop(ctx, pending, averbs::bind_port(port, 0));
+    averbs::test::fail_allocations_on_this_thread(true);
+    try {
+      averbs::async_nop(ctx, p, [&](std::error_code, std::uint64_t) { ++ran; });
+    } catch (const std::bad_alloc&) {
+      callback_threw = true;
+    }
+    try {
+      averbs::async_nop(ctx, p, averbs::bind_port(port, 0));
+    } catch (const std::bad_alloc&) {
+      port_threw = true;
+    }
+    averbs::test::fail_allocations_on_this_thread(false);
+    EXPECT_EQ(ctx.stats().in_flight, 16u) << "a failed start kept a request";
+    averbs::async_nop(ctx, p, [&](std::error_code, std::uint64_t) { ++ran; });
+    ctx.alertable_wait(0ns);
+  });
+  t.join();
+  EXPECT_TRUE(callback_threw);
+  EXPECT_TRUE(port_threw);
+  EXPECT_EQ(ran, 1);
 }
 
 }  // namespace

@@ -234,6 +234,13 @@ slot_ref context_impl::begin(const initiation& in) {
   return {{index, gen}, s.handler_storage};
 }
 
+bool context_impl::pending(request_id id) const noexcept {
+  const slot* s = lookup(id.index);
+  if (s == nullptr) return false;
+  const std::uint64_t w = s->word.load(std::memory_order_acquire);
+  return gen_of(w) == id.generation && state_of(w) == state_pending;
+}
+
 void context_impl::abandon(request_id id) noexcept {
   slot& s = at(id.index);
   s.handler = nullptr;  // never constructed
@@ -578,14 +585,15 @@ void context_impl::sleep_sources(bool armed) noexcept {
 // ---------------------------------------------------------------------------
 // Timers and deferred completions
 
-void context_impl::schedule(clock::duration delay, timer_fn fn, void* arg, const timer_payload& p) {
+void context_impl::schedule(clock::duration delay, timer_fn fn, void* arg, const timer_payload& p,
+                            timer_alive_fn alive) {
   // A delay too long for the clock saturates: the timer never fires (it is
   // not even queued, where it would stay for good), rather than wrapping
   // to a deadline in the past.
   const clock::time_point now = clock_->now();
   if (delay >= clock::time_point::max() - now) return;  // never due: nothing to keep in the heap
   const clock::time_point deadline = now + delay;
-  if (timers_.schedule(deadline, fn, arg, p)) rearm_timer(deadline);
+  if (timers_.schedule(deadline, fn, arg, p, alive)) rearm_timer(deadline);
 }
 
 void context_impl::rearm_timer(clock::time_point deadline) noexcept {
@@ -723,6 +731,7 @@ context_stats context_impl::stats() const noexcept {
   s.handlers_dropped = counters_.handlers_dropped.load(std::memory_order_relaxed);
   s.slots = capacity_.load(std::memory_order_relaxed);
   s.in_flight = counters_.in_flight.load(std::memory_order_relaxed);
+  s.timers = timers_.size();
   return s;
 }
 

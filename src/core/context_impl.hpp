@@ -176,7 +176,13 @@ class context_impl final : public clock_listener {
                        std::size_t* ran = nullptr);
 
   // Timers and deferred completions, for operations.
-  void schedule(clock::duration delay, timer_fn fn, void* arg, const timer_payload& p);
+  void schedule(clock::duration delay, timer_fn fn, void* arg, const timer_payload& p,
+                timer_alive_fn alive = nullptr);
+  /// A timer scheduled with a liveness check lost its purpose (see
+  /// timer_queue::note_cancelled()).
+  void timer_cancelled() noexcept { timers_.note_cancelled(); }
+  /// True while the request `id` names is pending.
+  bool pending(request_id id) const noexcept;
   void defer_completion(request_id id, const std::error_code& ec, std::uint64_t value);
 
   averbs::clock& clock() const noexcept { return *clock_; }

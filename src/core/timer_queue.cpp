@@ -7,10 +7,10 @@
 namespace averbs::detail {
 
 bool timer_queue::schedule(clock::time_point deadline, timer_fn fn, void* arg,
-                           const timer_payload& p) {
+                           const timer_payload& p, timer_alive_fn alive) {
   std::lock_guard lock(mu_);
   const std::uint64_t seq = seq_++;
-  heap_.push_back({deadline, seq, fn, arg, p});
+  heap_.push_back({deadline, seq, fn, arg, p, alive});
   std::push_heap(heap_.begin(), heap_.end(), later{});
   return heap_.front().seq == seq;
 }
@@ -34,6 +34,14 @@ std::size_t timer_queue::run_expired(clock::time_point now) {
     for (std::size_t i = 0; i < n; ++i) batch[i].fn(batch[i].arg, batch[i].payload);
     total += n;
   }
+}
+
+void timer_queue::note_cancelled() noexcept {
+  std::lock_guard lock(mu_);
+  if (++cancelled_ < 64 || cancelled_ * 2 < heap_.size()) return;
+  std::erase_if(heap_, [](const entry& e) { return e.alive != nullptr && !e.alive(e.arg, e.payload); });
+  std::make_heap(heap_.begin(), heap_.end(), later{});
+  cancelled_ = 0;
 }
 
 clock::time_point timer_queue::next_deadline() const {

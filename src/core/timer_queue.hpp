@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: MIT
 // Deadline-ordered timers on a context's injectable clock.  Cancellation is
 // lazy: a timer whose owner no longer wants it fires into a stale request id
-// and is ignored by the core.
+// and is ignored by the core.  Owners that cancel timers long before they
+// are due say so (note_cancelled()) and give the timer a liveness check:
+// once the cancelled make up half the heap, the dead are swept out, so
+// timeouts cancelled by the million do not pile up until their deadlines.
 #pragma once
 
 #include <averbs/async/clock.hpp>
@@ -21,12 +24,20 @@ struct timer_payload {
 };
 
 using timer_fn = void (*)(void* arg, const timer_payload& p) noexcept;
+/// Whether a timer still has something to do.  Called under the queue's
+/// lock: it must not schedule or take locks a timer function holds.
+using timer_alive_fn = bool (*)(void* arg, const timer_payload& p) noexcept;
 
 class timer_queue {
  public:
   /// Adds a timer; returns true if it is now the earliest (the caller
   /// re-arms its wake-up).
-  bool schedule(clock::time_point deadline, timer_fn fn, void* arg, const timer_payload& p);
+  bool schedule(clock::time_point deadline, timer_fn fn, void* arg, const timer_payload& p,
+                timer_alive_fn alive = nullptr);
+
+  /// One timer scheduled with a liveness check was cancelled.  Sweeps the
+  /// dead out once the cancelled make up half the heap.
+  void note_cancelled() noexcept;
 
   /// Runs every timer due at `now`; returns the number run.  Timer functions
   /// run without the lock held and may schedule new timers.
@@ -44,6 +55,7 @@ class timer_queue {
     timer_fn fn;
     void* arg;
     timer_payload payload;
+    timer_alive_fn alive;
   };
   struct later {
     bool operator()(const entry& a, const entry& b) const noexcept {
@@ -54,6 +66,7 @@ class timer_queue {
   mutable std::mutex mu_;
   std::vector<entry> heap_;  // Must hold mu_.
   std::uint64_t seq_ = 0;    // Must hold mu_.
+  std::size_t cancelled_ = 0;  // Must hold mu_: since the last sweep.
 };
 
 }  // namespace averbs::detail

@@ -77,6 +77,7 @@ struct context_stats {
   std::uint64_t handlers_dropped = 0;  ///< handlers destroyed unrun (thread exited)
   std::uint64_t slots = 0;             ///< slab capacity
   std::uint64_t in_flight = 0;         ///< slots in use now
+  std::uint64_t timers = 0;            ///< timers queued now (a few cancelled ones included)
 };
 
 /// The request slab, progress sources, timers and waits of one program part.

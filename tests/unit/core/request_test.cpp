@@ -228,6 +228,34 @@ TEST(request, a_delay_of_nanoseconds_max_never_fires_and_later_timers_still_do) 
   EXPECT_TRUE(w.get()) << "the cancel completed it, which ends the wait";
 }
 
+// A delay used as a timeout and cancelled when the work finishes first
+// must not leave its timer queued until the deadline: a program doing so
+// at a high rate would hold every cancelled timer of the last hour.
+TEST(request, cancelled_delays_do_not_pile_up_in_the_timer_queue) {
+  averbs::manual_clock clk;
+  averbs::context_options o;
+  o.clock = &clk;
+  averbs::context ctx(o);
+  averbs::nop_params p;
+  p.delay = 1h;
+  averbs::nop_params live = p;
+  live.value = 3;
+  auto kept = averbs::async_nop(ctx, live, averbs::use_request);  // not cancelled: must stay
+  for (int i = 0; i < 10000; ++i) {
+    auto r = averbs::async_nop(ctx, p, averbs::use_request);
+    ASSERT_TRUE(r.cancel());
+    std::error_code ec;
+    r.get(ec);
+    ASSERT_EQ(ec, errc::operation_aborted);
+  }
+  EXPECT_LT(ctx.stats().timers, 200u) << "cancelled timers stay queued";
+  EXPECT_FALSE(kept.ready());
+  clk.advance(1h);
+  ctx.poll();
+  ASSERT_TRUE(kept.ready()) << "the live timer was swept with the cancelled ones";
+  EXPECT_EQ(kept.get(), 3u);
+}
+
 // A completer on another thread publishes "completed" and then signals the
 // request's descriptor.  A waiter that sees "completed" first takes the
 // result and frees the slot at once; the next request in that slot must

@@ -303,9 +303,27 @@ class port_impl {
     std::error_code ec;
     std::uint32_t index;  // no_index for a user packet
   };
+  /// A thread asleep in get(), in the port's LIFO list of sleepers.  A
+  /// queued entry wakes one of them (the last to sleep: its cache is the
+  /// warmest), not all, as a Windows completion port does.
+  struct sleeper {
+    thread_state* ts = nullptr;
+    sleeper* prev = nullptr;
+    sleeper* next = nullptr;
+    std::atomic<bool> chosen{false};  // taken off the list by an entry: wake-up sent
+  };
   /// Grows the ring to hold `need` entries (a power of two), unrolled.
   void grow_locked(std::size_t need);
-  void push_locked(const item& it, bool& need_write) noexcept;
+  /// Queues `it`.  Returns the sleeper to wake (with a reference the caller
+  /// drops after waking it), or null.
+  thread_state* push_locked(const item& it, bool& need_write) noexcept;
+  /// Takes the most recent sleeper off the list; its thread, referenced.
+  thread_state* choose_sleeper_locked() noexcept;
+  /// Wakes `ts` (from push_locked or choose_sleeper_locked) and drops its reference.
+  static void wake_chosen(thread_state* ts) noexcept;
+  /// A waiter leaves get() without taking entries: the wake-up it may have
+  /// been sent goes to another sleeper, if entries wait.
+  void pass_on() noexcept;
   void clear_signal_locked() noexcept;
 
   context_impl& ctx_;
@@ -323,7 +341,7 @@ class port_impl {
   std::atomic<std::size_t> room_{16};       // ring_.size(), written under mu_
   std::atomic<std::size_t> size_{0};
   int fd_ = -1;
-  int watchers_ = 0;       // Must hold mu_: threads sleeping in get().
+  sleeper* sleepers_ = nullptr;  // Must hold mu_: most recent first.
   bool armed_ = false;     // Must hold mu_: native_handle() was asked for.
   bool signaled_ = false;  // Must hold mu_: the eventfd holds a count.
   bool closed_ = false;    // Must hold mu_.

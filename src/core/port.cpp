@@ -47,14 +47,41 @@ void port_impl::grow_locked(std::size_t need) {
   room_.store(ring_.size(), std::memory_order_release);
 }
 
-void port_impl::push_locked(const item& it, bool& need_write) noexcept {
+thread_state* port_impl::push_locked(const item& it, bool& need_write) noexcept {
   ring_[(head_ + count_) & (ring_.size() - 1)] = it;
   ++count_;
   size_.store(count_, std::memory_order_release);
-  if ((watchers_ > 0 || armed_) && !signaled_) {
+  if (armed_ && !signaled_) {  // an event loop watches native_handle()
     signaled_ = true;
     need_write = true;
   }
+  return choose_sleeper_locked();
+}
+
+thread_state* port_impl::choose_sleeper_locked() noexcept {
+  sleeper* s = sleepers_;
+  if (s == nullptr) return nullptr;
+  sleepers_ = s->next;
+  if (sleepers_ != nullptr) sleepers_->prev = nullptr;
+  s->next = s->prev = nullptr;
+  s->ts->add_ref();  // the sleeper may leave (and its thread end) before the wake-up
+  s->chosen.store(true, std::memory_order_release);
+  return s->ts;
+}
+
+void port_impl::wake_chosen(thread_state* ts) noexcept {
+  if (ts == nullptr) return;
+  ts->wake();
+  ts->release();
+}
+
+void port_impl::pass_on() noexcept {
+  thread_state* ts = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    if (count_ != 0) ts = choose_sleeper_locked();
+  }
+  wake_chosen(ts);
 }
 
 void port_impl::clear_signal_locked() noexcept {
@@ -85,17 +112,20 @@ void port_impl::reserve() {
 
 bool port_impl::push_request(std::uint32_t index) noexcept {
   bool need_write = false;
+  thread_state* wake = nullptr;
   {
     std::lock_guard lock(mu_);
     if (closed_) return false;
-    push_locked({0, 0, {}, index}, need_write);  // its reservation keeps the room
+    wake = push_locked({0, 0, {}, index}, need_write);  // its reservation keeps the room
   }
   if (need_write) write_one(fd_);
+  wake_chosen(wake);
   return true;
 }
 
 void port_impl::post(std::uint64_t key, std::uint64_t value, const std::error_code& ec) {
   bool need_write = false;
+  thread_state* wake = nullptr;
   {
     std::lock_guard lock(mu_);
     if (closed_) return;
@@ -106,10 +136,11 @@ void port_impl::post(std::uint64_t key, std::uint64_t value, const std::error_co
       posts_seen_.store(posts_);
       throw;
     }
-    push_locked({key, value, ec, no_index}, need_write);
+    wake = push_locked({key, value, ec, no_index}, need_write);
     ++posts_;
   }
   if (need_write) write_one(fd_);
+  wake_chosen(wake);
 }
 
 std::size_t port_impl::try_get(std::span<completion_entry> out) noexcept {
@@ -147,31 +178,48 @@ std::size_t port_impl::try_get(std::span<completion_entry> out) noexcept {
   return n;
 }
 
-// Waits on the port: sleeping threads are counted so a push writes the
-// eventfd only when somebody may be asleep on it.
+// Waits on the port.  While it sleeps the thread is on the port's list of
+// sleepers, and an entry queued then wakes it alone (through the thread's
+// wake descriptor), not every thread waiting on the port.
 class port_waiter final : public wait_target {
  public:
   explicit port_waiter(port_impl& p) : p_(p) {}
+  ~port_waiter() { disarm(); }
   bool ready() noexcept override { return p_.size() != 0; }
-  bool arm(thread_state&) noexcept override {
+  bool settling() noexcept override {
+    // Chosen by an entry between arm() and now: its wake-up may have come
+    // before the thread armed its sleep, and, off the list, no later entry
+    // would wake it.  Go round: take the entry, or arm again.
+    return node_.chosen.load(std::memory_order_acquire);
+  }
+  bool arm(thread_state& ts) noexcept override {
     std::lock_guard lock(p_.mu_);
-    // Entries that arrived before we counted ourselves did not ring the fd:
-    // do not sleep, take them.
+    // Entries that arrived before we listed ourselves woke nobody: do not
+    // sleep, take them.
     if (p_.count_ != 0) return false;
-    ++p_.watchers_;
+    node_.ts = &ts;
+    node_.chosen.store(false, std::memory_order_relaxed);
+    node_.prev = nullptr;
+    node_.next = p_.sleepers_;
+    if (p_.sleepers_ != nullptr) p_.sleepers_->prev = &node_;
+    p_.sleepers_ = &node_;
     armed_ = true;
     return true;
   }
   void disarm() noexcept override {
     if (!armed_) return;
-    std::lock_guard lock(p_.mu_);
-    --p_.watchers_;
     armed_ = false;
+    std::lock_guard lock(p_.mu_);
+    if (node_.chosen.load(std::memory_order_relaxed)) return;  // already off the list
+    if (node_.prev != nullptr) node_.prev->next = node_.next;
+    else p_.sleepers_ = node_.next;
+    if (node_.next != nullptr) node_.next->prev = node_.prev;
+    node_.prev = node_.next = nullptr;
   }
-  int fd() const noexcept override { return p_.fd_; }
 
  private:
   port_impl& p_;
+  port_impl::sleeper node_;
   bool armed_ = false;
 };
 
@@ -190,9 +238,21 @@ std::size_t port_impl::get(std::span<completion_entry> out, std::chrono::nanosec
     const auto left = deadline == std::chrono::nanoseconds::max()
                           ? deadline
                           : std::max(deadline - real_now(), std::chrono::nanoseconds::zero());
-    ec = ctx_.wait(w, left, alertable);
+    try {
+      ec = ctx_.wait(w, left, alertable);
+    } catch (...) {  // a handler threw in an alertable wait
+      w.disarm();
+      pass_on();
+      throw;
+    }
     w.disarm();
-    if (ec) return 0;
+    if (ec) {
+      // Leaving with entries queued (a chosen waiter looks for entries
+      // before it can leave, so this is belt and braces): hand them to a
+      // sleeper.
+      pass_on();
+      return 0;
+    }
     if (std::size_t n = try_get(out); n != 0) return n;
     // Another waiter took the entries; wait again for the time left.
   }

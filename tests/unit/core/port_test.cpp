@@ -5,9 +5,13 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 
+#include <unistd.h>
+
 #include <array>
 #include <atomic>
+#include <fstream>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -153,6 +157,61 @@ TEST(port, several_threads_wait_on_one_port_and_each_entry_is_taken_once) {
   for (auto& g : got) all.insert(g.begin(), g.end());
   EXPECT_EQ(all.size(), static_cast<std::size_t>(total)) << "no entry lost or duplicated";
   EXPECT_EQ(taken.load(), total);
+}
+
+// Blocking waits of a thread so far (/proc: voluntary context switches).
+long voluntary_switches(pid_t tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("voluntary_ctxt_switches:", 0) == 0) return std::stol(line.substr(24));
+  return -1;
+}
+
+// One entry wakes one of the threads asleep on the port (as a Windows
+// completion port), not all of them to find one entry: the others do not
+// even leave their sleep.
+TEST(port, an_entry_wakes_one_sleeping_thread_not_all) {
+  averbs::context_options o;
+  o.spin = 0ns;  // straight to sleep
+  averbs::context ctx(o);
+  averbs::completion_port port(ctx);
+  constexpr int threads = 4;
+  std::array<std::atomic<pid_t>, threads> tids{};
+  std::array<std::atomic<int>, threads> got{};
+  std::vector<std::thread> ws;
+  for (int t = 0; t < threads; ++t) {
+    ws.emplace_back([&, t] {
+      tids[t].store(::gettid());
+      std::array<averbs::completion_entry, 1> e;
+      for (;;) {
+        if (port.get(e, 30s) == 0) continue;
+        if (e[0].key() == 2) return;  // stop
+        got[t].fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : tids)
+    while (t.load() == 0) std::this_thread::yield();
+  std::this_thread::sleep_for(100ms);  // every waiter asleep
+  std::array<long, threads> before{};
+  for (int t = 0; t < threads; ++t) before[t] = voluntary_switches(tids[t].load());
+  port.post(1, 0);
+  int woken = 0, taken = 0;
+  for (int i = 0; i < 2000 && taken == 0; ++i) {
+    std::this_thread::sleep_for(1ms);
+    taken = 0;
+    for (auto& g : got) taken += g.load();
+  }
+  std::this_thread::sleep_for(50ms);  // any other wake-up would show by now
+  for (int t = 0; t < threads; ++t) {
+    if (got[t].load() != 0) continue;
+    if (voluntary_switches(tids[t].load()) != before[t]) ++woken;
+  }
+  EXPECT_EQ(taken, 1);
+  EXPECT_EQ(woken, 0) << "threads that got no entry were woken for it";
+  for (int t = 0; t < threads; ++t) port.post(2, 0);
+  for (auto& w : ws) w.join();
 }
 
 TEST(port, destroying_a_port_discards_queued_and_later_completions) {

@@ -65,10 +65,15 @@ std::error_code request_wait(context_impl& ctx, request_id id, std::chrono::nano
   if (state_of(s.word.load(std::memory_order_acquire)) == state_completed) return {};
   if (timeout != std::chrono::nanoseconds::zero() && in_handler())
     return make_error_code(errc::would_deadlock);
+  // Not before a completer that saw this thread waiting has finished
+  // waking it: after a wait that timed out as the request completed, and
+  // after a handler that threw (the thread may end, and its state with it).
+  struct delivered_guard {
+    slot& s;
+    ~delivered_guard() { wait_delivered(s.word); }
+  } guard{s};
   request_waiter w(s, id);
-  const std::error_code ec = ctx.wait(w, timeout, alertable);
-  wait_delivered(s.word);  // a wait that timed out as the request completed
-  return ec;
+  return ctx.wait(w, timeout, alertable);
 }
 
 std::error_code request_take(context_impl& ctx, request_id id, void* out) noexcept {

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <chrono>
 #include <future>
+#include <stdexcept>
 #include <thread>
 
 namespace {
@@ -226,6 +227,41 @@ TEST(request, a_delay_of_nanoseconds_max_never_fires_and_later_timers_still_do) 
   EXPECT_EQ(w.wait_for(50ms), std::future_status::timeout);
   never.cancel();
   EXPECT_TRUE(w.get()) << "the cancel completed it, which ends the wait";
+}
+
+// A wait must not leave while a completer that saw it waiting may still
+// wake its thread (the thread could end, and its state with it), also when
+// it leaves by an exception: a handler run by the alertable wait threw.
+// The test plays the completer by hand: "completed, still delivering" once
+// the waiter is armed; then a throwing handler wakes the waiter.
+TEST(request, a_wait_left_by_a_throwing_handler_waits_for_the_completer_to_finish) {
+  namespace d = averbs::detail;
+  averbs::context ctx;
+  manual_op op, apc;
+  auto r = async_manual(ctx, op, averbs::use_request);
+  d::slot& s = ctx.detail_impl().at(op.done.id().index);
+  std::atomic<bool> started{false}, left{false};
+  std::thread waiter([&] {
+    async_manual(ctx, apc, [](std::error_code, int) { throw std::runtime_error("handler"); });
+    started.store(true);
+    try {
+      r.wait_for(std::chrono::hours(1), averbs::wait_mode::alertable);
+    } catch (const std::runtime_error&) {
+    }
+    left.store(true);
+  });
+  while (!started.load() || (s.word.load() & d::flag_waiter) == 0) std::this_thread::yield();
+  std::uint64_t w = s.word.load();
+  while (!s.word.compare_exchange_weak(w, (w & ~std::uint64_t{d::state_mask}) | d::state_completed |
+                                              d::flag_delivering)) {
+  }
+  apc.done.complete({}, 0);  // queues the throwing handler, wakes the waiter
+  std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(left.load()) << "the wait left while its completer was still delivering";
+  s.word.fetch_and(~std::uint64_t{d::flag_delivering});
+  waiter.join();
+  EXPECT_TRUE(left.load());
+  EXPECT_EQ(r.get(), 0);
 }
 
 // A delay used as a timeout and cancelled when the work finishes first

@@ -23,6 +23,8 @@ namespace {
 // destructor that waits on a request after the one below has run still
 // finds the state (it is retired, not freed).
 thread_local thread_state* tl_state = nullptr;
+thread_local bool tl_keyed = false;         // the key's destructor frees tl_state
+thread_local bool tl_retirer_gone = false;  // the destructor below has run
 
 // Retires the state when the thread's thread_local objects are destroyed:
 // handlers still queued are dropped, none is queued after.  The state itself
@@ -32,7 +34,14 @@ thread_local thread_state* tl_state = nullptr;
 struct thread_state_retirer {
   bool armed = false;
   ~thread_state_retirer() {
-    if (tl_state != nullptr) tl_state->retire();
+    tl_retirer_gone = true;
+    thread_state* const ts = tl_state;
+    if (ts == nullptr) return;
+    ts->retire();
+    if (!tl_keyed) {  // no key could hold it: freed here, as before keys
+      tl_state = nullptr;
+      ts->release();
+    }
   }
 };
 thread_local thread_state_retirer tl_retirer;
@@ -43,18 +52,18 @@ void release_state(void* p) noexcept {
   // A later key destructor (another library's) that waits makes a fresh
   // state; the key is set again, and this runs again for that one.
   tl_state = nullptr;
+  tl_keyed = false;
   ts->release();
 }
 
 struct state_key {
   pthread_key_t key{};
-  bool ok = false;
-  state_key() noexcept { ok = ::pthread_key_create(&key, &release_state) == 0; }
+  std::atomic<bool> ok{false};
+  state_key() noexcept { ok.store(::pthread_key_create(&key, &release_state) == 0); }
   // Unloading the library (dlclose) must not leave a destructor pointing
   // into it; the states of threads still running then are leaked.
   ~state_key() {
-    if (ok) ::pthread_key_delete(key);
-    ok = false;
+    if (ok.exchange(false)) ::pthread_key_delete(key);
   }
 };
 
@@ -67,16 +76,14 @@ state_key& the_key() noexcept {
 
 thread_state& thread_state::current() {
   if (tl_state != nullptr) return *tl_state;
-  state_key& key = the_key();
-  if (!key.ok) throw std::system_error(std::make_error_code(std::errc::resource_unavailable_try_again),
-                            "pthread_key_create");
   auto* ts = new thread_state();
-  if (const int e = ::pthread_setspecific(key.key, ts); e != 0) {
-    ts->release();
-    throw std::system_error(e, std::system_category(), "pthread_setspecific");
-  }
+  // Without a key (none left in the process, or after the library's
+  // teardown) the retirer frees the state, which then cannot serve waits
+  // made after it; a state made after the retirer ran is then leaked.
+  state_key& key = the_key();
+  tl_keyed = key.ok.load() && ::pthread_setspecific(key.key, ts) == 0;
   tl_state = ts;
-  tl_retirer.armed = true;  // first use: registers its destructor for this thread
+  if (!tl_retirer_gone) tl_retirer.armed = true;  // first use: registers its destructor
   return *ts;
 }
 

@@ -11,6 +11,7 @@
 
 #include <array>
 #include <thread>
+#include <utility>
 
 namespace {
 
@@ -166,39 +167,68 @@ TEST(alloc, completions_need_no_allocation_on_the_completing_thread) {
 }
 
 // When that room cannot be made, starting the request fails with
-// bad_alloc and takes nothing; the next requests work.
+// bad_alloc and takes nothing, its reservation included: once the pending
+// requests are gone, as many fit again in the room already made, with
+// every allocation failing.
 TEST(alloc, a_request_whose_room_cannot_be_made_does_not_start) {
-  averbs::context ctx;
+  averbs::manual_clock clk;
+  averbs::context_options o;
+  o.clock = &clk;
+  averbs::context ctx(o);
   averbs::completion_port port(ctx);
-  averbs::nop_params p;
-  p.value = 1;
+  averbs::nop_params pending;
+  pending.delay = 1h;
+  constexpr int room = 16;  // what a fresh thread's queue and a port start with
   int ran = 0;
-  bool callback_threw = false, port_threw = false;
+  auto start_both = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      averbs::async_nop(ctx, pending, [&](std::error_code, std::uint64_t) { ++ran; });
+      averbs::async_nop(ctx, pending, averbs::bind_port(port, 0));
+    }
+  };
+  auto finish_all = [&] {
+    clk.advance(1h);
+    ctx.poll();
+    const std::size_t handlers = ctx.alertable_wait(0ns);
+    std::array<averbs::completion_entry, room> e;
+    return std::pair{handlers, port.get(e, 0ns)};
+  };
+  bool callback_threw = false, port_threw = false, refilled = false;
+  std::pair<std::size_t, std::size_t> first{}, second{};
   std::thread t([&] {  // a fresh thread: an empty handler queue
     ctx.alertable_wait(0ns);  // makes the thread's state
-    averbs::nop_params pending;
-    pending.delay = 1h;  // hold the port's 16 entries
-    for (int i = 0; i < 16; ++i) averbs::async_nop(ctx, pending, averbs::bind_port(port, 0));
+    start_both(room);
     averbs::test::fail_allocations_on_this_thread(true);
     try {
-      averbs::async_nop(ctx, p, [&](std::error_code, std::uint64_t) { ++ran; });
+      averbs::async_nop(ctx, pending, [](std::error_code, std::uint64_t) {});
     } catch (const std::bad_alloc&) {
       callback_threw = true;
     }
     try {
-      averbs::async_nop(ctx, p, averbs::bind_port(port, 0));
+      averbs::async_nop(ctx, pending, averbs::bind_port(port, 0));
     } catch (const std::bad_alloc&) {
       port_threw = true;
     }
     averbs::test::fail_allocations_on_this_thread(false);
-    EXPECT_EQ(ctx.stats().in_flight, 16u) << "a failed start kept a request";
-    averbs::async_nop(ctx, p, [&](std::error_code, std::uint64_t) { ++ran; });
-    ctx.alertable_wait(0ns);
+    EXPECT_EQ(ctx.stats().in_flight, 2u * room) << "a failed start kept a request";
+    first = finish_all();
+    averbs::test::fail_allocations_on_this_thread(true);
+    try {
+      start_both(room);  // a reservation the failed starts kept would not fit
+      refilled = true;
+    } catch (const std::bad_alloc&) {
+    }
+    averbs::test::fail_allocations_on_this_thread(false);
+    second = finish_all();
   });
   t.join();
   EXPECT_TRUE(callback_threw);
   EXPECT_TRUE(port_threw);
-  EXPECT_EQ(ran, 1);
+  EXPECT_EQ(first, std::pair(std::size_t{room}, std::size_t{room}));
+  EXPECT_TRUE(refilled) << "the room the failed starts reserved was not given back";
+  EXPECT_EQ(second, std::pair(std::size_t{room}, std::size_t{room}));
+  EXPECT_EQ(ran, 2 * room);
+  EXPECT_EQ(ctx.stats().in_flight, 0u);
 }
 
 }  // namespace

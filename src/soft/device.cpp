@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <random>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -340,6 +341,13 @@ device::device(const device_config& cfg)
       gids_(!cfg.address.is_zero() ? std::vector<gid>{cfg.address}
             : cfg.gids.empty()    ? host_gids()
                                   : cfg.gids) {
+  if (cfg.first_qpn != 0) {
+    if (cfg.first_qpn < limits::qpn_base || cfg.first_qpn > limits::qpn_first_max)
+      throw std::system_error(make_error_code(errc::invalid_argument), "soft device first QPN");
+    first_qpn_ = cfg.first_qpn;
+  } else {
+    first_qpn_ = limits::qpn_base + std::random_device{}() % (limits::qpn_first_max - limits::qpn_base + 1);
+  }
   ep_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (ep_ < 0) throw std::system_error(errno, std::system_category(), "epoll_create1");
   clock_is_steady_ = dynamic_cast<const steady_clock*>(clock_) != nullptr;
@@ -1603,8 +1611,7 @@ void device::run() noexcept {
         continue;
       }
       qp_t* qp = nullptr;
-      if (qpn >= limits::qpn_base && qpn - limits::qpn_base < qps_.size())
-        qp = qps_[qpn - limits::qpn_base].get();
+      if (qpn >= first_qpn_ && qpn - first_qpn_ < qps_.size()) qp = qps_[qpn - first_qpn_].get();
       const bool response = (p->op->ops & wire::op_response) != 0;
       const auto tp = p->op->tp;
       bool ok = qp != nullptr && !qp->released;

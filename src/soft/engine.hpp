@@ -465,6 +465,7 @@ struct device_config {
   averbs::clock* clock = nullptr;  // null: the real clock
   std::vector<gid> gids;           // empty: this host's addresses
   std::uint64_t node_guid = 0;     // 0: derived from the name
+  std::uint32_t first_qpn = 0;     // 0: random (see limits::qpn_first_max)
   /// RoCEv2 over UDP bound to this address (its GID table is just it);
   /// zero: the in-process loopback link.
   gid address{};
@@ -849,7 +850,8 @@ class device final : public progress_source, public clock_listener {
   std::vector<std::uint32_t> free_cqs_;
   std::vector<std::unique_ptr<srq_t>> srqs_;
   std::vector<std::uint32_t> free_srqs_;
-  std::vector<std::unique_ptr<qp_t>> qps_;  // index = qpn - qpn_base
+  std::vector<std::unique_ptr<qp_t>> qps_;  // index = qpn - first_qpn_
+  std::uint32_t first_qpn_ = limits::qpn_base;  // random; see limits::qpn_first_max
   std::deque<std::uint32_t> free_qps_;      // FIFO: a QPN is reused late
   std::uint32_t ah_gen_ = 0;  // the last AH generation given
   std::uint32_t live_pds_ = 0, live_mrs_ = 0, live_mws_ = 0, live_ahs_ = 0, live_cqs_ = 0,

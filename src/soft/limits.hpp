@@ -10,6 +10,12 @@ namespace averbs::soft::limits {
 
 inline constexpr std::uint32_t max_qp = (1u << 20) - 16;
 inline constexpr std::uint32_t qpn_base = 16;  // rxe starts data QPs at 16
+// A device numbers its QPs from a random first QPN in [qpn_base,
+// qpn_first_max]: a process that restarts with the same device (same GUID)
+// must not reuse the QPNs its peers still hold in CM timewait or as
+// connected (IBTA 12.9.8.3 rejects such a REQ as stale), as rxe's cyclic
+// QPN allocation, kept in the kernel across processes, avoids too.
+inline constexpr std::uint32_t qpn_first_max = (1u << 24) - (1u << 20) - 1;
 inline constexpr std::uint32_t max_qp_wr = 1u << 20;
 inline constexpr std::uint32_t max_sge = 32;
 inline constexpr std::uint32_t max_sge_rd = 32;

@@ -176,7 +176,7 @@ std::error_code device::create_qp(pd_t* pd, const qp_init& init, qp_t*& out) {
     index = static_cast<std::uint32_t>(qps_.size() - 1);
   }
   qp->index = index;
-  qp->qpn = index + limits::qpn_base;
+  qp->qpn = index + first_qpn_;
   ++pd->children;
   ++qp->scq->users;
   ++qp->rcq->users;

@@ -364,8 +364,8 @@ void device::disarm_timers(qp_t* qp) noexcept {
 }
 
 void device::on_qp_timer(std::uint32_t qpn, std::uint64_t gen, bool rnr) noexcept {
-  if (qpn < limits::qpn_base || qpn - limits::qpn_base >= qps_.size()) return;
-  qp_t* qp = qps_[qpn - limits::qpn_base].get();
+  if (qpn < first_qpn_ || qpn - first_qpn_ >= qps_.size()) return;
+  qp_t* qp = qps_[qpn - first_qpn_].get();
   if (qp == nullptr || qp->comp.timer_gen != gen) return;  // stale timer
   if (qp->state != qp_state::rts && qp->state != qp_state::sqd) return;
   if (rnr) {

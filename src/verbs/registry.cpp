@@ -45,6 +45,7 @@ std::shared_ptr<device_entry> make_entry(const soft_device_options& o) {
   if (!o.address.empty() && cfg.address.is_zero()) bad_option("soft_device address must not be unspecified");
   cfg.port = o.port;
   cfg.check_icrc = o.check_icrc;
+  cfg.first_qpn = o.first_qpn;
   cfg.raw_send = o.raw_send;
   cfg.gso = o.gso;
   std::string error;

@@ -35,6 +35,7 @@ class cm_udp : public ::testing::Test {
   /// peer is the test's own socket, which computes no ICRC.
   void make(side& s, int which, const std::string& faults = "", context* in = nullptr, bool check_icrc = true) {
     soft_device_options o;
+    o.first_qpn = first_qpn;
     s.name = "cm" + std::to_string(which) + "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
     o.name = s.name;
     o.address = test_address(which);
@@ -48,14 +49,15 @@ class cm_udp : public ::testing::Test {
     gid::parse(o.address, s.ip);
   }
   /// Brings `s`'s device back after it vanished (its handles dropped
-  /// here): same name, address and port, so the same CA GUID, and its
-  /// first QP gets the number the old one's first QP had.
+  /// here): same name, address and port, so the same CA GUID, and (with a
+  /// fixed `first_qpn`) its first QP gets the number the old one's had.
   void restart(side& s, int which) {
     s.c = {};
     s.p = {};
     s.dev = {};
     s.sdev.reset();
     soft_device_options o;
+    o.first_qpn = first_qpn;
     o.name = s.name;
     o.address = test_address(which);
     o.port = test_port();
@@ -64,6 +66,10 @@ class cm_udp : public ::testing::Test {
     s.p = s.dev.alloc_pd();
     s.c = s.dev.create_cq(64);
   }
+  /// The devices' first QP number; 0 draws one at random (the default).
+  /// Fixed here so that a device brought back reuses its QP numbers, as a
+  /// peer that numbers QPs from a fixed start would.
+  std::uint32_t first_qpn = 16;
   qp make_qp(side& s) {
     qp_init_attr ia;
     ia.send_cq = ia.recv_cq = s.c;
@@ -269,6 +275,46 @@ TEST_F(cm_udp, a_peer_that_comes_back_meets_a_stale_connection_rejection) {
     ASSERT_EQ(e2, errc::connection_rejected);
     ASSERT_LT(std::chrono::steady_clock::now(), until);
   }
+}
+
+// A device numbers its QPs from a random start by default, so a peer that
+// crashed and came back at once (same CA GUID) connects again at once: its
+// QP is not the one its old connection still holds.
+TEST_F(cm_udp, a_peer_that_comes_back_with_random_qp_numbers_reconnects_at_once) {
+  first_qpn = 0;
+  side a, b;
+  make(a, 0);
+  make(b, 1);
+  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
+  cm::connector passive;
+  qp qb = make_qp(b);
+  std::uint32_t old_qpn = 0;
+  {
+    qp qa = make_qp(a);
+    old_qpn = qa.num();
+    cm::connector c(a.dev);
+    auto got = l.async_get_request(use_request);
+    auto conn = c.async_connect(qa, {b.ip, 7471}, {}, use_request);
+    passive = got.get().conn;
+    passive.accept(qb, {}, fast());
+    conn.get();
+    a.sdev.reset();  // a crash: nothing is sent
+    c = {};
+    qa = {};
+  }
+  restart(a, 0);
+  qp qa = make_qp(a);
+  EXPECT_NE(qa.num(), old_qpn) << "(1 in 15 million: the random starts met)";
+  cm::connector c(a.dev);
+  auto got = l.async_get_request(use_request);
+  auto conn = c.async_connect(qa, {b.ip, 7471}, {}, fast(), use_request);
+  cm::connector p2 = got.get().conn;
+  qp qb2 = make_qp(b);
+  p2.accept(qb2);
+  std::error_code ec;
+  conn.get(ec);
+  EXPECT_FALSE(ec) << ec.message();
+  exchange(a, qa, b, qb2);
 }
 
 // The same from the other side: the passive peer comes back and its REP

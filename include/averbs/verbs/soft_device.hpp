@@ -6,6 +6,7 @@
 #include <averbs/async/clock.hpp>
 #include <averbs/verbs/types.hpp>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +48,11 @@ struct soft_device_options {
   /// Injected faults, as "drop=0.01,dup=0.01,reorder=0.01,corrupt=0.01,
   /// delay=0.01,delay_us=200,seed=7" (probabilities per packet).
   std::string faults;
+  /// The first QP's number; later ones follow.  0: random, so a process
+  /// that restarts with the same device (same CA GUID) does not reuse QP
+  /// numbers its peers still hold (their CM rejects such a connection as
+  /// stale).  A fixed number is for tests; at least 16, at most 0xEFFFFF.
+  std::uint32_t first_qpn = 0;
 };
 
 /// A software RDMA device hosted in this process, reachable by name while

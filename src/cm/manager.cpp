@@ -577,7 +577,7 @@ void manager::on_qp(soft::qp_t* qp, soft::qp_note n) noexcept {
       close_conn(c);
       break;
     case state::rep_sent:
-      send_rej(c, wcm::msg_ref::rep, wcm::rej_reason::timeout);
+      send_rej(c, wcm::msg_ref::rep, wcm::rej_reason::consumer_defined);
       fail_op(c, err(errc::operation_aborted));
       end_connection(c, err(errc::operation_aborted));
       close_conn(c);
@@ -1278,7 +1278,7 @@ void manager::release(conn* cp) noexcept {
       send_sidr_rep(c, wcm::sidr_status::rejected, {});
       break;
     case state::rep_sent:
-      send_rej(c, wcm::msg_ref::rep, wcm::rej_reason::timeout);
+      send_rej(c, wcm::msg_ref::rep, wcm::rej_reason::consumer_defined);
       qp_to_error(c);
       break;
     case state::established:

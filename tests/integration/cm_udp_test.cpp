@@ -664,6 +664,32 @@ class cm_udp_fake_peer : public cm_udp {
   }
   /// Polls for `d`.
   void run_for(std::chrono::milliseconds d) { (void)poll_until([] { return false; }, d); }
+  /// An rdma_cm REQ from the fake peer at `from` (comm ID `id`, QP 0x42,
+  /// CA GUID 0xFEED) for port 7471 of `to`'s device.
+  static wire::cm::req req_to(const side& to, const gid& from, std::uint32_t id) {
+    namespace wcm = wire::cm;
+    wcm::req r;
+    r.local_comm_id = id;
+    r.service_id = wcm::service_id(wcm::port_space::tcp, 7471);
+    r.local_ca_guid = 0xFEED;
+    r.local_qpn = 0x42;
+    r.responder_resources = 1;
+    r.initiator_depth = 1;
+    r.remote_cm_response_timeout = 16;
+    r.local_cm_response_timeout = 16;
+    r.path_mtu = static_cast<std::uint8_t>(mtu::mtu_1024);
+    r.retry_count = 7;
+    r.rnr_retry_count = 7;
+    r.max_cm_retries = 5;
+    std::memcpy(r.primary.local_gid.data(), from.raw.data(), 16);
+    std::memcpy(r.primary.remote_gid.data(), to.ip.raw.data(), 16);
+    wcm::ip_header ip;
+    ip.src_port = 40000;
+    std::memcpy(ip.src_ip.data(), from.raw.data(), 16);
+    std::memcpy(ip.dst_ip.data(), to.ip.raw.data(), 16);
+    EXPECT_EQ(wcm::encode(ip, r.private_data), wcm::ip_header_size);
+    return r;
+  }
 
   side a;
   qp qa;
@@ -750,26 +776,7 @@ TEST_F(cm_udp_fake_peer, a_req_resent_after_a_lost_rej_reaches_the_listener_agai
   gid peer_ip;
   ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
   namespace wcm = wire::cm;
-  wcm::req r;
-  r.local_comm_id = 55;
-  r.service_id = wcm::service_id(wcm::port_space::tcp, 7471);
-  r.local_ca_guid = 0xFEED;
-  r.local_qpn = 0x42;
-  r.responder_resources = 1;
-  r.initiator_depth = 1;
-  r.remote_cm_response_timeout = 16;
-  r.local_cm_response_timeout = 16;
-  r.path_mtu = static_cast<std::uint8_t>(mtu::mtu_1024);
-  r.retry_count = 7;
-  r.rnr_retry_count = 7;
-  r.max_cm_retries = 5;
-  std::memcpy(r.primary.local_gid.data(), peer_ip.raw.data(), 16);
-  std::memcpy(r.primary.remote_gid.data(), b.ip.raw.data(), 16);
-  wcm::ip_header ip;
-  ip.src_port = 40000;
-  std::memcpy(ip.src_ip.data(), peer_ip.raw.data(), 16);
-  std::memcpy(ip.dst_ip.data(), b.ip.raw.data(), 16);
-  ASSERT_EQ(wcm::encode(ip, r.private_data), wcm::ip_header_size);
+  const wcm::req r = req_to(b, peer_ip, 55);
 
   auto next_request = [&]() -> std::optional<cm::connector> {
     auto got = l.async_get_request(use_request);
@@ -792,6 +799,42 @@ TEST_F(cm_udp_fake_peer, a_req_resent_after_a_lost_rej_reaches_the_listener_agai
   ASSERT_TRUE(rej.has_value());
   EXPECT_EQ(rej->remote_comm_id, 55u);
   EXPECT_EQ(rej->reason, static_cast<std::uint16_t>(wcm::rej_reason::consumer_defined));
+}
+
+// A passive side destroyed after its REP went out (the connector, or the
+// QP it accepted on) rejects with "consumer defined", as ib_cm's
+// cm_destroy_id() does in REP_SENT: the requester hears a rejection, not a
+// timeout.
+TEST_F(cm_udp_fake_peer, a_passive_side_destroyed_after_its_rep_rejects_consumer_defined) {
+  ASSERT_TRUE(peer.bound());
+  side b;
+  make(b, 1, "", nullptr, false);
+  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
+  gid peer_ip;
+  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
+  namespace wcm = wire::cm;
+  for (const bool destroy_qp : {false, true}) {
+    SCOPED_TRACE(destroy_qp ? "the QP destroyed" : "the connector destroyed");
+    const std::uint32_t id = destroy_qp ? 61 : 60;
+    auto got = l.async_get_request(use_request);
+    peer.send(req_to(b, peer_ip, id));
+    ASSERT_TRUE(poll_until([&] { return got.ready(); }, 2s));
+    std::optional<cm::connector> passive = got.get().conn;
+    std::optional<qp> qb = make_qp(b);
+    auto acc = passive->async_accept(*qb, {}, fast(), use_request);
+    const auto rep = peer.next<wcm::rep>(ctx);  // no RTU follows
+    ASSERT_TRUE(rep.has_value());
+    if (destroy_qp) qb.reset();
+    else passive.reset();
+    const auto rej = peer.next<wcm::rej>(ctx);
+    ASSERT_TRUE(rej.has_value());
+    EXPECT_EQ(rej->remote_comm_id, id);
+    EXPECT_EQ(rej->message_rejected, wcm::msg_ref::rep);
+    EXPECT_EQ(rej->reason, static_cast<std::uint16_t>(wcm::rej_reason::consumer_defined));
+    std::error_code ec;
+    acc.get(ec);
+    EXPECT_EQ(ec, errc::operation_aborted);
+  }
 }
 
 // An accept cancelled after its REP went out: when the RTU comes the

@@ -216,6 +216,9 @@ void manager::unindex_remote(conn& c) noexcept {
 
 void manager::close_conn(conn& c) noexcept {
   disarm(c);
+  // A closed connection is no one's: a REQ the peer resends is a new
+  // request (ib_cm's cm_reset_to_idle()), not a duplicate to swallow.
+  unindex_remote(c);
   if (!c.ended && c.notify) complete(c.notify, err(c.was_connected ? errc::connection_reset : errc::not_connected));
   c.st = state::closed;
   c.mad.reset();
@@ -876,8 +879,11 @@ void manager::on_rej(const soft::mad_in& m) noexcept {
     return;
   }
   conn& c = *cp;
-  // Before the REP a REJ cannot name the peer's comm ID; after, it must.
-  if (c.remote_id != 0 && r.local_comm_id != 0 && r.local_comm_id != c.remote_id) {
+  // Before the REP a REJ cannot name the peer's comm ID; after it (and on
+  // the passive side, which has the requester's from its REQ) it must, as
+  // ib_cm's cm_acquire_rejected_id() requires: a guessed comm ID alone does
+  // not end an accept.
+  if (c.remote_id != 0 && r.local_comm_id != c.remote_id) {
     ++stats_.mads_dropped;
     return;
   }

@@ -837,6 +837,74 @@ TEST_F(cm_udp_fake_peer, a_passive_side_destroyed_after_its_rep_rejects_consumer
   }
 }
 
+// On the passive side a REJ must name the requester's comm ID (ib_cm's
+// cm_acquire_rejected_id()): one with 0 there, which anyone who guessed
+// our sequential comm ID could send, does not end the accept.
+TEST_F(cm_udp_fake_peer, a_rej_without_the_requesters_comm_id_does_not_end_an_accept) {
+  ASSERT_TRUE(peer.bound());
+  side b;
+  make(b, 1, "", nullptr, false);
+  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
+  gid peer_ip;
+  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
+  namespace wcm = wire::cm;
+  auto got = l.async_get_request(use_request);
+  peer.send(req_to(b, peer_ip, 62));
+  ASSERT_TRUE(poll_until([&] { return got.ready(); }, 2s));
+  cm::connector passive = got.get().conn;
+  qp qb = make_qp(b);
+  auto acc = passive.async_accept(qb, {}, fast(), use_request);
+  const auto rep = peer.next<wcm::rep>(ctx);
+  ASSERT_TRUE(rep.has_value());
+  wcm::rej j;
+  j.local_comm_id = 0;
+  j.remote_comm_id = rep->local_comm_id;
+  j.message_rejected = wcm::msg_ref::rep;
+  j.reason = static_cast<std::uint16_t>(wcm::rej_reason::consumer_defined);
+  peer.send(j);
+  run_for(50ms);
+  EXPECT_FALSE(acc.ready()) << "a REJ without the requester's comm ID ended the accept";
+  wcm::rtu u;
+  u.local_comm_id = 62;
+  u.remote_comm_id = rep->local_comm_id;
+  peer.send(u);
+  ASSERT_TRUE(poll_until([&] { return acc.ready(); }));
+  std::error_code ec;
+  acc.get(ec);
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_EQ(qb.query().state, qp_state::rts);
+}
+
+// An accept whose REP retries ran out is closed; the requester's resent
+// REQ is then a new request for the listener (ib_cm resets the ID to
+// idle), also while the application still holds the failed connector.
+TEST_F(cm_udp_fake_peer, a_req_resent_after_an_accept_timed_out_reaches_the_listener_again) {
+  ASSERT_TRUE(peer.bound());
+  side b;
+  make(b, 1, "", nullptr, false);
+  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
+  gid peer_ip;
+  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
+  namespace wcm = wire::cm;
+  wcm::req r = req_to(b, peer_ip, 63);
+  r.local_cm_response_timeout = 8;  // the REP's: about 1 ms
+  r.max_cm_retries = 1;
+  auto got = l.async_get_request(use_request);
+  peer.send(r);
+  ASSERT_TRUE(poll_until([&] { return got.ready(); }, 2s));
+  cm::connector passive = got.get().conn;  // held throughout
+  qp qb = make_qp(b);
+  auto acc = passive.async_accept(qb, {}, fast(), use_request);
+  ASSERT_TRUE(poll_until([&] { return acc.ready(); })) << "the REP retries did not run out";
+  std::error_code ec;
+  acc.get(ec);
+  EXPECT_EQ(ec, errc::timed_out);
+  auto again = l.async_get_request(use_request);
+  peer.send(r);  // the requester, which heard nothing, resends
+  ASSERT_TRUE(poll_until([&] { return again.ready(); }, 2s)) << "the resent REQ was swallowed";
+  again.get().conn.reject();
+}
+
 // An accept cancelled after its REP went out: when the RTU comes the
 // passive side does not come up; it tells the requester, which did come up,
 // with a DREQ, as a disconnect would.

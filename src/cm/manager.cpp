@@ -250,8 +250,10 @@ void manager::end_connection(conn& c, const std::error_code& why) noexcept {
 
 std::chrono::nanoseconds manager::timewait_time(const conn& c) const noexcept {
   // IBTA 12.9.8: long enough for packets of the old connection to die out:
-  // the local ACK timeout, and never under a millisecond.
-  return std::max<std::chrono::nanoseconds>(wcm::cm_timeout(c.params.ack_timeout), std::chrono::milliseconds(1));
+  // the ACK timeout its QP ran with (on the passive side, the one the REQ
+  // asked for), and never under a millisecond.
+  const std::uint8_t t = c.passive ? c.peer_ack_timeout : c.params.ack_timeout;
+  return std::max<std::chrono::nanoseconds>(wcm::cm_timeout(t), std::chrono::milliseconds(1));
 }
 
 void manager::enter_timewait(conn& c) noexcept {

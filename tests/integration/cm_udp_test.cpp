@@ -905,6 +905,44 @@ TEST_F(cm_udp_fake_peer, a_req_resent_after_an_accept_timed_out_reaches_the_list
   again.get().conn.reject();
 }
 
+// Timewait lasts the ACK timeout the connection's QP ran with; on the
+// passive side that is the one the REQ asked for, not the listener's own
+// default (ib_cm times the wait from the path's timeout).
+TEST_F(cm_udp_fake_peer, passive_timewait_lasts_the_ack_timeout_the_req_asked_for) {
+  ASSERT_TRUE(peer.bound());
+  side b;
+  make(b, 1, "", nullptr, false);
+  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
+  gid peer_ip;
+  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
+  namespace wcm = wire::cm;
+  wcm::req r = req_to(b, peer_ip, 64);
+  r.primary.local_ack_timeout = 19;  // 2.1 s; the passive side's own default is 67 ms
+  auto got = l.async_get_request(use_request);
+  peer.send(r);
+  ASSERT_TRUE(poll_until([&] { return got.ready(); }, 2s));
+  cm::connector passive = got.get().conn;
+  qp qb = make_qp(b);
+  auto acc = passive.async_accept(qb, {}, fast(), use_request);
+  const auto rep = peer.next<wcm::rep>(ctx);
+  ASSERT_TRUE(rep.has_value());
+  wcm::rtu u;
+  u.local_comm_id = 64;
+  u.remote_comm_id = rep->local_comm_id;
+  peer.send(u);
+  ASSERT_TRUE(poll_until([&] { return acc.ready(); }));
+  acc.get();
+  wcm::dreq d;
+  d.local_comm_id = 64;
+  d.remote_comm_id = rep->local_comm_id;
+  d.remote_qpn = qb.num();
+  peer.send(d);
+  ASSERT_TRUE(peer.next<wcm::drep>(ctx).has_value());
+  ASSERT_EQ(passive.state(), cm::conn_state::timewait);
+  run_for(500ms);
+  EXPECT_EQ(passive.state(), cm::conn_state::timewait) << "timewait ended before the QP's ACK timeout";
+}
+
 // An accept cancelled after its REP went out: when the RTU comes the
 // passive side does not come up; it tells the requester, which did come up,
 // with a DREQ, as a disconnect would.

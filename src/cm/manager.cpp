@@ -1512,17 +1512,25 @@ std::error_code manager::disconnect(conn* cp) noexcept {
       fail_op(c, err(errc::operation_aborted));
       close_conn(c);
       return {};
+    case state::rep_sent:
+      // Not connected yet: a DREQ would be ignored by a requester still
+      // waiting for our REP (ib_cm takes a DREQ only once established).
+      // REJ "consumer defined", as ib_cm sends when the ID is destroyed
+      // here; a requester that came up on our REP ends on it too.
+      qp_to_error(c);
+      send_rej(c, wcm::msg_ref::rep, wcm::rej_reason::consumer_defined);
+      fail_op(c, err(errc::operation_aborted));
+      end_connection(c, {});
+      close_conn(c);
+      return {};
     case state::established:
       if (c.type == qp_type::ud) {
         end_connection(c, {});
         close_conn(c);
         return {};
       }
-      [[fallthrough]];
-    case state::rep_sent:
       // The QP stops first: its work completes flushed before we return.
       qp_to_error(c);
-      if (c.st == state::rep_sent) fail_op(c, err(errc::operation_aborted));
       end_connection(c, {});
       send_dreq(c);
       c.st = state::dreq_sent;

@@ -802,9 +802,10 @@ TEST_F(cm_udp_fake_peer, a_req_resent_after_a_lost_rej_reaches_the_listener_agai
 }
 
 // A passive side destroyed after its REP went out (the connector, or the
-// QP it accepted on) rejects with "consumer defined", as ib_cm's
-// cm_destroy_id() does in REP_SENT: the requester hears a rejection, not a
-// timeout.
+// QP it accepted on), or disconnected then, rejects with "consumer
+// defined", as ib_cm's cm_destroy_id() does in REP_SENT: the requester
+// hears a rejection, not a timeout (nor a DREQ it would ignore before it
+// is connected).
 TEST_F(cm_udp_fake_peer, a_passive_side_destroyed_after_its_rep_rejects_consumer_defined) {
   ASSERT_TRUE(peer.bound());
   side b;
@@ -813,9 +814,12 @@ TEST_F(cm_udp_fake_peer, a_passive_side_destroyed_after_its_rep_rejects_consumer
   gid peer_ip;
   ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
   namespace wcm = wire::cm;
-  for (const bool destroy_qp : {false, true}) {
-    SCOPED_TRACE(destroy_qp ? "the QP destroyed" : "the connector destroyed");
-    const std::uint32_t id = destroy_qp ? 61 : 60;
+  enum { connector_destroyed, qp_destroyed, disconnected };
+  for (const int how : {connector_destroyed, qp_destroyed, disconnected}) {
+    SCOPED_TRACE(how == qp_destroyed  ? "the QP destroyed"
+                 : how == disconnected ? "disconnected"
+                                       : "the connector destroyed");
+    const std::uint32_t id = 60 + static_cast<std::uint32_t>(how);
     auto got = l.async_get_request(use_request);
     peer.send(req_to(b, peer_ip, id));
     ASSERT_TRUE(poll_until([&] { return got.ready(); }, 2s));
@@ -824,7 +828,8 @@ TEST_F(cm_udp_fake_peer, a_passive_side_destroyed_after_its_rep_rejects_consumer
     auto acc = passive->async_accept(*qb, {}, fast(), use_request);
     const auto rep = peer.next<wcm::rep>(ctx);  // no RTU follows
     ASSERT_TRUE(rep.has_value());
-    if (destroy_qp) qb.reset();
+    if (how == qp_destroyed) qb.reset();
+    else if (how == disconnected) passive->disconnect();
     else passive.reset();
     const auto rej = peer.next<wcm::rej>(ctx);
     ASSERT_TRUE(rej.has_value());
@@ -834,7 +839,11 @@ TEST_F(cm_udp_fake_peer, a_passive_side_destroyed_after_its_rep_rejects_consumer
     std::error_code ec;
     acc.get(ec);
     EXPECT_EQ(ec, errc::operation_aborted);
+    if (how == disconnected) {
+      EXPECT_EQ(qb->query().state, qp_state::err);
+    }
   }
+  EXPECT_FALSE(peer.next<wcm::dreq>(ctx, 10ms).has_value()) << "a DREQ before the connection was up";
 }
 
 // On the passive side a REJ must name the requester's comm ID (ib_cm's

@@ -642,7 +642,6 @@ class cm_udp_fake_peer : public cm_udp {
     make(a, 1, "", nullptr, false);
     qa = make_qp(a);
     c = cm::connector(a.dev);
-    gid peer_ip;
     EXPECT_TRUE(gid::parse(test_address(0), peer_ip));
     auto conn = c.async_connect(qa, {peer_ip, 7471}, {}, fast(), use_request);
     const auto req = peer.next<wire::cm::req>(ctx);
@@ -691,10 +690,29 @@ class cm_udp_fake_peer : public cm_udp {
     return r;
   }
 
+  /// For tests where the fake peer is the requester: the device under test
+  /// `b`, listening on port 7471, and the peer's address.
+  void listen_on_b() {
+    make(b, 1, "", nullptr, false);
+    l = cm::listen(b.dev, {b.ip, 7471});
+    EXPECT_TRUE(gid::parse(test_address(0), peer_ip));
+  }
+  /// The peer sends `r`; the connection request the listener got for it
+  /// (none within 2 s: nothing).
+  std::optional<cm::connector> request(const wire::cm::req& r) {
+    auto got = l.async_get_request(use_request);
+    peer.send(r);
+    if (!poll_until([&] { return got.ready(); }, 2s)) return std::nullopt;
+    return got.get().conn;
+  }
+
   side a;
   qp qa;
   cm::connector c;
   fake_peer peer;
+  side b;
+  cm::listener l;
+  gid peer_ip;
 };
 
 // A REJ for an established connection ends it (ib_cm's cm_rej_handler: the
@@ -770,29 +788,18 @@ TEST_F(cm_udp_fake_peer, a_dreq_for_another_qp_is_neither_obeyed_nor_answered) {
 // `timed_out` instead of hearing the rejection.
 TEST_F(cm_udp_fake_peer, a_req_resent_after_a_lost_rej_reaches_the_listener_again) {
   ASSERT_TRUE(peer.bound());
-  side b;
-  make(b, 1, "", nullptr, false);
-  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
-  gid peer_ip;
-  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
+  listen_on_b();
   namespace wcm = wire::cm;
   const wcm::req r = req_to(b, peer_ip, 55);
 
-  auto next_request = [&]() -> std::optional<cm::connector> {
-    auto got = l.async_get_request(use_request);
-    if (!poll_until([&] { return got.ready(); }, 2s)) return std::nullopt;
-    return got.get().conn;
-  };
-  peer.send(r);
-  const auto first = next_request();
+  const auto first = request(r);
   ASSERT_TRUE(first.has_value());
   first->reject();
   const auto lost = peer.next<wcm::rej>(ctx);  // the REJ the network loses
   ASSERT_TRUE(lost.has_value());
   EXPECT_EQ(lost->remote_comm_id, 55u);
 
-  peer.send(r);  // the requester's resend
-  const auto again = next_request();
+  const auto again = request(r);  // the requester's resend
   ASSERT_TRUE(again.has_value()) << "the resent REQ was swallowed";
   again->reject();
   const auto rej = peer.next<wcm::rej>(ctx);
@@ -808,11 +815,7 @@ TEST_F(cm_udp_fake_peer, a_req_resent_after_a_lost_rej_reaches_the_listener_agai
 // is connected).
 TEST_F(cm_udp_fake_peer, a_passive_side_destroyed_after_its_rep_rejects_consumer_defined) {
   ASSERT_TRUE(peer.bound());
-  side b;
-  make(b, 1, "", nullptr, false);
-  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
-  gid peer_ip;
-  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
+  listen_on_b();
   namespace wcm = wire::cm;
   enum { connector_destroyed, qp_destroyed, disconnected };
   for (const int how : {connector_destroyed, qp_destroyed, disconnected}) {
@@ -820,10 +823,8 @@ TEST_F(cm_udp_fake_peer, a_passive_side_destroyed_after_its_rep_rejects_consumer
                  : how == disconnected ? "disconnected"
                                        : "the connector destroyed");
     const std::uint32_t id = 60 + static_cast<std::uint32_t>(how);
-    auto got = l.async_get_request(use_request);
-    peer.send(req_to(b, peer_ip, id));
-    ASSERT_TRUE(poll_until([&] { return got.ready(); }, 2s));
-    std::optional<cm::connector> passive = got.get().conn;
+    std::optional<cm::connector> passive = request(req_to(b, peer_ip, id));
+    ASSERT_TRUE(passive.has_value());
     std::optional<qp> qb = make_qp(b);
     auto acc = passive->async_accept(*qb, {}, fast(), use_request);
     const auto rep = peer.next<wcm::rep>(ctx);  // no RTU follows
@@ -851,18 +852,12 @@ TEST_F(cm_udp_fake_peer, a_passive_side_destroyed_after_its_rep_rejects_consumer
 // our sequential comm ID could send, does not end the accept.
 TEST_F(cm_udp_fake_peer, a_rej_without_the_requesters_comm_id_does_not_end_an_accept) {
   ASSERT_TRUE(peer.bound());
-  side b;
-  make(b, 1, "", nullptr, false);
-  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
-  gid peer_ip;
-  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
+  listen_on_b();
   namespace wcm = wire::cm;
-  auto got = l.async_get_request(use_request);
-  peer.send(req_to(b, peer_ip, 62));
-  ASSERT_TRUE(poll_until([&] { return got.ready(); }, 2s));
-  cm::connector passive = got.get().conn;
+  std::optional<cm::connector> passive = request(req_to(b, peer_ip, 62));
+  ASSERT_TRUE(passive.has_value());
   qp qb = make_qp(b);
-  auto acc = passive.async_accept(qb, {}, fast(), use_request);
+  auto acc = passive->async_accept(qb, {}, fast(), use_request);
   const auto rep = peer.next<wcm::rep>(ctx);
   ASSERT_TRUE(rep.has_value());
   wcm::rej j;
@@ -889,29 +884,22 @@ TEST_F(cm_udp_fake_peer, a_rej_without_the_requesters_comm_id_does_not_end_an_ac
 // idle), also while the application still holds the failed connector.
 TEST_F(cm_udp_fake_peer, a_req_resent_after_an_accept_timed_out_reaches_the_listener_again) {
   ASSERT_TRUE(peer.bound());
-  side b;
-  make(b, 1, "", nullptr, false);
-  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
-  gid peer_ip;
-  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
+  listen_on_b();
   namespace wcm = wire::cm;
   wcm::req r = req_to(b, peer_ip, 63);
   r.local_cm_response_timeout = 8;  // the REP's: about 1 ms
   r.max_cm_retries = 1;
-  auto got = l.async_get_request(use_request);
-  peer.send(r);
-  ASSERT_TRUE(poll_until([&] { return got.ready(); }, 2s));
-  cm::connector passive = got.get().conn;  // held throughout
+  std::optional<cm::connector> passive = request(r);  // held throughout
+  ASSERT_TRUE(passive.has_value());
   qp qb = make_qp(b);
-  auto acc = passive.async_accept(qb, {}, fast(), use_request);
+  auto acc = passive->async_accept(qb, {}, fast(), use_request);
   ASSERT_TRUE(poll_until([&] { return acc.ready(); })) << "the REP retries did not run out";
   std::error_code ec;
   acc.get(ec);
   EXPECT_EQ(ec, errc::timed_out);
-  auto again = l.async_get_request(use_request);
-  peer.send(r);  // the requester, which heard nothing, resends
-  ASSERT_TRUE(poll_until([&] { return again.ready(); }, 2s)) << "the resent REQ was swallowed";
-  again.get().conn.reject();
+  auto again = request(r);  // the requester, which heard nothing, resends
+  ASSERT_TRUE(again.has_value()) << "the resent REQ was swallowed";
+  again->reject();
 }
 
 // Timewait lasts the ACK timeout the connection's QP ran with; on the
@@ -919,20 +907,14 @@ TEST_F(cm_udp_fake_peer, a_req_resent_after_an_accept_timed_out_reaches_the_list
 // default (ib_cm times the wait from the path's timeout).
 TEST_F(cm_udp_fake_peer, passive_timewait_lasts_the_ack_timeout_the_req_asked_for) {
   ASSERT_TRUE(peer.bound());
-  side b;
-  make(b, 1, "", nullptr, false);
-  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
-  gid peer_ip;
-  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
+  listen_on_b();
   namespace wcm = wire::cm;
   wcm::req r = req_to(b, peer_ip, 64);
   r.primary.local_ack_timeout = 19;  // 2.1 s; the passive side's own default is 67 ms
-  auto got = l.async_get_request(use_request);
-  peer.send(r);
-  ASSERT_TRUE(poll_until([&] { return got.ready(); }, 2s));
-  cm::connector passive = got.get().conn;
+  std::optional<cm::connector> passive = request(r);
+  ASSERT_TRUE(passive.has_value());
   qp qb = make_qp(b);
-  auto acc = passive.async_accept(qb, {}, fast(), use_request);
+  auto acc = passive->async_accept(qb, {}, fast(), use_request);
   const auto rep = peer.next<wcm::rep>(ctx);
   ASSERT_TRUE(rep.has_value());
   wcm::rtu u;
@@ -947,9 +929,9 @@ TEST_F(cm_udp_fake_peer, passive_timewait_lasts_the_ack_timeout_the_req_asked_fo
   d.remote_qpn = qb.num();
   peer.send(d);
   ASSERT_TRUE(peer.next<wcm::drep>(ctx).has_value());
-  ASSERT_EQ(passive.state(), cm::conn_state::timewait);
+  ASSERT_EQ(passive->state(), cm::conn_state::timewait);
   run_for(500ms);
-  EXPECT_EQ(passive.state(), cm::conn_state::timewait) << "timewait ended before the QP's ACK timeout";
+  EXPECT_EQ(passive->state(), cm::conn_state::timewait) << "timewait ended before the QP's ACK timeout";
 }
 
 // An accept cancelled after its REP went out: when the RTU comes the

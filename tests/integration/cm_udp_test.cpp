@@ -66,6 +66,22 @@ class cm_udp : public ::testing::Test {
     s.p = s.dev.alloc_pd();
     s.c = s.dev.create_cq(64);
   }
+  /// Connects a QP of `a` to `qb` through `l` (the passive side kept in
+  /// `passive`), then `a`'s device vanishes without a word (a crash:
+  /// removed first, so dropping the handles after sends nothing).  Returns
+  /// the QP number `a` had.
+  std::uint32_t connect_then_crash(side& a, side& b, cm::listener& l, cm::connector& passive, qp& qb) {
+    qp qa = make_qp(a);
+    const std::uint32_t qpn = qa.num();
+    cm::connector c(a.dev);
+    auto got = l.async_get_request(use_request);
+    auto conn = c.async_connect(qa, {b.ip, 7471}, {}, use_request);
+    passive = got.get().conn;
+    passive.accept(qb, {}, fast());
+    conn.get();
+    a.sdev.reset();
+    return qpn;
+  }
   /// The devices' first QP number; 0 draws one at random (the default).
   /// Fixed here so that a device brought back reuses its QP numbers, as a
   /// peer that numbers QPs from a fixed start would.
@@ -225,24 +241,9 @@ TEST_F(cm_udp, a_peer_that_comes_back_meets_a_stale_connection_rejection) {
   cm::listener l = cm::listen(b.dev, {b.ip, 7471});
   cm::connector passive;
   qp qb = make_qp(b);
-  std::uint32_t old_qpn = 0;
-  {
-    qp qa = make_qp(a);
-    old_qpn = qa.num();
-    cm::connector c(a.dev);
-    auto got = l.async_get_request(use_request);
-    auto conn = c.async_connect(qa, {b.ip, 7471}, {}, use_request);
-    passive = got.get().conn;
-    passive.accept(qb, {}, fast());
-    conn.get();
-    // The peer's device vanishes without a word (a crash: removed first,
-    // so dropping the handles after sends nothing), then comes back at the
-    // same address: same CA GUID, and its first QP has the same number as
-    // before.
-    a.sdev.reset();
-    c = {};
-    qa = {};
-  }
+  // The peer's device then vanishes and comes back at the same address:
+  // same CA GUID, and (first_qpn fixed) its first QP has the same number.
+  const std::uint32_t old_qpn = connect_then_crash(a, b, l, passive, qb);
   restart(a, 0);
   qp qa = make_qp(a);
   ASSERT_EQ(qa.num(), old_qpn);
@@ -288,20 +289,7 @@ TEST_F(cm_udp, a_peer_that_comes_back_with_random_qp_numbers_reconnects_at_once)
   cm::listener l = cm::listen(b.dev, {b.ip, 7471});
   cm::connector passive;
   qp qb = make_qp(b);
-  std::uint32_t old_qpn = 0;
-  {
-    qp qa = make_qp(a);
-    old_qpn = qa.num();
-    cm::connector c(a.dev);
-    auto got = l.async_get_request(use_request);
-    auto conn = c.async_connect(qa, {b.ip, 7471}, {}, use_request);
-    passive = got.get().conn;
-    passive.accept(qb, {}, fast());
-    conn.get();
-    a.sdev.reset();  // a crash: nothing is sent
-    c = {};
-    qa = {};
-  }
+  const std::uint32_t old_qpn = connect_then_crash(a, b, l, passive, qb);
   restart(a, 0);
   qp qa = make_qp(a);
   EXPECT_NE(qa.num(), old_qpn) << "(1 in 15 million: the random starts met)";

@@ -2,6 +2,7 @@
 #include "perf/oob.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -9,8 +10,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <system_error>
 #include <thread>
@@ -31,6 +35,7 @@ oob& oob::operator=(oob&& o) noexcept {
   if (this != &o) {
     if (fd_ >= 0) ::close(fd_);
     fd_ = o.fd_;
+    timeout_ = o.timeout_;
     o.fd_ = -1;
   }
   return *this;
@@ -71,26 +76,62 @@ oob oob::accept(std::chrono::milliseconds timeout) const {
   return oob(c);
 }
 
-oob oob::connect(const std::string& host, std::uint16_t port, std::chrono::milliseconds timeout) {
-  const auto until = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0)
-      throw std::runtime_error("cannot resolve '" + host + "'");
-    const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0 && ::connect(fd, res->ai_addr, res->ai_addrlen) == 0) {
-      ::freeaddrinfo(res);
-      const int one = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-      return oob(fd);
+namespace {
+
+// One non-blocking attempt on one address, given at most `limit`; the
+// socket (blocking again) on success, -1 with errno set otherwise.
+int try_connect(const addrinfo& ai, std::chrono::milliseconds limit) {
+  const int fd = ::socket(ai.ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return -1;
+  int e = 0;
+  if (::connect(fd, ai.ai_addr, ai.ai_addrlen) != 0) {
+    e = errno;
+    if (e == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      const int r =
+          ::poll(&p, 1, static_cast<int>(std::max<std::chrono::milliseconds::rep>(limit.count(), 1)));
+      socklen_t len = sizeof e;
+      if (r != 1)
+        e = ETIMEDOUT;
+      else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &len) != 0)
+        e = errno;
     }
-    const int e = errno;
-    if (fd >= 0) ::close(fd);
-    ::freeaddrinfo(res);
-    if (std::chrono::steady_clock::now() >= until) {
+  }
+  if (e != 0) {
+    ::close(fd);
+    errno = e;
+    return -1;
+  }
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+  const int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
+}  // namespace
+
+oob oob::connect(const std::string& host, std::uint16_t port, std::chrono::milliseconds timeout) {
+  using sc = std::chrono::steady_clock;
+  const auto until = sc::now() + timeout;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0)
+    throw std::runtime_error("cannot resolve '" + host + "': " + ::gai_strerror(rc));
+  std::unique_ptr<addrinfo, decltype(&::freeaddrinfo)> list(res, &::freeaddrinfo);
+  for (;;) {
+    int e = ECONNREFUSED;
+    // Every address in turn, each given no more than 3 s of what is left:
+    // one that drops SYNs does not hold up the others.
+    for (const addrinfo* ai = list.get(); ai != nullptr; ai = ai->ai_next) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - sc::now());
+      const int fd =
+          try_connect(*ai, std::clamp(left, std::chrono::milliseconds(1), std::chrono::milliseconds(3000)));
+      if (fd >= 0) return oob(fd);
+      e = errno;
+    }
+    if (sc::now() >= until) {
       errno = e;
       fail("connect to " + host + ":" + std::to_string(port));
     }
@@ -118,11 +159,24 @@ void oob::send_all(const void* p, std::size_t n) const {
 }
 
 void oob::recv_all(void* p, std::size_t n) const {
+  using sc = std::chrono::steady_clock;
+  const auto until = sc::now() + timeout_;
   auto* b = static_cast<char*>(p);
   while (n > 0) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - sc::now());
+    pollfd pf{fd_, POLLIN, 0};
+    const int pr = left.count() > 0 ? ::poll(&pf, 1, static_cast<int>(left.count())) : 0;
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr < 0) fail("out-of-band poll");
+    if (pr == 0) {
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%.1f", static_cast<double>(timeout_.count()) / 1000);
+      throw std::runtime_error(std::string("the peer sent nothing on the out-of-band connection for ") +
+                               secs + " s");
+    }
     const ssize_t r = ::recv(fd_, b, n, 0);
-    if (r < 0 && errno == EINTR) continue;
-    if (r == 0) throw std::runtime_error("peer closed the out-of-band connection");
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (r == 0) throw std::runtime_error("the peer closed the out-of-band connection");
     if (r < 0) fail("out-of-band recv");
     b += r;
     n -= static_cast<std::size_t>(r);
@@ -166,6 +220,78 @@ peer_info oob::recv_info() const {
 void oob::send_word(std::uint64_t w) const {
   const std::uint64_t n = hton64(w);
   send_all(&n, 8);
+}
+
+namespace {
+// "AVBPERF" and a NUL; then the version of this exchange.
+constexpr std::uint64_t params_magic = 0x4156425045524600ull;
+constexpr std::uint32_t params_version = 1;
+constexpr std::size_t params_bytes = 48;
+}  // namespace
+
+void oob::send_params(const test_params& p) const {
+  unsigned char b[params_bytes] = {};
+  auto put32 = [&](std::size_t at, std::uint32_t v) {
+    v = htonl(v);
+    std::memcpy(b + at, &v, 4);
+  };
+  auto put64 = [&](std::size_t at, std::uint64_t v) {
+    v = hton64(v);
+    std::memcpy(b + at, &v, 8);
+  };
+  put64(0, params_magic);
+  put32(8, params_version);
+  put32(12, p.test);
+  put32(16, p.mtu_bytes);
+  put32(20, p.outs);
+  put32(24, p.all_sizes);
+  put64(28, p.size);
+  put64(36, p.iters);
+  send_all(b, sizeof b);
+}
+
+test_params oob::recv_params() const {
+  unsigned char b[params_bytes];
+  recv_all(b, sizeof b);
+  auto get32 = [&](std::size_t at) {
+    std::uint32_t v;
+    std::memcpy(&v, b + at, 4);
+    return ntohl(v);
+  };
+  auto get64 = [&](std::size_t at) {
+    std::uint64_t v;
+    std::memcpy(&v, b + at, 8);
+    return hton64(v);
+  };
+  if (get64(0) != params_magic)
+    throw std::runtime_error("the peer on the out-of-band port is not averbs perf (no greeting)");
+  if (get32(8) != params_version)
+    throw std::runtime_error("the peer speaks version " + std::to_string(get32(8)) +
+                             " of averbs perf's exchange, this is version " + std::to_string(params_version));
+  test_params p;
+  p.test = get32(12);
+  p.mtu_bytes = get32(16);
+  p.outs = get32(20);
+  p.all_sizes = get32(24);
+  p.size = get64(28);
+  p.iters = get64(36);
+  return p;
+}
+
+void oob::expect_word(std::uint64_t want, const char* what) const {
+  const std::uint64_t got = recv_word();
+  if (got != want)
+    throw std::runtime_error(std::string("out-of-band exchange out of step at ") + what + ": expected " +
+                             std::to_string(want) + ", the peer sent " + std::to_string(got));
+}
+
+bool oob::peer_closed() const {
+  pollfd p{fd_, POLLIN, 0};
+  if (::poll(&p, 1, 0) != 1) return false;
+  if ((p.revents & (POLLERR | POLLHUP)) != 0) return true;
+  char c;
+  const ssize_t r = ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 bool oob::readable() const {

@@ -3,6 +3,10 @@
 // two sides swap what their queue pairs need (QPN, PSN, GID, R_Key and
 // address of a buffer) before any RDMA traffic, and use the socket again
 // to agree that a test is over.
+//
+// Every receive has a deadline (`set_timeout`, 60 s unless told): a peer
+// that stops talking, or something that is not our peer at all, ends the
+// run with an error instead of hanging it.
 #pragma once
 
 #include <averbs/verbs/types.hpp>
@@ -24,11 +28,28 @@ struct peer_info {
   std::uint64_t size = 0;
 };
 
+/// What `averbs perf` tells its peer before anything else, so that two
+/// ends configured differently (another test, other sizes) stop with a
+/// clear message instead of deadlocking, and so that they agree on the
+/// path MTU and the READ/atomic depth (each takes the smaller of the two,
+/// as perftest does).  The first bytes are a magic and a version: a
+/// program that is not `averbs perf` is told apart from one that is.
+struct test_params {
+  std::uint32_t test = 0;       // perf::test_kind
+  std::uint32_t mtu_bytes = 0;  // 256 .. 4096
+  std::uint32_t outs = 0;       // outstanding READs / atomics
+  std::uint32_t all_sizes = 0;  // 1: the -a sweep
+  std::uint64_t size = 0;       // the one size, when not all_sizes
+  std::uint64_t iters = 0;
+};
+
 class oob {
  public:
+  static constexpr std::chrono::milliseconds default_timeout{60'000};
+
   oob() = default;
   ~oob();
-  oob(oob&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  oob(oob&& o) noexcept : fd_(o.fd_), timeout_(o.timeout_) { o.fd_ = -1; }
   oob& operator=(oob&& o) noexcept;
   oob(const oob&) = delete;
 
@@ -36,24 +57,40 @@ class oob {
   static oob listen(const std::string& bind_addr, std::uint16_t port);
   /// Accepts one client (the listening socket is closed).
   oob accept(std::chrono::milliseconds timeout) const;
-  /// Client: connects, retrying until `timeout` (the server may still be
-  /// starting).
+  /// Client: connects to the first of `host`'s addresses that answers,
+  /// retrying until `timeout` (the server may still be starting).  No one
+  /// attempt blocks past the deadline.
   static oob connect(const std::string& host, std::uint16_t port, std::chrono::milliseconds timeout);
 
   std::uint16_t bound_port() const;
+  /// How long a receive waits for the peer before it fails.
+  void set_timeout(std::chrono::milliseconds t) noexcept { timeout_ = t; }
+
   void send_info(const peer_info& i) const;
   peer_info recv_info() const;
+  void send_params(const test_params& p) const;
+  /// Fails with a specific message when the peer is not `averbs perf` or
+  /// speaks another version of this exchange.
+  test_params recv_params() const;
   /// A one-word message: "ready", "done", a checksum.
   void send_word(std::uint64_t w) const;
   std::uint64_t recv_word() const;
-  /// True if a message from the peer is waiting (does not block).
+  /// Receives a word that must be `want`; `what` names the step in the
+  /// error otherwise.
+  void expect_word(std::uint64_t want, const char* what) const;
+  /// True if a message from the peer (or its end of the stream) is waiting
+  /// (does not block).
   bool readable() const;
+  /// True once the peer has closed its end or the connection was reset
+  /// (does not block; a message still unread does not count).
+  bool peer_closed() const;
 
  private:
   explicit oob(int fd) : fd_(fd) {}
   void send_all(const void* p, std::size_t n) const;
   void recv_all(void* p, std::size_t n) const;
   int fd_ = -1;
+  std::chrono::milliseconds timeout_ = default_timeout;
 };
 
 }  // namespace averbs::perf

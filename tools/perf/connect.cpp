@@ -47,7 +47,7 @@ std::size_t resident_bytes() {
 }
 
 std::size_t serve_connections(context& ctx, const connect_options& o, const std::atomic<bool>* stop,
-                              oob* oob_link, std::size_t* received) {
+                              oob* oob_link, std::size_t* received, std::size_t* expected_out) {
   device dev = open_device(ctx, o.device);
   pd p = dev.alloc_pd();
   cq c = dev.create_cq(32767);
@@ -101,6 +101,7 @@ std::size_t serve_connections(context& ctx, const connect_options& o, const std:
         if (wc[j].status == wc_status::success) ++got;
   }
   if (received != nullptr) *received = got;
+  if (expected_out != nullptr) *expected_out = static_cast<std::size_t>(expected);
   return accepted;
 }
 

@@ -47,9 +47,10 @@ struct connect_stats {
 /// Serves connection requests on `o.server` until `stop` is set (loopback)
 /// or the client says it is done (out-of-band, when `oob_link` is given).
 /// Returns the number of connections accepted; `received` counts the
-/// verification SENDs that arrived.
+/// verification SENDs that arrived, `expected` (out-of-band only) the
+/// connections the client said it established.
 std::size_t serve_connections(context& ctx, const connect_options& o, const std::atomic<bool>* stop,
-                              class oob* oob_link, std::size_t* received);
+                              class oob* oob_link, std::size_t* received, std::size_t* expected = nullptr);
 
 /// The client side: the pipelined phase, the synchronous phase and the
 /// verification, as described above.

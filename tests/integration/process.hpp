@@ -87,8 +87,29 @@ class child {
     }
   }
 
+  /// Reads stdout until it holds `text` anywhere (true) or EOF/deadline.
+  bool wait_for_text(const std::string& text, std::chrono::milliseconds timeout) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      output_ += buf_;
+      buf_.clear();
+      if (output_.find(text) != std::string::npos) return true;
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      pollfd p{out_, POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(left.count())) != 1) return false;
+      char b[256];
+      const ssize_t n = ::read(out_, b, sizeof b);
+      if (n <= 0) return false;
+      output_.append(b, static_cast<std::size_t>(n));
+    }
+  }
+
   /// Reads what is there, waiting up to `wait` for something.
   void drain(std::chrono::milliseconds wait = std::chrono::milliseconds(0)) {
+    output_ += buf_;  // a partial line wait_for_line left behind
+    buf_.clear();
     pollfd p{out_, POLLIN, 0};
     int timeout = static_cast<int>(wait.count());
     while (out_ >= 0 && ::poll(&p, 1, timeout) == 1) {

@@ -6,12 +6,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <memory>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -33,11 +34,14 @@ int help() {
       "  -n, --iters N      iterations (default 1000; 5000 for write_bw)\n"
       "  -m, --mtu BYTES    path MTU: 256, 512, 1024, 2048, 4096 (default and most: the\n"
       "                     port's active MTU, from the interface's MTU)\n"
-      "  -t, --tx-depth N   send queue depth (default 1 latency, 128 bandwidth)\n"
-      "  -I, --inline BYTES inline sends up to this size (default 0)\n"
+      "  -t, --tx-depth N   send queue depth, 1..15000 (default 1 latency, 128 bandwidth)\n"
+      "  -r, --rx-depth N   receive queue depth, 1..15000 (default 512)\n"
+      "  -Q, --cq-mod N     a signaled completion every N sends, 1..1024 (default 100)\n"
+      "  -I, --inline BYTES inline sends up to this size, 0..1024 (default 0)\n"
       "  -o, --outs N       outstanding READs/atomics (default 16)\n"
       "  -u, --qp-timeout T QP local ACK timeout, 4.096 us * 2^T (default 14, 67 ms)\n"
       "  -p, --port PORT    out-of-band TCP port between the two processes (18515)\n"
+      "      --report_gbits bandwidth in Gb/s (10^9 bits) instead of MB/s (2^20 bytes)\n"
       "      --addr A[:P]   create the device (named by -d, default udp0) bound to\n"
       "                     address A, RoCEv2 UDP port P (4791)\n"
       "      --faults SPEC  inject faults on the device's link, e.g. drop=0.01,seed=3\n"
@@ -52,7 +56,9 @@ int help() {
       "the -p port.\n\n"
       "Two processes, two devices (perftest's server/client): with a device bound\n"
       "to an address, `averbs perf --test T` waits for a client and\n"
-      "`averbs perf --test T HOST` connects to the server at HOST.  Devices come\n"
+      "`averbs perf --test T HOST` connects to the server at HOST.  The two must\n"
+      "run the same test, sizes and iterations (each checks the other's); the\n"
+      "path MTU and READ depth are the smaller of the two.  Devices come\n"
       "from --addr, AVERBS_DEVICES=name@address[:port],... or the configuration\n"
       "file ($AVERBS_CONFIG, else /etc/averbs/devices.conf; see docs/wire.md).\n");
   return 0;
@@ -158,12 +164,16 @@ int run_connect(const perf::options& o, perf::connect_options co, const std::str
     std::printf(" Server at %s, waiting for the client\n", co.server.to_string().c_str());
     std::fflush(stdout);
     perf::oob link = l.accept(std::chrono::minutes(10));
-    std::size_t received = 0;
-    const std::size_t accepted = perf::serve_connections(ctx, co, nullptr, &link, &received);
+    std::size_t received = 0, expected = 0;
+    const std::size_t accepted = perf::serve_connections(ctx, co, nullptr, &link, &received, &expected);
     std::printf(" server: %zu accepted, %zu SENDs received\n", accepted, received);
-    if (show_counters) print_counters(dev.counters());
+    // The client counts what it established; the server must have them all.
+    const bool all = accepted >= expected;
+    if (!all)
+      std::printf(" server: the client established %zu, this side accepted only %zu\n", expected, accepted);
+    if (show_counters || !all) print_counters(dev.counters());
     std::printf("---------------------------------------------------------------------------------------\n");
-    return 0;
+    return all ? 0 : 1;
   }
   gid server_ip;
   if (!gid::parse(host, server_ip)) {
@@ -202,12 +212,15 @@ int cmd_perf(std::span<char* const> args) {
       }
       return args[++i];
     };
-    auto number = [&]() -> long {
+    // A whole decimal number in [lo, hi]; anything else is a usage error.
+    auto number = [&](long lo, long hi) -> long {
       const std::string v = value();
       char* end = nullptr;
+      errno = 0;
       const long n = std::strtol(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end != '\0' || n < 0) {
-        std::fprintf(stderr, "averbs perf: %s: '%s' is not a number\n", a.c_str(), v.c_str());
+      if (end == v.c_str() || *end != '\0' || errno == ERANGE || n < lo || n > hi) {
+        std::fprintf(stderr, "averbs perf: %s: '%s' is not a number from %ld to %ld\n", a.c_str(), v.c_str(),
+                     lo, hi);
         std::exit(2);
       }
       return n;
@@ -228,12 +241,7 @@ int cmd_perf(std::span<char* const> args) {
       o.device = value();
       named_device = true;
     } else if (a == "-p" || a == "--port") {
-      const long p = number();
-      if (p < 1 || p > 65535) {
-        std::fprintf(stderr, "averbs perf: port must be 1..65535\n");
-        return 2;
-      }
-      o.oob_port = static_cast<std::uint16_t>(p);
+      o.oob_port = static_cast<std::uint16_t>(number(1, 65535));
     } else if (a == "--addr") {
       addr = value();
     } else if (a == "--faults") {
@@ -245,50 +253,36 @@ int cmd_perf(std::span<char* const> args) {
     } else if (a == "--no-gso") {
       gso = false;
     } else if (a == "-s" || a == "--size") {
-      o.size = static_cast<std::size_t>(number());
-      if (o.size == 0 || o.size > (8u << 20)) {
-        std::fprintf(stderr, "averbs perf: size must be 1..8388608\n");
-        return 2;
-      }
+      o.size = static_cast<std::size_t>(number(1, 8l << 20));
     } else if (a == "-a" || a == "--all") {
       o.all_sizes = true;
     } else if (a == "-n" || a == "--iters") {
-      o.iters = static_cast<std::size_t>(number());
-      if (o.iters < 5) {
-        std::fprintf(stderr, "averbs perf: at least 5 iterations\n");
-        return 2;
-      }
+      // perftest's floor; the ceiling keeps a latency run's samples in memory.
+      o.iters = static_cast<std::size_t>(number(5, 100'000'000));
     } else if (a == "-m" || a == "--mtu") {
       mtu_given = true;
-      if (!parse_mtu(number(), o.path_mtu)) {
+      if (!parse_mtu(number(256, 4096), o.path_mtu)) {
         std::fprintf(stderr, "averbs perf: MTU must be 256, 512, 1024, 2048 or 4096\n");
         return 2;
       }
     } else if (a == "-t" || a == "--tx-depth") {
-      o.tx_depth = static_cast<std::uint32_t>(number());
+      o.tx_depth = static_cast<std::uint32_t>(number(1, 15000));
+    } else if (a == "-r" || a == "--rx-depth") {
+      o.rx_depth = static_cast<std::uint32_t>(number(1, 15000));
+    } else if (a == "-Q" || a == "--cq-mod") {
+      o.cq_mod = static_cast<std::uint32_t>(number(1, 1024));
+    } else if (a == "--report_gbits" || a == "--report-gbits") {
+      o.report_gbits = true;
     } else if (a == "-I" || a == "--inline") {
-      o.inline_size = static_cast<std::uint32_t>(number());
+      o.inline_size = static_cast<std::uint32_t>(number(0, 1024));
     } else if (a == "-o" || a == "--outs") {
-      o.outstanding_reads = static_cast<std::uint32_t>(number());
-      if (o.outstanding_reads < 1 || o.outstanding_reads > 128) {
-        std::fprintf(stderr, "averbs perf: outstanding reads must be 1..128\n");
-        return 2;
-      }
+      o.outstanding_reads = static_cast<std::uint32_t>(number(1, 128));
     } else if (a == "-u" || a == "--qp-timeout") {
-      const long t = number();
-      if (t < 1 || t > 31) {
-        std::fprintf(stderr, "averbs perf: QP timeout must be 1..31\n");
-        return 2;
-      }
-      o.qp_timeout = static_cast<std::uint8_t>(t);
+      o.qp_timeout = static_cast<std::uint8_t>(number(1, 31));
     } else if (a == "-w" || a == "--window") {
-      co.window = static_cast<std::size_t>(number());
-      if (co.window < 1) {
-        std::fprintf(stderr, "averbs perf: window must be at least 1\n");
-        return 2;
-      }
+      co.window = static_cast<std::size_t>(number(1, 1'000'000));
     } else if (a == "--sync") {
-      co.sync_connections = static_cast<std::size_t>(number());
+      co.sync_connections = static_cast<std::size_t>(number(0, 100'000'000));
     } else if (a == "--no-verify") {
       co.verify = false;
     } else if (!a.empty() && a[0] != '-' && host.empty()) {
@@ -300,6 +294,11 @@ int cmd_perf(std::span<char* const> args) {
   }
   if (!have_test) {
     std::fprintf(stderr, "averbs perf: --test is required (try --help)\n");
+    return 2;
+  }
+  if ((o.test == perf::test_kind::atomic_lat || o.test == perf::test_kind::atomic_bw) && !connect_test &&
+      ((o.size != 0 && o.size != 8) || o.all_sizes)) {
+    std::fprintf(stderr, "averbs perf: atomic tests move 8 bytes; -s and -a do not apply\n");
     return 2;
   }
   try {
@@ -352,8 +351,14 @@ int cmd_perf(std::span<char* const> args) {
     }
     if (two_processes) {
       perf::remote_run run(ctx, o, host, *std::max_element(sizes.begin(), sizes.end()));
-      perf::print_banner(o, o.device, true);
-      lat ? perf::print_latency_header() : perf::print_bandwidth_header();
+      // perftest measures no peak on a SEND receiver, nor past 20,000 iterations.
+      const bool receiver = run.is_server() && o.test == perf::test_kind::send_bw;
+      if (!lat && (receiver || iters > perf::peak_max_iters))
+        std::printf(" WARNING: BW peak won't be measured in this run.\n");
+      // Printed after the greeting: the path MTU is the smaller of the two ends'.
+      perf::print_banner(run.negotiated(), o.device, true);
+      lat ? perf::print_latency_header() : perf::print_bandwidth_header(o.report_gbits);
+      std::fflush(stdout);  // the banner shows the run started, also through a pipe
       for (std::size_t size : sizes) {
         if (lat) {
           const auto r = run.latency(size, iters);
@@ -362,7 +367,7 @@ int cmd_perf(std::span<char* const> args) {
             perf::print_latency(r);
         } else {
           const auto r = run.bandwidth(size, iters);
-          if (!run.is_server()) perf::print_bandwidth(r);
+          if (!run.is_server() || receiver) perf::print_bandwidth(r);
         }
         std::fflush(stdout);
       }
@@ -370,9 +375,12 @@ int cmd_perf(std::span<char* const> args) {
       if (show_counters) print_counters(open_device(ctx, o.device).counters());
       return 0;
     }
+    if (!lat && iters > perf::peak_max_iters)
+      std::printf(" WARNING: BW peak won't be measured in this run.\n");
     perf::loopback_run run(ctx, o);
     perf::print_banner(o, o.device);
-    lat ? perf::print_latency_header() : perf::print_bandwidth_header();
+    lat ? perf::print_latency_header() : perf::print_bandwidth_header(o.report_gbits);
+    std::fflush(stdout);
     for (std::size_t size : sizes) {
       if (lat) perf::print_latency(run.latency(size, iters));
       else perf::print_bandwidth(run.bandwidth(size, iters));

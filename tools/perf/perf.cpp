@@ -98,12 +98,16 @@ latency_result summarize_latency(std::vector<std::uint64_t> d, const cycle_clock
   r.bytes = bytes;
   r.iters = iters;
   std::sort(d.begin(), d.end());
-  // perftest drops the two largest samples (LAT_MEASURE_TAIL).
+  // perftest drops the two largest samples (LAT_MEASURE_TAIL) from the
+  // statistics, and reports as t_max and the percentiles the sample at
+  // index n, ceil(0.99 n) and ceil(0.999 n) of those left: the largest
+  // kept is the second largest of all.
   const std::size_t n = d.size() > 3 ? d.size() - 2 : d.size();
   if (n == 0) return r;
   auto us = [&](std::uint64_t cyc) { return c.us(cyc) / rtt_factor; };
+  auto at = [&](std::size_t i) { return us(d[std::min(i, d.size() - 1)]); };
   r.t_min = us(d[0]);
-  r.t_max = us(d[n - 1]);
+  r.t_max = at(n);
   r.t_typical = n % 2 == 0 ? us((d[n / 2] + d[n / 2 - 1]) / 2) : us(d[n / 2]);
   double sum = 0;
   for (std::size_t i = 0; i < n; ++i) sum += us(d[i]);
@@ -111,10 +115,57 @@ latency_result summarize_latency(std::vector<std::uint64_t> d, const cycle_clock
   double var = 0;
   for (std::size_t i = 0; i < n; ++i) var += (us(d[i]) - r.t_avg) * (us(d[i]) - r.t_avg);
   r.t_stdev = std::sqrt(var / static_cast<double>(n));
-  r.p99 = us(d[std::min(n - 1, static_cast<std::size_t>(std::ceil(static_cast<double>(n) * 0.99)))]);
-  r.p999 = us(d[std::min(n - 1, static_cast<std::size_t>(std::ceil(static_cast<double>(n) * 0.999)))]);
+  r.p99 = at(static_cast<std::size_t>(std::ceil(static_cast<double>(n) * 0.99)));
+  r.p999 = at(static_cast<std::size_t>(std::ceil(static_cast<double>(n) * 0.999)));
   return r;
 }
+
+double peak_cycles_per_message(const std::vector<std::uint64_t>& posted,
+                               const std::vector<std::uint64_t>& completed, std::size_t cq_mod) {
+  const std::size_t n = std::min(posted.size(), completed.size());
+  if (n == 0 || cq_mod == 0) return 0;
+  double best = 0;
+  auto consider = [&](std::size_t i, std::size_t j) {
+    if (completed[j] <= posted[i]) return;  // clock went backwards across CPUs: no sample
+    const double t = static_cast<double>(completed[j] - posted[i]) / static_cast<double>(j - i + 1);
+    if (best == 0 || t < best) best = t;
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    // The first signaled completion at or after i: index k * cq_mod - 1.
+    for (std::size_t j = (i / cq_mod + 1) * cq_mod - 1; j < n; j += cq_mod) consider(i, j);
+    if (n % cq_mod != 0) consider(i, n - 1);  // the last message is always signaled
+  }
+  return best;
+}
+
+namespace {
+
+// Bytes per second in the unit the report uses: MB/s (2^20 B), or Gb/s.
+double bw_units(double bytes_per_second, const options& o) {
+  return o.report_gbits ? bytes_per_second * 8 / 1e9 : bytes_per_second / (1 << 20);
+}
+
+// Average and peak of a sender's run: `start` and `end` bracket it;
+// `posted`/`completed` as peak_cycles_per_message takes them.
+bandwidth_result bandwidth_report(const options& o, const cycle_clock& clock, std::size_t size,
+                                  std::size_t iters, std::uint64_t start, std::uint64_t end,
+                                  const std::vector<std::uint64_t>& posted,
+                                  const std::vector<std::uint64_t>& completed, std::size_t cq_mod) {
+  bandwidth_result r;
+  r.bytes = size;
+  r.iters = iters;
+  const double secs = clock.us(end - start) / 1e6;
+  if (secs <= 0) return r;
+  r.bw_avg = bw_units(static_cast<double>(size) * static_cast<double>(iters) / secs, o);
+  r.msg_rate = static_cast<double>(iters) / secs / 1e6;
+  if (iters <= peak_max_iters) {
+    const double cyc = peak_cycles_per_message(posted, completed, cq_mod);
+    if (cyc > 0) r.bw_peak = bw_units(static_cast<double>(size) * clock.per_second() / cyc, o);
+  }
+  return r;
+}
+
+}  // namespace
 
 // ---------------------------------------------------------------------------
 
@@ -327,8 +378,10 @@ bandwidth_result loopback_run::bandwidth(std::size_t size, std::size_t iters) {
   }
   const std::uint32_t inl =
       size <= o_.inline_size && (sends || k == test_kind::write_bw) ? std::uint32_t{send_inline} : 0u;
-  std::vector<std::uint64_t> done_at;  // time of each cq_mod-th completion
-  done_at.reserve(iters / cq_mod + 2);
+  // Post time of each message, and when its signaled completion was seen
+  // (only where the peak is measured).
+  const bool peak = iters <= peak_max_iters;
+  std::vector<std::uint64_t> t_posted(peak ? iters : 0), t_completed(peak ? iters : 0);
   std::size_t posted = 0, completed = 0, received = 0;
   work_completion wcs[64];
   const std::uint64_t start = clock_.now();
@@ -345,6 +398,7 @@ bandwidth_result loopback_run::bandwidth(std::size_t size, std::size_t iters) {
       wr.remote_addr = reinterpret_cast<std::uintptr_t>(b.buf.data());
       wr.rkey = b.m.rkey();
       wr.compare_add = 1;
+      if (peak) t_posted[posted] = clock_.now();
       if (auto ec = a.q.post_send(wr)) throw std::runtime_error("post_send: " + ec.message());
       ++posted;
     }
@@ -353,7 +407,7 @@ bandwidth_result loopback_run::bandwidth(std::size_t size, std::size_t iters) {
       if (wcs[i].status != wc_status::success)
         throw std::runtime_error(std::string("completion error: ") + std::string(to_string(wcs[i].status)));
       completed = wcs[i].wr_id + 1;
-      done_at.push_back(clock_.now());
+      if (peak) t_completed[wcs[i].wr_id] = clock_.now();
     }
     if (sends) {
       const std::size_t r = b.rcq.poll(wcs);
@@ -362,22 +416,8 @@ bandwidth_result loopback_run::bandwidth(std::size_t size, std::size_t iters) {
         if (auto ec = b.q.post_recv(rwr)) throw std::runtime_error("post_recv: " + ec.message());
     }
   }
-  const std::uint64_t end = clock_.now();
-  bandwidth_result r;
-  r.bytes = size;
-  r.iters = iters;
-  const double secs = clock_.us(end - start) / 1e6;
-  r.bw_avg = static_cast<double>(size) * static_cast<double>(iters) / secs / (1 << 20);
-  r.msg_rate = static_cast<double>(iters) / secs / 1e6;
-  // Peak: the best rate between consecutive signaled completions.
-  double best = 0;
-  std::uint64_t prev = start;
-  for (std::uint64_t t : done_at) {
-    if (t > prev) best = std::max(best, static_cast<double>(cq_mod) / (clock_.us(t - prev) / 1e6));
-    prev = t;
-  }
-  r.bw_peak = best * static_cast<double>(size) / (1 << 20);
-  if (r.bw_peak < r.bw_avg) r.bw_peak = r.bw_avg;
+  const bandwidth_result r =
+      bandwidth_report(o_, clock_, size, iters, start, clock_.now(), t_posted, t_completed, cq_mod);
   (void)received;
   if (std::getenv("AVERBS_PERF_COUNTERS") != nullptr) {
     const device_counters c = dev_.counters();
@@ -391,6 +431,77 @@ bandwidth_result loopback_run::bandwidth(std::size_t size, std::size_t iters) {
 // ---------------------------------------------------------------------------
 // Two processes.
 
+test_params params_of(const options& o) {
+  test_params p;
+  p.test = static_cast<std::uint32_t>(o.test);
+  p.mtu_bytes = mtu_bytes(o.path_mtu);
+  p.outs = o.outstanding_reads;
+  p.all_sizes = o.all_sizes ? 1 : 0;
+  p.size = o.all_sizes ? 0 : sizes_for(o).front();
+  p.iters = iters_for(o);
+  return p;
+}
+
+void agree(options& o, const test_params& peer) {
+  const test_params me = params_of(o);
+  auto sizes = [](const test_params& p) {
+    return p.all_sizes != 0 ? std::string("all sizes (-a)") : std::to_string(p.size) + " bytes";
+  };
+  if (peer.test != me.test) {
+    const char* theirs = peer.test <= static_cast<std::uint32_t>(test_kind::atomic_bw)
+                             ? test_name(static_cast<test_kind>(peer.test))
+                             : "an unknown test";
+    throw std::runtime_error(std::string("the peer runs ") + theirs + ", this side " + test_name(o.test));
+  }
+  if (peer.all_sizes != me.all_sizes || peer.size != me.size)
+    throw std::runtime_error("the peer runs " + sizes(peer) + ", this side " + sizes(me) +
+                             " (give both the same -s or -a)");
+  if (peer.iters != me.iters)
+    throw std::runtime_error("the peer runs " + std::to_string(peer.iters) + " iterations, this side " +
+                             std::to_string(me.iters) + " (give both the same -n)");
+  // perftest's check_mtu: the smaller of the two.  An MTU that is none of
+  // IBTA's is a peer we do not understand.
+  mtu theirs{};
+  switch (peer.mtu_bytes) {
+    case 256:
+      theirs = mtu::mtu_256;
+      break;
+    case 512:
+      theirs = mtu::mtu_512;
+      break;
+    case 1024:
+      theirs = mtu::mtu_1024;
+      break;
+    case 2048:
+      theirs = mtu::mtu_2048;
+      break;
+    case 4096:
+      theirs = mtu::mtu_4096;
+      break;
+    default:
+      throw std::runtime_error("the peer asks for a path MTU of " + std::to_string(peer.mtu_bytes) +
+                               " bytes");
+  }
+  if (static_cast<unsigned>(theirs) < static_cast<unsigned>(o.path_mtu)) o.path_mtu = theirs;
+  if (peer.outs == 0 || peer.outs > 255)
+    throw std::runtime_error("the peer asks for " + std::to_string(peer.outs) + " outstanding READs");
+  o.outstanding_reads = std::min(o.outstanding_reads, peer.outs);
+}
+
+namespace {
+
+// The out-of-band steps: each end sends the word and expects the same.
+constexpr std::uint64_t step_rts = 1, step_receives_posted = 2, step_size_done = 3, step_server_ready = 4,
+                        step_server_done = 5, step_client_done = 6;
+
+void check(const work_completion& wc, const char* what) {
+  if (wc.status != wc_status::success)
+    throw std::runtime_error(std::string("completion error: ") + std::string(to_string(wc.status)) + " (" +
+                             what + ")");
+}
+
+}  // namespace
+
 struct remote_run::state {
   device dev;
   pd p;
@@ -401,15 +512,69 @@ struct remote_run::state {
   oob link;
   peer_info peer;
   std::size_t half = 0;
-  bool link_ready() const { return link.readable(); }
+  bool receives_posted = false;  // send_lat: two receives of `half` bytes, kept from size to size
+  std::chrono::steady_clock::duration stall_limit{};
+
+  /// Counts the idle turns of one wait; every 64th looks at the
+  /// out-of-band connection (closed when the peer's process ends) and at
+  /// how long nothing has happened.
+  class watch {
+   public:
+    watch(const state& s, const char* what) : s_(s), what_(what) {}
+    void idle() {
+      if (++idle_ % 64 != 0) return;
+      const auto now = std::chrono::steady_clock::now();
+      if (idle_ == 64) {
+        since_ = now;
+      } else if (now - since_ > s_.stall_limit) {
+        throw std::runtime_error(
+            "nothing happened for " +
+            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(s_.stall_limit).count()) +
+            " s while waiting for " + what_);
+      }
+      if (s_.link.peer_closed())
+        throw std::runtime_error(
+            std::string("the peer went away (its out-of-band connection closed) while waiting for ") + what_);
+    }
+    void progress() { idle_ = 0; }
+
+   private:
+    const state& s_;
+    const char* what_;
+    std::uint64_t idle_ = 0;
+    std::chrono::steady_clock::time_point since_{};
+  };
+
+  /// The next completion on `c`, which must be a success.
+  work_completion next(const cq& c, const char* what) const {
+    watch w(*this, what);
+    work_completion wc;
+    while (c.poll({&wc, 1}) == 0) w.idle();
+    check(wc, what);
+    return wc;
+  }
+
+  /// Spins until the peer's RDMA WRITE sets `*at` to `v`, keeping the
+  /// device running; an error on our send queue ends the wait.
+  void until_written(const volatile std::uint8_t* at, std::uint8_t v, const char* what) const {
+    watch w(*this, what);
+    work_completion wc;
+    while (*at != v) {
+      if (scq.poll({&wc, 1}) == 1)
+        check(wc, what);
+      else
+        w.idle();
+    }
+  }
+
   /// Keeps the device responding (one-sided tests need the responder to
-  /// run) until the client speaks.  The socket is looked at every 64th
-  /// turn: a poll syscall per turn was a few percent of the responder's
-  /// CPU in read_bw.
-  void respond_until_link_ready() {
+  /// run) until the peer speaks or closes the connection.  The socket is
+  /// looked at every 64th turn: a poll syscall per turn was a few percent
+  /// of the responder's CPU in read_bw.
+  void respond_until_link_ready() const {
     for (unsigned turn = 1;; ++turn) {
       rcq.poll({});
-      if (turn % 64 == 0 && link_ready()) return;
+      if (turn % 64 == 0 && link.readable()) return;
     }
   }
 };
@@ -417,15 +582,15 @@ struct remote_run::state {
 remote_run::remote_run(context& ctx, const options& o, const std::string& host, std::size_t max_size)
     : o_(o), host_(host), s_(std::make_unique<state>()) {
   state& s = *s_;
-  s.dev = open_device(ctx, o.device);
+  s.dev = open_device(ctx, o_.device);
   s.p = s.dev.alloc_pd();
   s.scq = s.dev.create_cq(1024);
-  s.rcq = s.dev.create_cq(std::max<std::uint32_t>(o.rx_depth * 2, 1024));
+  s.rcq = s.dev.create_cq(std::max<std::uint32_t>(o_.rx_depth * 2, 1024));
   qp_init_attr ia;
   ia.send_cq = s.scq;
   ia.recv_cq = s.rcq;
-  const std::uint32_t tx = std::max<std::uint32_t>(o.tx_depth != 0 ? o.tx_depth : 128, 128);
-  ia.cap = {tx, o.rx_depth, 1, 1, o.inline_size};
+  const std::uint32_t tx = std::max<std::uint32_t>(o_.tx_depth != 0 ? o_.tx_depth : 128, 128);
+  ia.cap = {tx, o_.rx_depth, 1, 1, o_.inline_size};
   s.q = s.p.create_qp(ia);
   // [0, max): where the peer writes; [max, 2 max): what this side sends.
   s.buf.assign(2 * std::max<std::size_t>(max_size, 8) + 64, std::byte{0});
@@ -437,24 +602,35 @@ remote_run::remote_run(context& ctx, const options& o, const std::string& host, 
   peer_info me{s.q.num(), 0, g, s.m.rkey(), reinterpret_cast<std::uintptr_t>(s.buf.data()), s.buf.size()};
   if (is_server()) {
     // Listen on the device's own address: several servers can share a host.
-    oob listener = oob::listen(g.is_ipv4_mapped() ? std::to_string(g.raw[12]) + "." + std::to_string(g.raw[13]) +
-                                                        "." + std::to_string(g.raw[14]) + "." +
-                                                        std::to_string(g.raw[15])
-                                                  : g.to_string(),
-                               o.oob_port);
+    oob listener =
+        oob::listen(g.is_ipv4_mapped() ? std::to_string(g.raw[12]) + "." + std::to_string(g.raw[13]) + "." +
+                                             std::to_string(g.raw[14]) + "." + std::to_string(g.raw[15])
+                                       : g.to_string(),
+                    o_.oob_port);
     s.link = listener.accept(std::chrono::minutes(10));
-    s.peer = s.link.recv_info();
-    s.link.send_info(me);
   } else {
-    s.link = oob::connect(host, o.oob_port, std::chrono::seconds(30));
-    s.link.send_info(me);
-    s.peer = s.link.recv_info();
+    s.link = oob::connect(host, o_.oob_port, std::chrono::seconds(30));
   }
+  // Both send before either receives: TCP buffers the few bytes.
+  s.link.send_params(params_of(o_));
+  agree(o_, s.link.recv_params());
+  s.link.send_info(me);
+  s.peer = s.link.recv_info();
+  if (s.peer.qpn == 0 || s.peer.qpn > 0xFFFFFF)
+    throw std::runtime_error("the peer sent QP number " + std::to_string(s.peer.qpn));
+  if (s.peer.size < s.half)
+    throw std::runtime_error("the peer's buffer (" + std::to_string(s.peer.size) +
+                             " bytes) is smaller than the largest message");
+  // A QP gives up after retry_cnt + 1 ACK timeouts; a wait that sees
+  // nothing for twice that, and at least a minute, is stuck.
+  const double ack_timeout_s = 4.096e-6 * std::ldexp(1.0, o_.qp_timeout);
+  s.stall_limit = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::duration<double>(std::max(60.0, 2 * 8 * ack_timeout_s)));
   // min_rnr_timer 1 (10 us): a receiver reposting quickly should not cost 655 ms (P7).
-  to_rts(s.q, o, s.peer.qpn, s.peer.psn, s.peer.g, 1);
+  to_rts(s.q, o_, s.peer.qpn, s.peer.psn, s.peer.g, 1);
   // Both sides are in RTS before either sends.
-  s.link.send_word(1);
-  (void)s.link.recv_word();
+  s.link.send_word(step_rts);
+  s.link.expect_word(step_rts, "connection setup");
 }
 
 remote_run::~remote_run() = default;
@@ -477,24 +653,31 @@ latency_result remote_run::latency(std::size_t size, std::size_t iters) {
     wr.remote_addr = s.peer.addr;
     wr.rkey = s.peer.rkey;
     if (auto ec = s.q.post_send(wr)) throw std::runtime_error("post_send: " + ec.message());
-    if ((wr.flags & send_signaled) != 0) poll_one(s.scq);
+    if ((wr.flags & send_signaled) != 0) (void)s.next(s.scq, "a send completion");
   };
+  // Receives take the largest message: the two posted at the first size
+  // stay posted (one consumed, one reposted per turn) through the sweep.
+  const sge rg{reinterpret_cast<std::uintptr_t>(s.buf.data()), static_cast<std::uint32_t>(s.half),
+               s.m.lkey()};
   recv_wr rwr;
-  rwr.sg_list = &g;
+  rwr.sg_list = &rg;
   rwr.num_sge = 1;
   double rtt_factor = 2;
   if (k == test_kind::send_lat) {
-    for (int i = 0; i < 2; ++i)
-      if (auto ec = s.q.post_recv(rwr)) throw std::runtime_error("post_recv: " + ec.message());
-    s.link.send_word(2);  // receives posted
-    (void)s.link.recv_word();
+    if (!s.receives_posted) {
+      for (int i = 0; i < 2; ++i)
+        if (auto ec = s.q.post_recv(rwr)) throw std::runtime_error("post_recv: " + ec.message());
+      s.receives_posted = true;
+    }
+    s.link.send_word(step_receives_posted);
+    s.link.expect_word(step_receives_posted, "the start of a size");
     std::uint64_t prev = clock_.now();
     for (std::size_t i = 0; i < iters; ++i) {
       if (!is_server()) {
         post(wr_opcode::send, i);
-        poll_one(s.rcq);
+        (void)s.next(s.rcq, "the peer's SEND");
       } else {
-        poll_one(s.rcq);
+        (void)s.next(s.rcq, "the peer's SEND");
         post(wr_opcode::send, i);
       }
       if (auto ec = s.q.post_recv(rwr)) throw std::runtime_error("post_recv: " + ec.message());
@@ -505,7 +688,7 @@ latency_result remote_run::latency(std::size_t size, std::size_t iters) {
   } else if (k == test_kind::write_lat) {
     // Write from the upper half into the peer's lower half; watch our own
     // lower half's last byte.
-    volatile auto* mine = reinterpret_cast<volatile std::uint8_t*>(s.buf.data() + size - 1);
+    const volatile auto* mine = reinterpret_cast<const volatile std::uint8_t*>(s.buf.data() + size - 1);
     g.addr += s.half;
     std::uint64_t prev = clock_.now();
     for (std::size_t i = 0; i < iters; ++i) {
@@ -513,9 +696,9 @@ latency_result remote_run::latency(std::size_t size, std::size_t iters) {
       if (!is_server()) {
         s.buf[s.half + size - 1] = std::byte{v};
         post(wr_opcode::rdma_write, i);
-        while (*mine != v) s.scq.poll({});
+        s.until_written(mine, v, "the peer's RDMA WRITE");
       } else {
-        while (*mine != v) s.scq.poll({});
+        s.until_written(mine, v, "the peer's RDMA WRITE");
         s.buf[s.half + size - 1] = std::byte{v};
         post(wr_opcode::rdma_write, i);
       }
@@ -540,7 +723,7 @@ latency_result remote_run::latency(std::size_t size, std::size_t iters) {
         wr.rkey = s.peer.rkey;
         wr.compare_add = 1;
         if (auto ec = s.q.post_send(wr)) throw std::runtime_error("post_send: " + ec.message());
-        poll_one(s.scq);
+        (void)s.next(s.scq, atomic ? "an atomic response" : "a READ response");
         samples.push_back(clock_.now() - t0);
       }
     }
@@ -550,8 +733,8 @@ latency_result remote_run::latency(std::size_t size, std::size_t iters) {
   if (is_server()) {
     s.respond_until_link_ready();
   }
-  s.link.send_word(3);
-  (void)s.link.recv_word();
+  s.link.send_word(step_size_done);
+  s.link.expect_word(step_size_done, "the end of a size");
   if (is_server() && samples.empty()) return {size, iters};
   return summarize_latency(std::move(samples), clock_, size, iters, rtt_factor);
 }
@@ -572,18 +755,28 @@ bandwidth_result remote_run::bandwidth(std::size_t size, std::size_t iters) {
   work_completion wcs[64];
   if (is_server()) {
     if (sends) {
+      // The receiver measures too, as perftest's does: from the first
+      // SEND to the last; it has no peak.
       recv_wr rwr;
       rwr.sg_list = &g;
       rwr.num_sge = 1;
       std::size_t posted = 0, received = 0;
       for (; posted < std::min<std::size_t>(iters, o_.rx_depth); ++posted)
         if (auto ec = s.q.post_recv(rwr)) throw std::runtime_error("post_recv: " + ec.message());
-      s.link.send_word(4);  // receives are posted
+      s.link.send_word(step_server_ready);
+      state::watch w(s, "the peer's SENDs");
+      std::uint64_t first = 0, last = 0;
       while (received < iters) {
         const std::size_t n = s.rcq.poll(wcs);
+        if (n == 0) {
+          w.idle();
+          continue;
+        }
+        w.progress();
+        last = clock_.now();
+        if (received == 0) first = last;
         for (std::size_t i = 0; i < n; ++i) {
-          if (wcs[i].status != wc_status::success)
-            throw std::runtime_error(std::string("completion error: ") + std::string(to_string(wcs[i].status)));
+          check(wcs[i], "the peer's SENDs");
           ++received;
           if (posted < iters) {
             if (auto ec = s.q.post_recv(rwr)) throw std::runtime_error("post_recv: " + ec.message());
@@ -591,24 +784,30 @@ bandwidth_result remote_run::bandwidth(std::size_t size, std::size_t iters) {
           }
         }
       }
+      if (last > first) {
+        const double secs = clock_.us(last - first) / 1e6;
+        r.bw_avg = bw_units(static_cast<double>(size) * static_cast<double>(iters) / secs, o_);
+        r.msg_rate = static_cast<double>(iters) / secs / 1e6;
+      }
     } else {
-      s.link.send_word(4);
+      s.link.send_word(step_server_ready);
     }
     // One-sided tests: the responder runs while we wait for the client.
     s.respond_until_link_ready();
-    (void)s.link.recv_word();
-    s.link.send_word(5);
+    s.link.expect_word(step_client_done, "the end of a size");
+    s.link.send_word(step_server_done);
     return r;
   }
-  (void)s.link.recv_word();  // the server is ready
+  s.link.expect_word(step_server_ready, "the start of a size");
   wr_opcode op = wr_opcode::send;
   if (k == test_kind::write_bw) op = wr_opcode::rdma_write;
   if (k == test_kind::read_bw) op = wr_opcode::rdma_read;
   if (k == test_kind::atomic_bw) op = wr_opcode::atomic_fetch_and_add;
   const std::uint32_t inl =
       size <= o_.inline_size && (sends || k == test_kind::write_bw) ? std::uint32_t{send_inline} : 0u;
-  std::vector<std::uint64_t> done_at;
-  done_at.reserve(iters / cq_mod + 2);
+  const bool peak = iters <= peak_max_iters;
+  std::vector<std::uint64_t> t_posted(peak ? iters : 0), t_completed(peak ? iters : 0);
+  state::watch w(s, "send completions");
   std::size_t posted = 0, completed = 0;
   const std::uint64_t start = clock_.now();
   while (completed < iters) {
@@ -622,31 +821,26 @@ bandwidth_result remote_run::bandwidth(std::size_t size, std::size_t iters) {
       wr.remote_addr = s.peer.addr;
       wr.rkey = s.peer.rkey;
       wr.compare_add = 1;
+      if (peak) t_posted[posted] = clock_.now();
       if (auto ec = s.q.post_send(wr)) throw std::runtime_error("post_send: " + ec.message());
       ++posted;
     }
     const std::size_t n = s.scq.poll(wcs);
+    if (n == 0) {
+      w.idle();
+      continue;
+    }
+    w.progress();
     for (std::size_t i = 0; i < n; ++i) {
-      if (wcs[i].status != wc_status::success)
-        throw std::runtime_error(std::string("completion error: ") + std::string(to_string(wcs[i].status)));
+      check(wcs[i], "send completions");
       completed = wcs[i].wr_id + 1;
-      done_at.push_back(clock_.now());
+      if (peak) t_completed[wcs[i].wr_id] = clock_.now();
     }
   }
   const std::uint64_t end = clock_.now();
-  s.link.send_word(6);
-  (void)s.link.recv_word();
-  const double secs = clock_.us(end - start) / 1e6;
-  r.bw_avg = static_cast<double>(size) * static_cast<double>(iters) / secs / (1 << 20);
-  r.msg_rate = static_cast<double>(iters) / secs / 1e6;
-  double best = 0;
-  std::uint64_t prev = start;
-  for (std::uint64_t t : done_at) {
-    if (t > prev) best = std::max(best, static_cast<double>(cq_mod) / (clock_.us(t - prev) / 1e6));
-    prev = t;
-  }
-  r.bw_peak = std::max(best * static_cast<double>(size) / (1 << 20), r.bw_avg);
-  return r;
+  s.link.send_word(step_client_done);
+  s.link.expect_word(step_server_done, "the end of a size");
+  return bandwidth_report(o_, clock_, size, iters, start, end, t_posted, t_completed, cq_mod);
 }
 
 // ---------------------------------------------------------------------------
@@ -680,8 +874,11 @@ void print_latency(const latency_result& r) {
               r.bytes, r.iters, r.t_min, r.t_max, r.t_typical, r.t_avg, r.t_stdev, r.p99, r.p999);
 }
 
-void print_bandwidth_header() {
-  std::printf(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n");
+void print_bandwidth_header(bool gbits) {
+  if (gbits)
+    std::printf(" #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]   MsgRate[Mpps]\n");
+  else
+    std::printf(" #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n");
 }
 
 void print_bandwidth(const bandwidth_result& r) {

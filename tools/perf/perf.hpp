@@ -5,8 +5,11 @@
 // Statistics follow perftest: latency samples are one iteration each
 // (ping-pong round trips are halved for SEND and WRITE, not for READ and
 // atomics), sorted, the two largest dropped; t_typical is the median of the
-// rest.  Bandwidth is MB = 2^20 bytes; the peak is the best rate over any
-// window of `cq_mod` consecutive completions.
+// rest; t_max is the largest sample kept.  Bandwidth is MB = 2^20 bytes
+// (Gb = 10^9 bits with --report_gbits); the peak is perftest's: the best
+// rate over any run of messages, timed from the post of its first to the
+// signaled completion that covers its last (not measured past 20,000
+// iterations, nor on a SEND receiver, as in perftest).
 #pragma once
 
 #include "perf/oob.hpp"
@@ -34,7 +37,8 @@ struct options {
   mtu path_mtu = mtu::mtu_4096;
   std::uint32_t tx_depth = 0;  // 0: 1 for latency, 128 for bandwidth
   std::uint32_t rx_depth = 512;
-  std::uint32_t cq_mod = 100;
+  std::uint32_t cq_mod = 100;  // -Q: a signaled completion every cq_mod sends
+  bool report_gbits = false;   // --report_gbits: Gb/s instead of MB/s
   std::uint32_t inline_size = 0;
   std::uint32_t outstanding_reads = 16;
   std::uint8_t qp_timeout = 14;    // -u: local ACK timeout, 4.096 us * 2^t
@@ -48,9 +52,20 @@ struct latency_result {
 
 struct bandwidth_result {
   std::size_t bytes = 0, iters = 0;
-  double bw_peak = 0, bw_avg = 0;  // MB/s (2^20)
+  double bw_peak = 0, bw_avg = 0;  // MB/s (2^20), or Gb/s with --report_gbits; peak 0: not measured
   double msg_rate = 0;             // Mpps
 };
+
+/// perftest's peak bandwidth as the least cycles per message: over every
+/// run of messages i..j, (completed[j] - posted[i]) / (j - i + 1), where j
+/// is a signaled completion: every `cq_mod`-th message, and the last one.
+/// `posted` holds each message's post time, `completed` the time its
+/// signaled completion was seen (entries of unsignaled messages are not
+/// read).  0 when there is nothing to measure.
+double peak_cycles_per_message(const std::vector<std::uint64_t>& posted,
+                               const std::vector<std::uint64_t>& completed, std::size_t cq_mod);
+/// perftest measures the peak only up to this many iterations.
+constexpr std::size_t peak_max_iters = 20000;
 
 /// Cycle counter calibrated against the monotonic clock.
 class cycle_clock {
@@ -83,21 +98,37 @@ class loopback_run {
   std::vector<std::unique_ptr<side>> sides_;
 };
 
+/// The parameters `o` runs with, as the out-of-band greeting states them.
+test_params params_of(const options& o);
+
+/// Checks the peer's greeting against `o`: a different test, sizes or
+/// iteration count is an error that names both; the path MTU and the
+/// READ/atomic depth are lowered to the peer's when it asks for less.
+void agree(options& o, const test_params& peer);
+
 /// One end of a test between two processes (two devices, any link): the
 /// server waits for the client on the out-of-band port; both then run the
 /// same sequence of sizes.
+///
+/// Neither end hangs when the other goes away: every wait for a completion
+/// or a write also watches the out-of-band connection (closed when the
+/// peer's process ends) and gives up after a stall longer than the QP's
+/// own retry budget.
 class remote_run {
  public:
-  /// Server when `host` is empty, else client of `host`.
+  /// Server when `host` is empty, else client of `host`.  Exchanges the
+  /// greeting (see `agree`) and the queue pair details.
   remote_run(context& ctx, const options& o, const std::string& host, std::size_t max_size);
   ~remote_run();
   bool is_server() const noexcept { return host_.empty(); }
+  /// The options after agreeing with the peer (path MTU, READ depth).
+  const options& negotiated() const noexcept { return o_; }
   latency_result latency(std::size_t size, std::size_t iters);
   bandwidth_result bandwidth(std::size_t size, std::size_t iters);
 
  private:
   struct state;
-  const options& o_;
+  options o_;
   std::string host_;
   cycle_clock clock_;
   std::unique_ptr<state> s_;
@@ -109,7 +140,7 @@ latency_result summarize_latency(std::vector<std::uint64_t> cycles, const cycle_
 void print_banner(const options& o, const std::string& device_name, bool remote = false);
 void print_latency_header();
 void print_latency(const latency_result& r);
-void print_bandwidth_header();
+void print_bandwidth_header(bool gbits = false);
 void print_bandwidth(const bandwidth_result& r);
 void print_rule();
 

@@ -1,0 +1,369 @@
+// SPDX-License-Identifier: MIT
+// `averbs perf` between two processes, as a user runs it: the statistics
+// it prints (perftest's definitions), the greeting that makes two
+// differently configured ends stop with a message, the out-of-band
+// connection's deadlines, and ends that notice when the other process dies
+// instead of spinning forever.
+#include "perf/perf.hpp"
+#include "perf/oob.hpp"
+#include "process.hpp"
+#include "udp_pair.hpp"
+
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace averbs::test {
+namespace {
+
+using namespace std::chrono_literals;
+using perf::oob;
+
+// --- statistics ------------------------------------------------------------
+
+TEST(perf_statistics, latency_figures_follow_perftest) {
+  // 100 samples of 1..100 cycles, shuffled: perftest drops the two largest
+  // from the statistics and prints the sample at index n (of n + 2) as
+  // t_max: the second largest, 99.
+  std::vector<std::uint64_t> d(100);
+  for (std::size_t i = 0; i < d.size(); ++i) d[i] = i + 1;
+  std::shuffle(d.begin(), d.end(), std::mt19937(7));
+  const perf::cycle_clock c;
+  const perf::latency_result r = perf::summarize_latency(d, c, 8, 100, 1);
+  EXPECT_DOUBLE_EQ(r.t_min, c.us(1));
+  EXPECT_DOUBLE_EQ(r.t_max, c.us(99));
+  EXPECT_DOUBLE_EQ(r.t_typical, c.us((49 + 50) / 2));    // median of the 98 kept
+  EXPECT_DOUBLE_EQ(r.p99, c.us(99));                     // index ceil(0.99 * 98) = 98
+  EXPECT_NEAR(r.t_avg, c.us(1) * 49.5, c.us(1) * 1e-9);  // mean of 1..98
+}
+
+TEST(perf_statistics, peak_times_each_run_from_its_first_post_to_its_last_completion) {
+  // Ten messages posted 10 cycles apart, a signaled completion every 4th
+  // and the last: indices 3, 7 and 9.  Completions 3 and 7 are seen close
+  // together (one poll found both), which a rate between consecutive
+  // completions would count as 4 messages in 10 cycles.  perftest's
+  // measure is messages 0..7 in 110 cycles: 13.75 a message.
+  std::vector<std::uint64_t> posted(10), completed(10, 0);
+  for (std::size_t i = 0; i < posted.size(); ++i) posted[i] = 10 * i;
+  completed[3] = 100;
+  completed[7] = 110;
+  completed[9] = 200;
+  EXPECT_DOUBLE_EQ(perf::peak_cycles_per_message(posted, completed, 4), 110.0 / 8);
+  // Every message signaled: the best single run is still 0..7.
+  std::vector<std::uint64_t> all = completed;
+  for (std::size_t i : {0u, 1u, 2u}) all[i] = 100;
+  for (std::size_t i : {4u, 5u, 6u}) all[i] = 110;
+  all[8] = 200;
+  EXPECT_DOUBLE_EQ(perf::peak_cycles_per_message(posted, all, 1), 110.0 / 8);
+  EXPECT_EQ(perf::peak_cycles_per_message({}, {}, 4), 0.0);
+}
+
+// --- the greeting ----------------------------------------------------------
+
+perf::options opts(perf::test_kind k) {
+  perf::options o;
+  o.test = k;
+  return o;
+}
+
+std::string agree_error(perf::options mine, const perf::options& theirs) {
+  try {
+    perf::agree(mine, perf::params_of(theirs));
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(perf_greeting, another_test_sizes_or_iterations_is_an_error_naming_both) {
+  const perf::options lat = opts(perf::test_kind::send_lat);
+  EXPECT_EQ(agree_error(lat, opts(perf::test_kind::write_bw)),
+            "the peer runs RDMA_Write BW, this side Send Latency");
+  perf::options big = lat;
+  big.size = 4096;
+  EXPECT_EQ(agree_error(lat, big),
+            "the peer runs 4096 bytes, this side 2 bytes (give both the same -s or -a)");
+  perf::options sweep = lat;
+  sweep.all_sizes = true;
+  EXPECT_EQ(agree_error(lat, sweep),
+            "the peer runs all sizes (-a), this side 2 bytes (give both the same -s or -a)");
+  perf::options many = lat;
+  many.iters = 5000;
+  EXPECT_EQ(agree_error(lat, many), "the peer runs 5000 iterations, this side 1000 (give both the same -n)");
+  EXPECT_EQ(agree_error(lat, lat), "");
+}
+
+TEST(perf_greeting, path_mtu_and_read_depth_are_the_smaller_of_the_two) {
+  perf::options mine = opts(perf::test_kind::read_bw);
+  perf::options theirs = mine;
+  theirs.path_mtu = mtu::mtu_1024;
+  theirs.outstanding_reads = 4;
+  perf::agree(mine, perf::params_of(theirs));
+  EXPECT_EQ(mine.path_mtu, mtu::mtu_1024);
+  EXPECT_EQ(mine.outstanding_reads, 4u);
+  // The peer asking for more changes nothing here.
+  perf::options high = opts(perf::test_kind::read_bw);
+  high.outstanding_reads = 64;
+  perf::agree(mine, perf::params_of(high));
+  EXPECT_EQ(mine.path_mtu, mtu::mtu_1024);
+  EXPECT_EQ(mine.outstanding_reads, 4u);
+  // An MTU no IBTA link has is refused.
+  perf::test_params odd = perf::params_of(mine);
+  odd.mtu_bytes = 1500;
+  EXPECT_THROW(perf::agree(mine, odd), std::runtime_error);
+}
+
+// --- the out-of-band connection ---------------------------------------------
+
+struct oob_pair {
+  oob server, client;
+  explicit oob_pair(const std::string& addr) {
+    oob l = oob::listen(addr, 0);
+    client = oob::connect(addr, l.bound_port(), 5s);
+    server = l.accept(5s);
+  }
+};
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(perf_oob, a_silent_peer_ends_a_receive_at_its_deadline) {
+  oob_pair p(test_address(0));
+  p.server.set_timeout(300ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(error_of([&] { (void)p.server.recv_word(); }),
+            "the peer sent nothing on the out-of-band connection for 0.3 s");
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+}
+
+TEST(perf_oob, a_stranger_or_another_version_is_told_apart) {
+  oob_pair p(test_address(0));
+  // 48 bytes that are not a greeting (an HTTP request, say).
+  for (int i = 0; i < 6; ++i) p.client.send_word(0x474554202f204854ull);
+  EXPECT_EQ(error_of([&] { (void)p.server.recv_params(); }),
+            "the peer on the out-of-band port is not averbs perf (no greeting)");
+  // The magic, then version 2.
+  p.client.send_word(0x4156425045524600ull);
+  p.client.send_word(std::uint64_t{2} << 32);
+  for (int i = 0; i < 4; ++i) p.client.send_word(0);
+  EXPECT_EQ(error_of([&] { (void)p.server.recv_params(); }),
+            "the peer speaks version 2 of averbs perf's exchange, this is version 1");
+}
+
+TEST(perf_oob, a_greeting_arrives_as_sent) {
+  oob_pair p(test_address(0));
+  perf::options o = opts(perf::test_kind::atomic_bw);
+  o.iters = 123456789;
+  o.path_mtu = mtu::mtu_512;
+  o.outstanding_reads = 7;
+  p.client.send_params(perf::params_of(o));
+  const perf::test_params got = p.server.recv_params();
+  EXPECT_EQ(got.test, static_cast<std::uint32_t>(perf::test_kind::atomic_bw));
+  EXPECT_EQ(got.iters, 123456789u);
+  EXPECT_EQ(got.mtu_bytes, 512u);
+  EXPECT_EQ(got.outs, 7u);
+  EXPECT_EQ(got.size, 8u);
+  EXPECT_EQ(got.all_sizes, 0u);
+}
+
+TEST(perf_oob, steps_out_of_order_and_a_closed_peer_are_noticed) {
+  oob_pair p(test_address(0));
+  p.client.send_word(4);
+  EXPECT_FALSE(p.server.peer_closed());  // a message waiting is not a close
+  EXPECT_EQ(error_of([&] { p.server.expect_word(3, "the end of a size"); }),
+            "out-of-band exchange out of step at the end of a size: expected 3, the peer sent 4");
+  EXPECT_FALSE(p.server.peer_closed());
+  p.client = oob();  // closes
+  bool closed = false;
+  for (int i = 0; i < 200 && !closed; ++i) {
+    closed = p.server.peer_closed();
+    if (!closed) std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_TRUE(closed);
+  EXPECT_EQ(error_of([&] { (void)p.server.recv_word(); }), "the peer closed the out-of-band connection");
+}
+
+TEST(perf_oob, a_connect_to_no_one_gives_up_at_its_deadline) {
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_THROW((void)oob::connect(test_address(0), test_port(), 300ms), std::system_error);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s);
+}
+
+// --- two processes ---------------------------------------------------------
+
+// `averbs perf` with its own device on test_address(which); the client
+// gets the server's address last.
+std::vector<std::string> perf_cmd(int which, std::uint16_t port, std::vector<std::string> more, bool client) {
+  std::vector<std::string> v{AVERBS_CLI, "perf",
+                             "--addr",   test_address(which) + ":" + std::to_string(port),
+                             "-p",       std::to_string(port + 1)};
+  v.insert(v.end(), more.begin(), more.end());
+  if (client) v.push_back(test_address(0));
+  return v;
+}
+
+struct pair_result {
+  int server = -2, client = -2;
+  std::string server_out, client_out;
+};
+
+pair_result run_perf(const std::vector<std::string>& server_args, const std::vector<std::string>& client_args,
+                     std::chrono::seconds limit = 120s) {
+  const std::uint16_t port = test_port();
+  child server(perf_cmd(0, port, server_args, false), true);
+  child client(perf_cmd(1, port, client_args, true), true);
+  pair_result r;
+  r.client = client.wait(limit);
+  r.server = server.wait(30s);
+  r.client_out = client.output();
+  r.server_out = server.output();
+  return r;
+}
+
+TEST(perf_two_processes, send_lat_sweeps_every_size) {
+  // Receives are posted once for the largest size: two posted per size
+  // (as before) left short receives behind for the next, larger size.
+  const auto r = run_perf({"--test", "send_lat", "-a", "-n", "5"}, {"--test", "send_lat", "-a", "-n", "5"});
+  ASSERT_EQ(r.client, 0) << r.client_out;
+  ASSERT_EQ(r.server, 0) << r.server_out;
+  for (const char* size : {" 2       5 ", " 4096    5 ", " 8388608 5 "}) {
+    EXPECT_NE(r.client_out.find(size), std::string::npos) << size << "\n" << r.client_out;
+    EXPECT_NE(r.server_out.find(size), std::string::npos) << size << "\n" << r.server_out;
+  }
+}
+
+TEST(perf_two_processes, the_send_bw_receiver_reports_its_bandwidth) {
+  const std::vector<std::string> args{"--test", "send_bw", "-s", "65536", "-n", "300"};
+  const auto r = run_perf(args, args);
+  ASSERT_EQ(r.client, 0) << r.client_out;
+  ASSERT_EQ(r.server, 0) << r.server_out;
+  EXPECT_NE(r.server_out.find(" WARNING: BW peak won't be measured in this run."), std::string::npos)
+      << r.server_out;
+  // The receiver's row: no peak, a positive average.
+  const auto row = r.server_out.find(" 65536      300 ");
+  ASSERT_NE(row, std::string::npos) << r.server_out;
+  double peak = -1, avg = -1;
+  ASSERT_EQ(std::sscanf(r.server_out.c_str() + row, " 65536 300 %lf %lf", &peak, &avg), 2) << r.server_out;
+  EXPECT_EQ(peak, 0.0);
+  EXPECT_GT(avg, 0.0);
+  EXPECT_NE(r.client_out.find(" 65536      300 "), std::string::npos) << r.client_out;
+}
+
+TEST(perf_two_processes, the_path_mtu_is_the_smaller_of_the_two_ends) {
+  const auto r = run_perf({"--test", "write_bw", "-s", "8192", "-n", "100", "-m", "1024"},
+                          {"--test", "write_bw", "-s", "8192", "-n", "100"});
+  ASSERT_EQ(r.client, 0) << r.client_out;
+  ASSERT_EQ(r.server, 0) << r.server_out;
+  EXPECT_NE(r.client_out.find(" Mtu             : 1024[B]"), std::string::npos) << r.client_out;
+  EXPECT_NE(r.server_out.find(" Mtu             : 1024[B]"), std::string::npos) << r.server_out;
+}
+
+TEST(perf_two_processes, ends_running_different_tests_both_stop_and_say_why) {
+  const auto r = run_perf({"--test", "write_bw"}, {"--test", "send_lat"}, 60s);
+  EXPECT_EQ(r.client, 1) << r.client_out;
+  EXPECT_EQ(r.server, 1) << r.server_out;
+  EXPECT_NE(r.client_out.find("the peer runs RDMA_Write BW, this side Send Latency"), std::string::npos)
+      << r.client_out;
+  EXPECT_NE(r.server_out.find("the peer runs Send Latency, this side RDMA_Write BW"), std::string::npos)
+      << r.server_out;
+}
+
+TEST(perf_two_processes, a_stranger_on_the_out_of_band_port_stops_the_server) {
+  const std::uint16_t port = test_port();
+  child server(perf_cmd(0, port, {"--test", "write_bw"}, false), true);
+  oob stranger = oob::connect(test_address(0), static_cast<std::uint16_t>(port + 1), 30s);
+  for (int i = 0; i < 6; ++i) stranger.send_word(0x474554202f204854ull);
+  EXPECT_EQ(server.wait(30s), 1) << server.output();
+  EXPECT_NE(server.output().find("is not averbs perf"), std::string::npos) << server.output();
+}
+
+// One end is killed mid-run; the other must end with an error, not spin.
+// Each case: the test, which end dies, and what the survivor waits in.
+struct death {
+  const char* test;
+  bool kill_client;
+};
+
+class perf_peer_death : public ::testing::TestWithParam<death> {};
+
+TEST_P(perf_peer_death, the_other_end_stops_with_an_error) {
+  const death d = GetParam();
+  const std::uint16_t port = test_port();
+  // Enough iterations to still be running when the kill comes.
+  const std::vector<std::string> args{"--test", d.test, "-n", "5000000"};
+  child server(perf_cmd(0, port, args, false), true);
+  child client(perf_cmd(1, port, args, true), true);
+  child& victim = d.kill_client ? client : server;
+  child& survivor = d.kill_client ? server : client;
+  ASSERT_TRUE(survivor.wait_for_text("#bytes", 60s)) << survivor.output();
+  std::this_thread::sleep_for(300ms);  // into the iterations
+  ASSERT_TRUE(victim.running()) << victim.output();
+  victim.signal(SIGKILL);
+  EXPECT_EQ(victim.wait(10s), 128 + SIGKILL);
+  // Noticed through the out-of-band connection, or by the QP's retries.
+  EXPECT_EQ(survivor.wait(60s), 1) << survivor.output();
+  EXPECT_NE(survivor.output().find("averbs perf: "), std::string::npos) << survivor.output();
+}
+
+INSTANTIATE_TEST_SUITE_P(perf, perf_peer_death,
+                         ::testing::Values(death{"send_lat", true}, death{"send_lat", false},
+                                           death{"write_lat", true}, death{"write_lat", false},
+                                           death{"send_bw", true}, death{"write_bw", false}),
+                         [](const auto& param_info) {
+                           return std::string(param_info.param.test) +
+                                  (param_info.param.kill_client ? "_client_dies" : "_server_dies");
+                         });
+
+TEST(perf_two_processes, a_connect_server_that_accepted_too_few_fails) {
+  const std::uint16_t port = test_port();
+  child server({AVERBS_CLI, "perf", "--test", "connect", "--addr",
+                test_address(0) + ":" + std::to_string(port), "-p", std::to_string(port)},
+               true);
+  oob client = oob::connect(test_address(0), port, 30s);
+  EXPECT_EQ(client.recv_word(), 1u);  // the server listens
+  client.send_word(5);                // "I established 5" (it did not)
+  EXPECT_EQ(server.wait(60s), 1) << server.output();
+  EXPECT_NE(server.output().find("the client established 5, this side accepted only 0"), std::string::npos)
+      << server.output();
+}
+
+// --- options -----------------------------------------------------------------
+
+TEST(perf_options, out_of_range_values_are_usage_errors) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--test", "write_bw", "-t", "0"}, "-t: '0' is not a number from 1 to 15000"},
+      {{"--test", "write_bw", "-t", "15001"}, "-t: '15001' is not a number from 1 to 15000"},
+      {{"--test", "write_bw", "-r", "0"}, "-r: '0' is not a number from 1 to 15000"},
+      {{"--test", "write_bw", "-Q", "2000"}, "-Q: '2000' is not a number from 1 to 1024"},
+      {{"--test", "write_bw", "-I", "4096"}, "-I: '4096' is not a number from 0 to 1024"},
+      {{"--test", "write_bw", "-n", "99999999999999999999"}, "-n: '99999999999999999999' is not a number"},
+      {{"--test", "write_bw", "-s", "1x"}, "-s: '1x' is not a number"},
+      {{"--test", "atomic_bw", "-s", "64"}, "atomic tests move 8 bytes"},
+      {{"--test", "atomic_lat", "-a"}, "atomic tests move 8 bytes"},
+  };
+  for (const auto& [args, message] : cases) {
+    std::vector<std::string> argv{AVERBS_CLI, "perf"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    child c(argv, true);
+    EXPECT_EQ(c.wait(30s), 2) << args.back() << ": " << c.output();
+    EXPECT_NE(c.output().find(message), std::string::npos) << c.output();
+  }
+}
+
+}  // namespace
+}  // namespace averbs::test

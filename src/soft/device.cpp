@@ -1250,7 +1250,7 @@ void device::raise_event(event_channel* ch, event_type t, std::uint32_t element)
     detail::context_release(*p.ctx);
     if (taken) return;
   }
-  if (ch->events.size() < 4096) ch->events.push_back(ev);
+  (void)ch->push(ev);
 }
 
 void device::broadcast_event(event_type t, std::uint32_t element) noexcept {
@@ -1260,9 +1260,7 @@ void device::broadcast_event(event_type t, std::uint32_t element) noexcept {
 void device::get_event(event_channel* ch, detail::context_impl& ctx, detail::request_id id) {
   std::lock_guard lock(lock_);
   prune(ch->waiters, [](const parked& p) -> const parked& { return p; });
-  if (!ch->events.empty()) {
-    async_event ev = ch->events.front();
-    ch->events.pop_front();
+  if (async_event ev; ch->pop(ev)) {
     detail::complete_request(ctx, id, {}, &ev);
     return;
   }
@@ -1551,6 +1549,7 @@ void device::on_ack_timer() noexcept {
 void device::run() noexcept {
   if (running_) return;
   running_ = true;
+  if (lost_timers_ != 0) recover_lost_timers();
   const bool held_before = acks_held_;
   const std::uint64_t sent_before = counters_.packets_sent;
   // The poll just before read the clock (pass_now_ too, if seeded);

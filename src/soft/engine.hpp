@@ -115,9 +115,26 @@ struct parked {
 /// QP's, CQ's or SRQ's go to the handle that created it (through its PD),
 /// port and device events to every handle, as the kernel's uverbs files
 /// have them.
+/// One device handle's asynchronous events.  Raised events wait in a ring
+/// allocated when the handle opens: raising one never allocates (it
+/// happens where running out of memory could not be reported).
 struct event_channel {
-  std::deque<async_event> events;
+  static constexpr std::size_t capacity = 4096;  // further events are dropped, oldest kept
+  std::vector<async_event> ring = std::vector<async_event>(capacity);
+  std::size_t head = 0, count = 0;
   std::vector<parked> waiters;
+  bool push(const async_event& e) noexcept {
+    if (count == capacity) return false;
+    ring[(head + count++) % capacity] = e;
+    return true;
+  }
+  bool pop(async_event& e) noexcept {
+    if (count == 0) return false;
+    e = ring[head];
+    head = (head + 1) % capacity;
+    --count;
+    return true;
+  }
 };
 
 struct pd_t {
@@ -300,6 +317,12 @@ struct qp_t {
     std::uint8_t nak_retries = 0;  // uncounted retries for repeated sequence NAKs since the last progress
     std::uint64_t timer_gen = 0;   // stale heap entries carry an older one
     clock::time_point deadline{};
+    // A timer the heap had no memory for (schedule_qp_timer): what it was,
+    // for recover_lost_timers to schedule again.
+    bool timer_lost = false;
+    bool lost_rnr = false;
+    std::uint64_t lost_gen = 0;
+    clock::time_point lost_when{};
   } comp;
 
   struct responder {
@@ -693,6 +716,8 @@ class device final : public progress_source, public clock_listener {
   static bool resending(const qp_t* qp) noexcept { return wire::psn_compare(qp->req.psn, qp->req.sent_psn) < 0; }
   void disarm_timers(qp_t* qp) noexcept;
   void schedule_qp_timer(qp_t* qp, clock::time_point when, bool rnr) noexcept;
+  void add_qp_timer(std::uint32_t qpn, std::uint64_t gen, clock::time_point when, bool rnr);
+  void recover_lost_timers() noexcept;
   void flush_ack(qp_t* qp) noexcept;
   void flush_acks() noexcept;
   void queue_lazy_ack(qp_t* qp) noexcept;
@@ -862,6 +887,7 @@ class device final : public progress_source, public clock_listener {
 
   // Timers.
   detail::timer_queue timers_;
+  std::uint32_t lost_timers_ = 0;  // QPs with comp.timer_lost set
   int timer_fd_ = -1;
   clock::time_point armed_deadline_ = clock::time_point::max();
   void rearm_timer_fd() noexcept;

@@ -318,16 +318,55 @@ struct timer_cookie {
 };
 }  // namespace
 
+void device::add_qp_timer(std::uint32_t qpn, std::uint64_t gen, clock::time_point when, bool rnr) {
+  if (timers_.schedule(when,
+                       [](void* arg, const detail::timer_payload& pl) noexcept {
+                         static_cast<device*>(arg)->on_qp_timer(static_cast<std::uint32_t>(pl.a), pl.b >> 1,
+                                                                (pl.b & 1) != 0);
+                       },
+                       this, {qpn, timer_cookie::pack(rnr, gen), {}}))
+    rearm_timer_fd();
+}
+
 void device::schedule_qp_timer(qp_t* qp, clock::time_point when, bool rnr) noexcept {
   try {
-    if (timers_.schedule(when,
-                         [](void* arg, const detail::timer_payload& pl) noexcept {
-                           static_cast<device*>(arg)->on_qp_timer(static_cast<std::uint32_t>(pl.a), pl.b >> 1,
-                                                                  (pl.b & 1) != 0);
-                         },
-                         this, {qp->qpn, timer_cookie::pack(rnr, qp->comp.timer_gen), {}}))
-      rearm_timer_fd();
+    add_qp_timer(qp->qpn, qp->comp.timer_gen, when, rnr);
   } catch (...) {
+    // No memory for the heap entry.  Dropped, it would leave the QP waiting
+    // for a retransmission or RNR retry that never comes; the next pass of
+    // run() schedules it again (recover_lost_timers).  One per QP is
+    // enough: a QP has one live timer at a time (RNR waiting disarms the
+    // retransmit timer), and a later one replaces an earlier.
+    if (!qp->comp.timer_lost) ++lost_timers_;
+    qp->comp.timer_lost = true;
+    qp->comp.lost_rnr = rnr;
+    qp->comp.lost_gen = qp->comp.timer_gen;
+    qp->comp.lost_when = when;
+    signal_pending();
+  }
+}
+
+// At the start of a pass, with no QP half-way through anything: a lost
+// timer gets a second chance at a heap entry; if there is still no memory
+// the QP cannot keep its retry promise and fails as a QP whose resources
+// ran out does: IBV_EVENT_QP_FATAL, the oldest WQE completes with
+// fatal_err, the rest are flushed.
+void device::recover_lost_timers() noexcept {
+  lost_timers_ = 0;
+  for (const auto& slot : qps_) {
+    qp_t* qp = slot.get();
+    if (qp == nullptr || !qp->comp.timer_lost) continue;
+    qp->comp.timer_lost = false;
+    // Disarmed since (reset, error, progress that ended the RNR wait): the
+    // lost entry would have been stale.
+    if (qp->comp.lost_gen != qp->comp.timer_gen) continue;
+    if (qp->state != qp_state::rts && qp->state != qp_state::sqd) continue;
+    try {
+      add_qp_timer(qp->qpn, qp->comp.lost_gen, qp->comp.lost_when, qp->comp.lost_rnr);
+    } catch (...) {
+      raise_event(qp->pd->events, event_type::qp_fatal, qp->qpn);
+      fail_oldest(qp, wc_status::fatal_err);
+    }
   }
 }
 

@@ -11,10 +11,12 @@
 
 #include <signal.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <functional>
 #include <random>
 #include <stdexcept>
@@ -340,6 +342,43 @@ TEST(perf_two_processes, a_connect_server_that_accepted_too_few_fails) {
   EXPECT_EQ(server.wait(60s), 1) << server.output();
   EXPECT_NE(server.output().find("the client established 5, this side accepted only 0"), std::string::npos)
       << server.output();
+}
+
+// A server name with two addresses, the first refusing: the client goes on
+// to the second (it tried the first alone until its 30 s were up).  The
+// name exists only in a network namespace of the test's own: `ip netns
+// exec` puts /etc/netns/NAME/hosts over /etc/hosts for what it runs.
+TEST(perf_two_processes, a_client_tries_every_address_of_the_server_name) {
+  if (::geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  const std::uint16_t port = test_port();
+  const std::string ns = "avb_h" + std::to_string(::getpid() % 100000) + "_" + std::to_string(port);
+  const std::string dir = "/etc/netns/" + ns;
+  if (!sh("ip netns add " + ns)) GTEST_SKIP() << "ip netns add failed here";
+  struct cleanup {
+    std::string ns, dir;
+    ~cleanup() {
+      sh("rm -rf " + dir);
+      sh("ip netns del " + ns);
+    }
+  } done{ns, dir};
+  ASSERT_TRUE(sh("ip -n " + ns + " link set lo up"));
+  ASSERT_TRUE(sh("mkdir -p " + dir));
+  std::ofstream(dir + "/hosts") << "::1 twohomed\n127.0.0.1 twohomed\n";
+  // The server listens on 127.0.0.1 only: ::1, first in the answer, refuses.
+  child order({"ip", "netns", "exec", ns, "getent", "ahosts", "twohomed"});
+  ASSERT_EQ(order.wait(30s), 0) << order.output();
+  ASSERT_EQ(order.output().rfind("::1 ", 0), 0u) << "the resolver puts ::1 first:\n" << order.output();
+  const std::vector<std::string> run{"--test", "write_bw", "-s", "4096", "-n", "100", "-p", std::to_string(port + 1)};
+  std::vector<std::string> sv{"ip", "netns", "exec", ns, AVERBS_CLI, "perf", "--addr", "127.0.0.1:" + std::to_string(port)};
+  std::vector<std::string> cv{"ip", "netns", "exec", ns, AVERBS_CLI, "perf", "--addr", "127.0.0.2:" + std::to_string(port)};
+  sv.insert(sv.end(), run.begin(), run.end());
+  cv.insert(cv.end(), run.begin(), run.end());
+  cv.push_back("twohomed");
+  child server(sv, true);
+  child client(cv, true);
+  EXPECT_EQ(client.wait(60s), 0) << client.output();
+  EXPECT_EQ(server.wait(30s), 0) << server.output();
+  EXPECT_NE(client.output().find(" 4096       100 "), std::string::npos) << client.output();
 }
 
 // --- options -----------------------------------------------------------------

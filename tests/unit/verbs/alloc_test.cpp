@@ -2,7 +2,9 @@
 // Posting and polling never allocate in steady state: this program counts
 // every operator new in the process (libaverbs included) across a million
 // send/receive cycles, a hundred thousand multi-packet writes and reads,
-// and a hundred thousand atomics after warm-up, and asserts none.
+// and a hundred thousand atomics after warm-up, and asserts none.  And
+// where the engine does allocate (a timer heap that grows), running out
+// of memory loses nothing.
 #include "counting_new.hpp"
 #include "verbs_fixture.hpp"
 
@@ -79,6 +81,62 @@ TEST_F(data_path_alloc, multi_packet_writes_reads_and_atomics_do_not_allocate) {
                                }),
             0u);
   EXPECT_GT(ok, 300'000u);
+}
+
+// A retransmit timer the heap has no memory for is not lost: the next
+// pass of the engine schedules it again, or, if memory is still short
+// then, the QP fails where the application sees it (fatal_err,
+// IBV_EVENT_QP_FATAL).  Either way every send completes.  (The entry used
+// to be dropped: its QP waited for an ACK that never came, forever.)
+using timer_memory = conformance_test;
+
+TEST_F(timer_memory, a_retransmit_timer_with_no_memory_is_not_lost) {
+  qp_options o;
+  o.retry_cnt = 1;
+  auto src = make_buffer(16), dst = make_buffer(16);
+  const std::vector<sge> sg{src.whole()};
+  {  // warm-up: packet pools and queues reach their size
+    auto w = connected_pair(o);
+    for (int i = 0; i < 64; ++i) {
+      ASSERT_FALSE(post_recv(w.b, {dst.whole()}, 1));
+      ASSERT_FALSE(post_send(w.a, wr_opcode::send, sg, 1));
+      ASSERT_EQ(poll(w.cq_a, 1).size(), 1u);
+    }
+  }
+  // Sixteen QPs whose peers do not answer: each send arms its QP's
+  // retransmit timer, sixteen more heap entries, and the heap cannot grow.
+  constexpr int n = 16;
+  std::vector<pair> v;
+  for (int i = 0; i < n; ++i) {
+    v.push_back(connected_pair(o));
+    qp_attr e;
+    e.state = qp_state::err;
+    v.back().b.modify(e, qp_attr_state);
+  }
+  send_wr w;
+  w.wr_id = 7;
+  w.opcode = wr_opcode::send;
+  w.sg_list = sg.data();
+  w.num_sge = 1;
+  w.flags = send_signaled;
+  std::error_code ec[n];
+  fail_allocations_on_this_thread(true);
+  for (int i = 0; i < n; ++i) ec[i] = v[i].a.post_send(w);
+  fail_allocations_on_this_thread(false);
+  std::size_t fatal = 0;
+  for (int i = 0; i < n; ++i) {
+    EXPECT_FALSE(ec[i]) << ec[i].message();
+    const auto c = poll(v[i].cq_a, 1, std::chrono::milliseconds(10));
+    ASSERT_EQ(c.size(), 1u) << "send " << i << " never completed: its timer was lost";
+    if (c[0].status == wc_status::fatal_err)
+      ++fatal;
+    else
+      EXPECT_TRUE(wc_is(c[0], 7, wc_status::retry_exc_err));
+    EXPECT_EQ(query_state(v[i].a), qp_state::err);
+  }
+  EXPECT_GT(fatal, 0u) << "no timer was short of memory: this test tested nothing";
+  EXPECT_LT(fatal, static_cast<std::size_t>(n)) << "the last lost timer was not scheduled again";
+  EXPECT_EQ(count_events(event_type::qp_fatal), fatal);
 }
 
 }  // namespace

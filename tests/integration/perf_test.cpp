@@ -368,9 +368,12 @@ TEST(perf_two_processes, a_client_tries_every_address_of_the_server_name) {
   child order({"ip", "netns", "exec", ns, "getent", "ahosts", "twohomed"});
   ASSERT_EQ(order.wait(30s), 0) << order.output();
   ASSERT_EQ(order.output().rfind("::1 ", 0), 0u) << "the resolver puts ::1 first:\n" << order.output();
-  const std::vector<std::string> run{"--test", "write_bw", "-s", "4096", "-n", "100", "-p", std::to_string(port + 1)};
-  std::vector<std::string> sv{"ip", "netns", "exec", ns, AVERBS_CLI, "perf", "--addr", "127.0.0.1:" + std::to_string(port)};
-  std::vector<std::string> cv{"ip", "netns", "exec", ns, AVERBS_CLI, "perf", "--addr", "127.0.0.2:" + std::to_string(port)};
+  const std::vector<std::string> run{"--test", "write_bw", "-s", "4096",
+                                     "-n",     "100",      "-p", std::to_string(port + 1)};
+  std::vector<std::string> sv{"ip",       "netns", "exec",   ns,
+                              AVERBS_CLI, "perf",  "--addr", "127.0.0.1:" + std::to_string(port)};
+  std::vector<std::string> cv{"ip",       "netns", "exec",   ns,
+                              AVERBS_CLI, "perf",  "--addr", "127.0.0.2:" + std::to_string(port)};
   sv.insert(sv.end(), run.begin(), run.end());
   cv.insert(cv.end(), run.begin(), run.end());
   cv.push_back("twohomed");

@@ -177,6 +177,9 @@ void oob::recv_all(void* p, std::size_t n) const {
     const ssize_t r = ::recv(fd_, b, n, 0);
     if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (r == 0) throw std::runtime_error("the peer closed the out-of-band connection");
+    // A process that dies with our words unread resets the connection.
+    if (r < 0 && (errno == ECONNRESET || errno == EPIPE))
+      throw std::runtime_error("the peer closed the out-of-band connection (reset)");
     if (r < 0) fail("out-of-band recv");
     b += r;
     n -= static_cast<std::size_t>(r);
@@ -286,9 +289,10 @@ void oob::expect_word(std::uint64_t want, const char* what) const {
 }
 
 bool oob::peer_closed() const {
-  pollfd p{fd_, POLLIN, 0};
+  // POLLRDHUP reports the peer's FIN even with a message still unread.
+  pollfd p{fd_, POLLIN | POLLRDHUP, 0};
   if (::poll(&p, 1, 0) != 1) return false;
-  if ((p.revents & (POLLERR | POLLHUP)) != 0) return true;
+  if ((p.revents & (POLLRDHUP | POLLERR | POLLHUP)) != 0) return true;
   char c;
   const ssize_t r = ::recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
   return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);

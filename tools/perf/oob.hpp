@@ -81,8 +81,8 @@ class oob {
   /// True if a message from the peer (or its end of the stream) is waiting
   /// (does not block).
   bool readable() const;
-  /// True once the peer has closed its end or the connection was reset
-  /// (does not block; a message still unread does not count).
+  /// True once the peer has closed its end or the connection was reset,
+  /// whether or not a message of its is still unread (does not block).
   bool peer_closed() const;
 
  private:

@@ -567,15 +567,41 @@ struct remote_run::state {
     }
   }
 
-  /// Keeps the device responding (one-sided tests need the responder to
-  /// run) until the peer speaks or closes the connection.  The socket is
-  /// looked at every 64th turn: a poll syscall per turn was a few percent
-  /// of the responder's CPU in read_bw.
-  void respond_until_link_ready() const {
+  /// Receives the out-of-band word `want`, keeping the device running
+  /// while it waits: the peer may be waiting for our ACKs (a device holds
+  /// them back for a few tens of microseconds, and its timers run only
+  /// while its process polls) or, in one-sided tests, for our responses.
+  /// The socket is looked at every 64th turn (a poll syscall per turn was
+  /// a few percent of the responder's CPU in read_bw); a peer from which
+  /// nothing arrives for `stall_limit`, on either connection (stopped, or
+  /// its host gone without a FIN), is given up.
+  void await_word(std::uint64_t want, const char* what) const {
+    auto since = std::chrono::steady_clock::now();
+    std::uint64_t seen = dev.counters().packets_received;
     for (unsigned turn = 1;; ++turn) {
       rcq.poll({});
-      if (turn % 64 == 0 && link.readable()) return;
+      if (turn % 64 != 0) continue;
+      if (link.readable()) break;
+      if (turn % 8192 != 0) continue;
+      const auto now = std::chrono::steady_clock::now();
+      const std::uint64_t got = dev.counters().packets_received;
+      if (got != seen) {
+        seen = got;
+        since = now;
+      } else if (now - since > stall_limit) {
+        throw std::runtime_error(
+            "nothing came from the peer for " +
+            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(stall_limit).count()) +
+            " s while waiting for " + what);
+      }
     }
+    link.expect_word(want, what);
+  }
+
+  /// Tells the peer this side reached `step` and waits until it has too.
+  void meet(std::uint64_t step, const char* what) const {
+    link.send_word(step);
+    await_word(step, what);
   }
 };
 
@@ -584,12 +610,13 @@ remote_run::remote_run(context& ctx, const options& o, const std::string& host, 
   state& s = *s_;
   s.dev = open_device(ctx, o_.device);
   s.p = s.dev.alloc_pd();
-  s.scq = s.dev.create_cq(1024);
+  const std::uint32_t tx = std::max<std::uint32_t>(o_.tx_depth != 0 ? o_.tx_depth : 128, 128);
+  // Room for every send to complete signaled (-Q 1), as the loopback run has.
+  s.scq = s.dev.create_cq(std::max<std::uint32_t>(tx * 2, 1024));
   s.rcq = s.dev.create_cq(std::max<std::uint32_t>(o_.rx_depth * 2, 1024));
   qp_init_attr ia;
   ia.send_cq = s.scq;
   ia.recv_cq = s.rcq;
-  const std::uint32_t tx = std::max<std::uint32_t>(o_.tx_depth != 0 ? o_.tx_depth : 128, 128);
   ia.cap = {tx, o_.rx_depth, 1, 1, o_.inline_size};
   s.q = s.p.create_qp(ia);
   // [0, max): where the peer writes; [max, 2 max): what this side sends.
@@ -629,8 +656,7 @@ remote_run::remote_run(context& ctx, const options& o, const std::string& host, 
   // min_rnr_timer 1 (10 us): a receiver reposting quickly should not cost 655 ms (P7).
   to_rts(s.q, o_, s.peer.qpn, s.peer.psn, s.peer.g, 1);
   // Both sides are in RTS before either sends.
-  s.link.send_word(step_rts);
-  s.link.expect_word(step_rts, "connection setup");
+  s.meet(step_rts, "connection setup");
 }
 
 remote_run::~remote_run() = default;
@@ -669,8 +695,7 @@ latency_result remote_run::latency(std::size_t size, std::size_t iters) {
         if (auto ec = s.q.post_recv(rwr)) throw std::runtime_error("post_recv: " + ec.message());
       s.receives_posted = true;
     }
-    s.link.send_word(step_receives_posted);
-    s.link.expect_word(step_receives_posted, "the start of a size");
+    s.meet(step_receives_posted, "the start of a size");
     std::uint64_t prev = clock_.now();
     for (std::size_t i = 0; i < iters; ++i) {
       if (!is_server()) {
@@ -728,13 +753,10 @@ latency_result remote_run::latency(std::size_t size, std::size_t iters) {
       }
     }
   }
-  // Agree the size is over; the server keeps its device responding while
-  // it waits (one-sided tests need the responder to run).
-  if (is_server()) {
-    s.respond_until_link_ready();
-  }
-  s.link.send_word(step_size_done);
-  s.link.expect_word(step_size_done, "the end of a size");
+  // Agree the size is over.  Both keep their devices running while they
+  // wait: the one whose last send was signaled waits for an ACK the other
+  // may still hold, and a one-sided test's server is its responder.
+  s.meet(step_size_done, "the end of a size");
   if (is_server() && samples.empty()) return {size, iters};
   return summarize_latency(std::move(samples), clock_, size, iters, rtt_factor);
 }
@@ -793,12 +815,11 @@ bandwidth_result remote_run::bandwidth(std::size_t size, std::size_t iters) {
       s.link.send_word(step_server_ready);
     }
     // One-sided tests: the responder runs while we wait for the client.
-    s.respond_until_link_ready();
-    s.link.expect_word(step_client_done, "the end of a size");
+    s.await_word(step_client_done, "the end of a size");
     s.link.send_word(step_server_done);
     return r;
   }
-  s.link.expect_word(step_server_ready, "the start of a size");
+  s.await_word(step_server_ready, "the start of a size");
   wr_opcode op = wr_opcode::send;
   if (k == test_kind::write_bw) op = wr_opcode::rdma_write;
   if (k == test_kind::read_bw) op = wr_opcode::rdma_read;
@@ -839,7 +860,7 @@ bandwidth_result remote_run::bandwidth(std::size_t size, std::size_t iters) {
   }
   const std::uint64_t end = clock_.now();
   s.link.send_word(step_client_done);
-  s.link.expect_word(step_server_done, "the end of a size");
+  s.await_word(step_server_done, "the end of a size");
   return bandwidth_report(o_, clock_, size, iters, start, end, t_posted, t_completed, cq_mod);
 }
 

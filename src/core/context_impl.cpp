@@ -531,12 +531,26 @@ std::error_code context_impl::wait(wait_target& t, std::chrono::nanoseconds time
   thread_state* const state = thread_state::try_current(ec);
   if (state == nullptr) return ec;  // no descriptor for its wake-up: the wait's error
   thread_state& ts = *state;
+  // Once this wait has slept it may hold the lead, or owe a hand-off: it
+  // settles that on every way out (before running handlers, which may take
+  // long).  A wait that never slept takes no lock for it.
+  struct sleeper_exit {
+    context_impl& ctx;
+    thread_state& ts;
+    bool slept = false;
+    void leave() noexcept {
+      if (slept) ctx.leave_sleepers(ts);
+      slept = false;
+    }
+    ~sleeper_exit() { leave(); }
+  } sleeper{*this, ts};
   const auto start = real_now();
   const auto deadline = deadline_after(start, timeout);
   const auto spin_until = start + spin_;
   for (;;) {
     if (t.ready()) return {};
     if (alertable && ts.has_work()) {
+      sleeper.leave();
       const std::size_t n = ts.run();
       if (ran != nullptr) *ran = n;
       return make_error_code(errc::alerted);
@@ -550,16 +564,22 @@ std::error_code context_impl::wait(wait_target& t, std::chrono::nanoseconds time
       cpu_relax();
       continue;
     }
-    // Block: arm the target and the thread, let busy-polled sources arm
-    // their descriptors, re-check, then sleep in the kernel on the progress
-    // set, this thread's wake fd and the target's fd.
+    // Block: arm the target and the thread, then, as the poller, let
+    // busy-polled sources arm their descriptors, re-check, and sleep in the
+    // kernel on the progress set, this thread's wake fd and the target's
+    // fd; as a follower, on the last two only.
     if (t.arm(ts)) {
       if (ts.arm(alertable)) {
-        sleep_sources(true);
+        sleeper.slept = true;
+        const bool lead = lead_or_follow(ts);
+        if (lead) sleep_sources(true);
         poll();
         if (!t.ready() && !t.settling()) {
-          pollfd fds[3] = {{ep_, POLLIN, 0}, {ts.wake_fd(), POLLIN, 0}, {t.fd(), POLLIN, 0}};
-          const nfds_t nfds = t.fd() >= 0 ? 3 : 2;
+          pollfd fds[3];
+          nfds_t nfds = 0;
+          if (lead) fds[nfds++] = {ep_, POLLIN, 0};
+          fds[nfds++] = {ts.wake_fd(), POLLIN, 0};
+          if (t.fd() >= 0) fds[nfds++] = {t.fd(), POLLIN, 0};
           if (deadline == std::chrono::nanoseconds::max()) {
             ::ppoll(fds, nfds, nullptr, nullptr);
           } else {
@@ -569,12 +589,48 @@ std::error_code context_impl::wait(wait_target& t, std::chrono::nanoseconds time
             ::ppoll(fds, nfds, &tsp, nullptr);
           }
         }
-        sleep_sources(false);
+        if (lead)
+          sleep_sources(false);
+        else
+          stop_following(ts);
         ts.disarm();
       }
       t.disarm();
     }
   }
+}
+
+bool context_impl::lead_or_follow(thread_state& ts) noexcept {
+  std::lock_guard lock(lead_mu_);
+  if (poller_ == nullptr || poller_ == &ts) {
+    poller_ = &ts;
+    return true;
+  }
+  ts.follower_prev = nullptr;
+  ts.follower_next = followers_;
+  if (followers_ != nullptr) followers_->follower_prev = &ts;
+  followers_ = &ts;
+  return false;
+}
+
+void context_impl::stop_following(thread_state& ts) noexcept {
+  std::lock_guard lock(lead_mu_);
+  if (ts.follower_prev != nullptr)
+    ts.follower_prev->follower_next = ts.follower_next;
+  else if (followers_ == &ts)
+    followers_ = ts.follower_next;
+  if (ts.follower_next != nullptr) ts.follower_next->follower_prev = ts.follower_prev;
+  ts.follower_prev = ts.follower_next = nullptr;
+}
+
+void context_impl::leave_sleepers(thread_state& ts) noexcept {
+  std::lock_guard lock(lead_mu_);
+  if (poller_ == &ts) poller_ = nullptr;
+  // Followers sleep on their wake descriptors only: without a poller,
+  // nothing would drive the sources they wait on.  The one woken takes
+  // the lead on its next sleep, or, if its wait is over, passes it on
+  // here.  Woken under the lock: it is still in its wait, armed.
+  if (poller_ == nullptr && followers_ != nullptr) followers_->wake();
 }
 
 void context_impl::sleep_sources(bool armed) noexcept {

@@ -169,6 +169,14 @@ class context_impl final : public clock_listener {
   std::size_t poll() noexcept;
   /// Tells busy-polled sources a thread is about to sleep (true) or woke (false).
   void sleep_sources(bool armed) noexcept;
+  /// A thread about to sleep in wait() becomes the poller (true), the one
+  /// thread asleep on ep_, unless another is; then it joins the followers.
+  bool lead_or_follow(thread_state& ts) noexcept;
+  /// A follower woke: off the list.
+  void stop_following(thread_state& ts) noexcept;
+  /// A thread that slept leaves wait(): the poller gives up the lead, and
+  /// if no one leads, a follower is woken to take it.
+  void leave_sleepers(thread_state& ts) noexcept;
   /// Waits (driving progress) until `t` is ready, the timeout passes, or, if
   /// `alertable`, handlers queued for this thread ran (their count goes to
   /// `ran`).  Exceptions thrown by those handlers propagate.
@@ -237,6 +245,13 @@ class context_impl final : public clock_listener {
   std::mutex grow_mu_;
 
   int ep_ = -1;
+  // Threads asleep in wait(): one of them, the poller, sleeps on ep_ and
+  // keeps the lead until its wait returns; the others sleep on their own
+  // wake descriptors and are woken by what they wait for (or to take the
+  // lead).  All of them on ep_ woke each other for every event.
+  std::mutex lead_mu_;
+  thread_state* poller_ = nullptr;     // Must hold lead_mu_.
+  thread_state* followers_ = nullptr;  // Must hold lead_mu_: linked through follower_next/prev.
   std::shared_mutex sources_mu_;  // shared: calling progress(); exclusive: (un)registering
   std::vector<progress_source*> busy_sources_;  // Must hold sources_mu_.
   std::vector<progress_source*> sources_;       // Must hold sources_mu_.

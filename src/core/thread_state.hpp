@@ -61,6 +61,12 @@ class thread_state {
   /// ones.  Waits still work.  Idempotent.
   void retire() noexcept;
 
+  /// Links in the list of a context's threads asleep without its progress
+  /// descriptor (context_impl::wait).  Must hold that context's lead_mu_.
+  /// A thread sleeps in one wait at a time: one pair is enough.
+  thread_state* follower_prev = nullptr;
+  thread_state* follower_next = nullptr;
+
  private:
   thread_state();
   ~thread_state();

@@ -9,8 +9,13 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
+#include <fstream>
+#include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -108,6 +113,93 @@ TEST(progress, blocked_wait_wakes_for_a_source_interrupt_from_another_thread) {
   r.wait();
   t.join();
   EXPECT_TRUE(r.ready());
+  ctx.remove_source(dev);
+}
+
+// Blocking waits of a thread so far (/proc: voluntary context switches).
+long voluntary_switches(pid_t tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("voluntary_ctxt_switches:", 0) == 0) return std::stol(line.substr(24));
+  return -1;
+}
+
+// Threads asleep in one context do not all wake for each event: one, the
+// poller, sleeps on the progress descriptors; the others sleep until what
+// they wait for completes (or they are handed the lead).  Every sleeper
+// used to wake for every event.
+TEST(progress, an_event_wakes_the_poller_not_every_sleeping_thread) {
+  averbs::context_options o;
+  o.spin = 0ns;  // straight to sleep
+  averbs::context ctx(o);
+  fake_device dev(ctx);
+  ctx.add_source(dev);
+  constexpr int threads = 3;
+  std::vector<std::unique_ptr<averbs::completion_port>> ports;
+  for (int t = 0; t < threads; ++t) ports.push_back(std::make_unique<averbs::completion_port>(ctx));
+  std::array<std::atomic<pid_t>, threads> tids{};
+  std::vector<std::thread> ws;
+  for (int t = 0; t < threads; ++t) {
+    ws.emplace_back([&, t] {
+      tids[t].store(::gettid());
+      std::array<averbs::completion_entry, 1> e;
+      while (ports[t]->get(e, 30s) == 0) {
+      }
+    });
+  }
+  for (auto& t : tids)
+    while (t.load() == 0) std::this_thread::yield();
+  std::this_thread::sleep_for(100ms);  // every waiter asleep
+  std::array<long, threads> before{};
+  for (int t = 0; t < threads; ++t) before[t] = voluntary_switches(tids[t].load());
+  constexpr int events = 100;
+  for (int i = 0; i < events; ++i) {
+    dev.interrupt();
+    std::this_thread::sleep_for(2ms);
+  }
+  int woken = 0;
+  for (int t = 0; t < threads; ++t)
+    if (voluntary_switches(tids[t].load()) - before[t] >= events / 2) ++woken;
+  EXPECT_EQ(woken, 1) << "the sleepers that do not poll woke for the events too";
+  for (auto& p : ports) p->post(1, 0);
+  for (auto& w : ws) w.join();
+  EXPECT_GE(dev.progress_calls, events / 2);  // the poller drove the device (read once it is joined)
+  ctx.remove_source(dev);
+}
+
+// When the poller's wait ends, a follower takes the lead: what it waits
+// for still gets driven.
+TEST(progress, a_follower_takes_the_lead_when_the_poller_leaves) {
+  averbs::context_options o;
+  o.spin = 0ns;
+  averbs::context ctx(o);
+  fake_device dev(ctx);
+  ctx.add_source(dev);
+  averbs::completion_port port(ctx);
+  std::atomic<bool> poller_done{false};
+  std::thread poller([&] {  // asleep first: it leads
+    std::array<averbs::completion_entry, 1> e;
+    while (port.get(e, 30s) == 0) {
+    }
+    poller_done = true;
+  });
+  std::this_thread::sleep_for(50ms);
+  auto r = dev.async_op(averbs::use_request);
+  std::thread follower([&] {
+    std::this_thread::sleep_for(50ms);  // this thread asleep as a follower
+    port.post(1, 0);                    // the poller's wait ends
+    while (!poller_done) std::this_thread::yield();
+    std::this_thread::sleep_for(20ms);
+    dev.interrupt();  // only a poller sees it
+  });
+  // (A wait that reaches its deadline polls once more before it gives up,
+  // so the time it took is what tells a hand-off from none.)
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(r.wait_for(20s));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "no thread drove the device after the poller left";
+  follower.join();
+  poller.join();
   ctx.remove_source(dev);
 }
 

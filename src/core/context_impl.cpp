@@ -573,7 +573,10 @@ std::error_code context_impl::wait(wait_target& t, std::chrono::nanoseconds time
         sleeper.slept = true;
         const bool lead = lead_or_follow(ts);
         if (lead) sleep_sources(true);
-        poll();
+        // The sources only: free_dropped() (the loop's next poll() runs it)
+        // destroys what programs left in requests, whose destructors may
+        // wait themselves, on this thread, while it is armed and listed.
+        poll_sources();
         if (!t.ready() && !t.settling()) {
           pollfd fds[3];
           nfds_t nfds = 0;

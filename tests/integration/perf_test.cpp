@@ -420,6 +420,19 @@ TEST(perf_two_processes, a_client_tries_every_address_of_the_server_name) {
   EXPECT_NE(client.output().find(" 4096       100 "), std::string::npos) << client.output();
 }
 
+// perftest's -F, -i 1 and -x 0, common in its command lines, work; a GID
+// index the device does not have is an error that says so.
+TEST(perf_two_processes, perftest_port_gid_and_cpu_frequency_flags) {
+  const std::vector<std::string> args{"--test", "write_bw", "-n", "100", "-F", "-i", "1", "-x", "0"};
+  const auto r = run_perf(args, args);
+  EXPECT_EQ(r.client, 0) << r.client_out;
+  EXPECT_EQ(r.server, 0) << r.server_out;
+  EXPECT_NE(r.client_out.find(" 65536      100 "), std::string::npos) << r.client_out;
+  child server(perf_cmd(0, test_port(), {"--test", "write_bw", "-x", "5"}, false), true);
+  EXPECT_EQ(server.wait(30s), 1) << server.output();
+  EXPECT_NE(server.output().find("GID index 5 of port 1 is empty"), std::string::npos) << server.output();
+}
+
 // --- options -----------------------------------------------------------------
 
 TEST(perf_options, out_of_range_values_are_usage_errors) {
@@ -433,6 +446,8 @@ TEST(perf_options, out_of_range_values_are_usage_errors) {
       {{"--test", "write_bw", "-s", "1x"}, "-s: '1x' is not a number"},
       {{"--test", "atomic_bw", "-s", "64"}, "atomic tests move 8 bytes"},
       {{"--test", "atomic_lat", "-a"}, "atomic tests move 8 bytes"},
+      {{"--test", "write_bw", "-i", "2"}, "-i: '2' is not a number from 1 to 1"},
+      {{"--test", "write_bw", "-x", "256"}, "-x: '256' is not a number from 0 to 255"},
   };
   for (const auto& [args, message] : cases) {
     std::vector<std::string> argv{AVERBS_CLI, "perf"};

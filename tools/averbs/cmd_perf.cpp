@@ -39,6 +39,9 @@ int help() {
       "  -Q, --cq-mod N     a signaled completion every N sends, 1..1024 (default 100)\n"
       "  -I, --inline BYTES inline sends up to this size, 0..1024 (default 0)\n"
       "  -o, --outs N       outstanding READs/atomics (default 16)\n"
+      "  -x, --gid-index N  source GID index (default 0; two processes)\n"
+      "  -i, --ib-port 1    the port (an averbs device has one)\n"
+      "  -F, --CPU-freq     accepted for perftest's command lines; no effect\n"
       "  -u, --qp-timeout T QP local ACK timeout, 4.096 us * 2^T (default 14, 67 ms)\n"
       "  -p, --port PORT    out-of-band TCP port between the two processes (18515)\n"
       "      --report_gbits bandwidth in Gb/s (10^9 bits) instead of MB/s (2^20 bytes)\n"
@@ -275,6 +278,14 @@ int cmd_perf(std::span<char* const> args) {
       o.report_gbits = true;
     } else if (a == "-I" || a == "--inline") {
       o.inline_size = static_cast<std::uint32_t>(number(0, 1024));
+    } else if (a == "-i" || a == "--ib-port") {
+      (void)number(1, 1);  // an averbs device has one port
+    } else if (a == "-x" || a == "--gid-index") {
+      o.gid_index = static_cast<std::uint32_t>(number(0, 255));
+    } else if (a == "-F" || a == "--CPU-freq") {
+      // perftest's "do not fail on a CPU frequency warning": this tool
+      // calibrates its cycle counter against the monotonic clock and warns
+      // about nothing, so there is nothing to ignore.
     } else if (a == "-o" || a == "--outs") {
       o.outstanding_reads = static_cast<std::uint32_t>(number(1, 128));
     } else if (a == "-u" || a == "--qp-timeout") {

@@ -202,6 +202,7 @@ void to_rts(const qp& q, const options& o, std::uint32_t dest_qpn, std::uint32_t
   a.min_rnr_timer = min_rnr_timer;
   a.ah.is_global = true;
   a.ah.grh.dgid = dgid;
+  a.ah.grh.sgid_index = static_cast<std::uint8_t>(o.gid_index);
   q.modify(a, qp_attr_state | qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn | qp_attr_rq_psn |
                   qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer);
   a = {};
@@ -625,7 +626,9 @@ remote_run::remote_run(context& ctx, const options& o, const std::string& host, 
   s.m = s.p.reg_mr(s.buf.data(), s.buf.size(), all_access);
   to_init(s.q);
 
-  const gid g = s.dev.query_gid(1, 0);
+  const gid g = s.dev.query_gid(1, o_.gid_index);
+  if (g.is_zero())
+    throw std::runtime_error("GID index " + std::to_string(o_.gid_index) + " of port 1 is empty");
   peer_info me{s.q.num(), 0, g, s.m.rkey(), reinterpret_cast<std::uintptr_t>(s.buf.data()), s.buf.size()};
   if (is_server()) {
     // Listen on the device's own address: several servers can share a host.

@@ -76,34 +76,18 @@ class child {
         output_ += l + "\n";
         if (l == line) return true;
       }
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return false;
-      pollfd p{out_, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) != 1) return false;
-      char b[256];
-      const ssize_t n = ::read(out_, b, sizeof b);
-      if (n <= 0) return false;
-      buf_.append(b, static_cast<std::size_t>(n));
+      if (!read_some(buf_, until)) return false;
     }
   }
 
   /// Reads stdout until it holds `text` anywhere (true) or EOF/deadline.
   bool wait_for_text(const std::string& text, std::chrono::milliseconds timeout) {
     const auto until = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      output_ += buf_;
-      buf_.clear();
-      if (output_.find(text) != std::string::npos) return true;
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return false;
-      pollfd p{out_, POLLIN, 0};
-      if (::poll(&p, 1, static_cast<int>(left.count())) != 1) return false;
-      char b[256];
-      const ssize_t n = ::read(out_, b, sizeof b);
-      if (n <= 0) return false;
-      output_.append(b, static_cast<std::size_t>(n));
-    }
+    output_ += buf_;
+    buf_.clear();
+    while (output_.find(text) == std::string::npos)
+      if (!read_some(output_, until)) return false;
+    return true;
   }
 
   /// Reads what is there, waiting up to `wait` for something.
@@ -141,6 +125,21 @@ class child {
   const std::string& output() const { return output_; }
 
  private:
+  /// Waits until `until` for more output and appends it to `to`; false at
+  /// EOF or the deadline.
+  bool read_some(std::string& to, std::chrono::steady_clock::time_point until) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd p{out_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(left.count())) != 1) return false;
+    char b[256];
+    const ssize_t n = ::read(out_, b, sizeof b);
+    if (n <= 0) return false;
+    to.append(b, static_cast<std::size_t>(n));
+    return true;
+  }
+
   pid_t pid_ = -1;
   int out_ = -1;
   bool reaped_ = false;

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Rule 3: the bind_port token and completion ports.
+#include "thread_switches.hpp"
+
 #include <averbs/async.hpp>
 
 #include <gtest/gtest.h>
@@ -9,7 +11,6 @@
 
 #include <array>
 #include <atomic>
-#include <fstream>
 #include <set>
 #include <string>
 #include <thread>
@@ -159,14 +160,7 @@ TEST(port, several_threads_wait_on_one_port_and_each_entry_is_taken_once) {
   EXPECT_EQ(taken.load(), total);
 }
 
-// Blocking waits of a thread so far (/proc: voluntary context switches).
-long voluntary_switches(pid_t tid) {
-  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("voluntary_ctxt_switches:", 0) == 0) return std::stol(line.substr(24));
-  return -1;
-}
+using averbs::test::voluntary_switches;
 
 // One entry wakes one of the threads asleep on the port (as a Windows
 // completion port), not all of them to find one entry: the others do not

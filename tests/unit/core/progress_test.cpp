@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Rule 5: progress without threads.
+#include "thread_switches.hpp"
+
 #include <averbs/async.hpp>
 
 #include <gtest/gtest.h>
@@ -11,7 +13,6 @@
 
 #include <array>
 #include <atomic>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -116,14 +117,7 @@ TEST(progress, blocked_wait_wakes_for_a_source_interrupt_from_another_thread) {
   ctx.remove_source(dev);
 }
 
-// Blocking waits of a thread so far (/proc: voluntary context switches).
-long voluntary_switches(pid_t tid) {
-  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/status");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("voluntary_ctxt_switches:", 0) == 0) return std::stol(line.substr(24));
-  return -1;
-}
+using averbs::test::voluntary_switches;
 
 // Threads asleep in one context do not all wake for each event: one, the
 // poller, sleeps on the progress descriptors; the others sleep until what

@@ -100,7 +100,12 @@ TEST(perf_greeting, another_test_sizes_or_iterations_is_an_error_naming_both) {
             "the peer runs all sizes (-a), this side 2 bytes (give both the same -s or -a)");
   perf::options many = lat;
   many.iters = 5000;
-  EXPECT_EQ(agree_error(lat, many), "the peer runs 5000 iterations, this side 1000 (give both the same -n)");
+  EXPECT_EQ(agree_error(lat, many),
+            "the peer runs 5000 iterations, this side 1000 iterations (give both the same -n or -D)");
+  perf::options bw = opts(perf::test_kind::write_bw), timed = bw;
+  timed.duration = 5;
+  EXPECT_EQ(agree_error(bw, timed),
+            "the peer runs 5 s, this side 5000 iterations (give both the same -n or -D)");
   EXPECT_EQ(agree_error(lat, lat), "");
 }
 
@@ -420,6 +425,29 @@ TEST(perf_two_processes, a_client_tries_every_address_of_the_server_name) {
   EXPECT_NE(client.output().find(" 4096       100 "), std::string::npos) << client.output();
 }
 
+// -D: the sender runs for the time given; the receiver of a send_bw counts
+// what came, and finds every SEND the sender completed.
+TEST(perf_two_processes, a_timed_send_bw_receiver_counts_what_the_sender_sent) {
+  const std::vector<std::string> args{"--test", "send_bw", "-D", "1", "-s", "4096"};
+  const auto r = run_perf(args, args);
+  ASSERT_EQ(r.client, 0) << r.client_out;
+  ASSERT_EQ(r.server, 0) << r.server_out;
+  auto row = [](const std::string& out) {
+    std::size_t iters = 0;
+    double peak = -1;
+    const auto at = out.find("\n 4096 ");
+    if (at == std::string::npos || std::sscanf(out.c_str() + at, " 4096 %zu %lf", &iters, &peak) != 2)
+      return std::pair{std::size_t{0}, -1.0};
+    return std::pair{iters, peak};
+  };
+  const auto [sent, sent_peak] = row(r.client_out);
+  const auto [got, got_peak] = row(r.server_out);
+  EXPECT_GT(sent, 0u) << r.client_out;
+  EXPECT_EQ(got, sent) << r.server_out << r.client_out;
+  EXPECT_EQ(sent_peak, 0.0);  // no peak in a timed run, as perftest
+  EXPECT_EQ(got_peak, 0.0);
+}
+
 // perftest's -F, -i 1 and -x 0, common in its command lines, work; a GID
 // index the device does not have is an error that says so.
 TEST(perf_two_processes, perftest_port_gid_and_cpu_frequency_flags) {
@@ -431,6 +459,20 @@ TEST(perf_two_processes, perftest_port_gid_and_cpu_frequency_flags) {
   child server(perf_cmd(0, test_port(), {"--test", "write_bw", "-x", "5"}, false), true);
   EXPECT_EQ(server.wait(30s), 1) << server.output();
   EXPECT_NE(server.output().find("GID index 5 of port 1 is empty"), std::string::npos) << server.output();
+}
+
+TEST(perf_loopback, a_timed_run_counts_what_it_sent) {
+  child c({AVERBS_CLI, "perf", "--test", "send_bw", "-D", "1", "-s", "4096"}, true);
+  ASSERT_EQ(c.wait(60s), 0) << c.output();
+  const auto at = c.output().find("\n 4096 ");
+  ASSERT_NE(at, std::string::npos) << c.output();
+  std::size_t iters = 0;
+  double peak = -1, avg = -1;
+  ASSERT_EQ(std::sscanf(c.output().c_str() + at, " 4096 %zu %lf %lf", &iters, &peak, &avg), 3) << c.output();
+  EXPECT_GT(iters, 0u);
+  EXPECT_EQ(iters % 100, 0u) << "the last message sent is a signaled one (every 100th)";
+  EXPECT_EQ(peak, 0.0);
+  EXPECT_GT(avg, 0.0);
 }
 
 // --- options -----------------------------------------------------------------
@@ -447,6 +489,9 @@ TEST(perf_options, out_of_range_values_are_usage_errors) {
       {{"--test", "atomic_bw", "-s", "64"}, "atomic tests move 8 bytes"},
       {{"--test", "atomic_lat", "-a"}, "atomic tests move 8 bytes"},
       {{"--test", "write_bw", "-i", "2"}, "-i: '2' is not a number from 1 to 1"},
+      {{"--test", "send_lat", "-D", "2"},
+       "-D runs a bandwidth test for a time, at one size: not with this test"},
+      {{"--test", "write_bw", "-D", "2", "-n", "100"}, "not with -n"},
       {{"--test", "write_bw", "-x", "256"}, "-x: '256' is not a number from 0 to 255"},
   };
   for (const auto& [args, message] : cases) {

@@ -32,6 +32,7 @@ int help() {
       "                     8 for atomics)\n"
       "  -a, --all          all sizes from 2 to 8388608 bytes\n"
       "  -n, --iters N      iterations (default 1000; 5000 for write_bw)\n"
+      "  -D, --duration S   bandwidth tests: run S seconds instead of -n iterations\n"
       "  -m, --mtu BYTES    path MTU: 256, 512, 1024, 2048, 4096 (default and most: the\n"
       "                     port's active MTU, from the interface's MTU)\n"
       "  -t, --tx-depth N   send queue depth, 1..15000 (default 1 latency, 128 bandwidth)\n"
@@ -278,6 +279,8 @@ int cmd_perf(std::span<char* const> args) {
       o.report_gbits = true;
     } else if (a == "-I" || a == "--inline") {
       o.inline_size = static_cast<std::uint32_t>(number(0, 1024));
+    } else if (a == "-D" || a == "--duration") {
+      o.duration = static_cast<std::uint32_t>(number(1, 86400));
     } else if (a == "-i" || a == "--ib-port") {
       (void)number(1, 1);  // an averbs device has one port
     } else if (a == "-x" || a == "--gid-index") {
@@ -305,6 +308,13 @@ int cmd_perf(std::span<char* const> args) {
   }
   if (!have_test) {
     std::fprintf(stderr, "averbs perf: --test is required (try --help)\n");
+    return 2;
+  }
+  if (o.duration != 0 && (connect_test || perf::is_latency(o.test) || o.iters != 0 || o.all_sizes)) {
+    std::fprintf(stderr, "averbs perf: -D runs a bandwidth test for a time, at one size: not with %s\n",
+                 connect_test || perf::is_latency(o.test) ? "this test"
+                 : o.iters != 0                           ? "-n"
+                                                          : "-a");
     return 2;
   }
   if ((o.test == perf::test_kind::atomic_lat || o.test == perf::test_kind::atomic_bw) && !connect_test &&
@@ -364,7 +374,7 @@ int cmd_perf(std::span<char* const> args) {
       perf::remote_run run(ctx, o, host, *std::max_element(sizes.begin(), sizes.end()));
       // perftest measures no peak on a SEND receiver, nor past 20,000 iterations.
       const bool receiver = run.is_server() && o.test == perf::test_kind::send_bw;
-      if (!lat && (receiver || iters > perf::peak_max_iters))
+      if (!lat && (receiver || iters > perf::peak_max_iters || o.duration != 0))
         std::printf(" WARNING: BW peak won't be measured in this run.\n");
       // Printed after the greeting: the path MTU is the smaller of the two ends'.
       perf::print_banner(run.negotiated(), o.device, true);
@@ -386,7 +396,7 @@ int cmd_perf(std::span<char* const> args) {
       if (show_counters) print_counters(open_device(ctx, o.device).counters());
       return 0;
     }
-    if (!lat && iters > perf::peak_max_iters)
+    if (!lat && (iters > perf::peak_max_iters || o.duration != 0))
       std::printf(" WARNING: BW peak won't be measured in this run.\n");
     perf::loopback_run run(ctx, o);
     perf::print_banner(o, o.device);

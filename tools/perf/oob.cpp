@@ -250,6 +250,7 @@ void oob::send_params(const test_params& p) const {
   put32(24, p.all_sizes);
   put64(28, p.size);
   put64(36, p.iters);
+  put32(44, p.duration);
   send_all(b, sizeof b);
 }
 
@@ -278,6 +279,7 @@ test_params oob::recv_params() const {
   p.all_sizes = get32(24);
   p.size = get64(28);
   p.iters = get64(36);
+  p.duration = get32(44);
   return p;
 }
 

@@ -41,6 +41,7 @@ struct test_params {
   std::uint32_t all_sizes = 0;  // 1: the -a sweep
   std::uint64_t size = 0;       // the one size, when not all_sizes
   std::uint64_t iters = 0;
+  std::uint32_t duration = 0;  // seconds (-D), 0: iterations
 };
 
 class oob {

@@ -165,6 +165,33 @@ bandwidth_result bandwidth_report(const options& o, const cycle_clock& clock, st
   return r;
 }
 
+// How many messages a bandwidth sender posts: `iters`, or with -D as many
+// as the duration allows, rounded up to a whole `cq_mod` so that the last
+// is signaled (its completion says every earlier one completed).
+class send_budget {
+ public:
+  send_budget(const options& o, const cycle_clock& c, std::size_t iters, std::size_t cq_mod,
+              std::uint64_t start)
+      : clock_(c),
+        timed_(o.duration != 0),
+        limit_(timed_ ? SIZE_MAX : iters),
+        cq_mod_(cq_mod),
+        deadline_(start + static_cast<std::uint64_t>(o.duration * c.per_second())) {}
+  /// The number to post, as far as it is known with `posted` posted.
+  std::size_t limit(std::size_t posted) noexcept {
+    if (limit_ == SIZE_MAX && clock_.now() >= deadline_)
+      limit_ = std::max(cq_mod_, (posted + cq_mod_ - 1) / cq_mod_ * cq_mod_);
+    return limit_;
+  }
+  bool timed() const noexcept { return timed_; }
+
+ private:
+  const cycle_clock& clock_;
+  bool timed_;
+  std::size_t limit_, cq_mod_;
+  std::uint64_t deadline_;
+};
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -372,30 +399,34 @@ bandwidth_result loopback_run::bandwidth(std::size_t size, std::size_t iters) {
   recv_wr rwr;
   rwr.sg_list = &gb;
   rwr.num_sge = 1;
+  const std::size_t recv_cap = o_.duration != 0 ? SIZE_MAX : iters;  // -D: receives as long as sends come
   std::size_t recvs_posted = 0;
   if (sends) {
-    for (; recvs_posted < std::min<std::size_t>(iters, o_.rx_depth); ++recvs_posted)
+    for (; recvs_posted < std::min<std::size_t>(recv_cap, o_.rx_depth); ++recvs_posted)
       if (auto ec = b.q.post_recv(rwr)) throw std::runtime_error("post_recv: " + ec.message());
   }
   const std::uint32_t inl =
       size <= o_.inline_size && (sends || k == test_kind::write_bw) ? std::uint32_t{send_inline} : 0u;
   // Post time of each message, and when its signaled completion was seen
   // (only where the peak is measured).
-  const bool peak = iters <= peak_max_iters;
+  const bool peak = o_.duration == 0 && iters <= peak_max_iters;
   std::vector<std::uint64_t> t_posted(peak ? iters : 0), t_completed(peak ? iters : 0);
   std::size_t posted = 0, completed = 0, received = 0;
   work_completion wcs[64];
   const std::uint64_t start = clock_.now();
-  while (completed < iters) {
+  send_budget budget(o_, clock_, iters, cq_mod, start);
+  while (completed < budget.limit(posted)) {
     // SENDs only when a receive waits for them: outrunning the receiver
     // would measure RNR back-off, not the transport.
-    while (posted < iters && posted - completed < depth && (!sends || posted < recvs_posted)) {
+    while (posted < budget.limit(posted) && posted - completed < depth && (!sends || posted < recvs_posted)) {
       send_wr wr;
       wr.wr_id = posted;
       wr.sg_list = &ga;
       wr.num_sge = 1;
       wr.opcode = op;
-      wr.flags = inl | (((posted + 1) % cq_mod == 0 || posted + 1 == iters) ? std::uint32_t{send_signaled} : 0u);
+      wr.flags = inl | (((posted + 1) % cq_mod == 0 || posted + 1 == budget.limit(posted))
+                            ? std::uint32_t{send_signaled}
+                            : 0u);
       wr.remote_addr = reinterpret_cast<std::uintptr_t>(b.buf.data());
       wr.rkey = b.m.rkey();
       wr.compare_add = 1;
@@ -413,12 +444,12 @@ bandwidth_result loopback_run::bandwidth(std::size_t size, std::size_t iters) {
     if (sends) {
       const std::size_t r = b.rcq.poll(wcs);
       received += r;
-      for (std::size_t i = 0; i < r && recvs_posted < iters; ++i, ++recvs_posted)
+      for (std::size_t i = 0; i < r && recvs_posted < recv_cap; ++i, ++recvs_posted)
         if (auto ec = b.q.post_recv(rwr)) throw std::runtime_error("post_recv: " + ec.message());
     }
   }
   const bandwidth_result r =
-      bandwidth_report(o_, clock_, size, iters, start, clock_.now(), t_posted, t_completed, cq_mod);
+      bandwidth_report(o_, clock_, size, completed, start, clock_.now(), t_posted, t_completed, cq_mod);
   (void)received;
   if (std::getenv("AVERBS_PERF_COUNTERS") != nullptr) {
     const device_counters c = dev_.counters();
@@ -440,6 +471,7 @@ test_params params_of(const options& o) {
   p.all_sizes = o.all_sizes ? 1 : 0;
   p.size = o.all_sizes ? 0 : sizes_for(o).front();
   p.iters = iters_for(o);
+  p.duration = o.duration;
   return p;
 }
 
@@ -457,9 +489,12 @@ void agree(options& o, const test_params& peer) {
   if (peer.all_sizes != me.all_sizes || peer.size != me.size)
     throw std::runtime_error("the peer runs " + sizes(peer) + ", this side " + sizes(me) +
                              " (give both the same -s or -a)");
-  if (peer.iters != me.iters)
-    throw std::runtime_error("the peer runs " + std::to_string(peer.iters) + " iterations, this side " +
-                             std::to_string(me.iters) + " (give both the same -n)");
+  auto length = [](const test_params& p) {
+    return p.duration != 0 ? std::to_string(p.duration) + " s" : std::to_string(p.iters) + " iterations";
+  };
+  if (peer.duration != me.duration || (me.duration == 0 && peer.iters != me.iters))
+    throw std::runtime_error("the peer runs " + length(peer) + ", this side " + length(me) +
+                             " (give both the same -n or -D)");
   // perftest's check_mtu: the smaller of the two.  An MTU that is none of
   // IBTA's is a peer we do not understand.
   mtu theirs{};
@@ -785,16 +820,27 @@ bandwidth_result remote_run::bandwidth(std::size_t size, std::size_t iters) {
       recv_wr rwr;
       rwr.sg_list = &g;
       rwr.num_sge = 1;
+      // -D: the sender decides how many; receives are posted for as long
+      // as SENDs come, and its end-of-size word says they stopped.
+      const bool timed = o_.duration != 0;
+      const std::size_t cap = timed ? SIZE_MAX : iters;
       std::size_t posted = 0, received = 0;
-      for (; posted < std::min<std::size_t>(iters, o_.rx_depth); ++posted)
+      for (; posted < std::min<std::size_t>(cap, o_.rx_depth); ++posted)
         if (auto ec = s.q.post_recv(rwr)) throw std::runtime_error("post_recv: " + ec.message());
       s.link.send_word(step_server_ready);
       state::watch w(s, "the peer's SENDs");
       std::uint64_t first = 0, last = 0;
-      while (received < iters) {
+      bool sender_done = false;
+      for (unsigned turn = 0; timed ? true : received < iters; ++turn) {
         const std::size_t n = s.rcq.poll(wcs);
         if (n == 0) {
-          w.idle();
+          // The sender's last SEND completed before it said so, and its
+          // receive completion was queued here before the ACK left.
+          if (sender_done) break;
+          if (timed && turn % 64 == 0 && s.link.readable())
+            sender_done = true;
+          else
+            w.idle();
           continue;
         }
         w.progress();
@@ -803,16 +849,17 @@ bandwidth_result remote_run::bandwidth(std::size_t size, std::size_t iters) {
         for (std::size_t i = 0; i < n; ++i) {
           check(wcs[i], "the peer's SENDs");
           ++received;
-          if (posted < iters) {
+          if (posted < cap) {
             if (auto ec = s.q.post_recv(rwr)) throw std::runtime_error("post_recv: " + ec.message());
             ++posted;
           }
         }
       }
+      r.iters = received;
       if (last > first) {
         const double secs = clock_.us(last - first) / 1e6;
-        r.bw_avg = bw_units(static_cast<double>(size) * static_cast<double>(iters) / secs, o_);
-        r.msg_rate = static_cast<double>(iters) / secs / 1e6;
+        r.bw_avg = bw_units(static_cast<double>(size) * static_cast<double>(received) / secs, o_);
+        r.msg_rate = static_cast<double>(received) / secs / 1e6;
       }
     } else {
       s.link.send_word(step_server_ready);
@@ -829,19 +876,22 @@ bandwidth_result remote_run::bandwidth(std::size_t size, std::size_t iters) {
   if (k == test_kind::atomic_bw) op = wr_opcode::atomic_fetch_and_add;
   const std::uint32_t inl =
       size <= o_.inline_size && (sends || k == test_kind::write_bw) ? std::uint32_t{send_inline} : 0u;
-  const bool peak = iters <= peak_max_iters;
+  const bool peak = o_.duration == 0 && iters <= peak_max_iters;
   std::vector<std::uint64_t> t_posted(peak ? iters : 0), t_completed(peak ? iters : 0);
   state::watch w(s, "send completions");
   std::size_t posted = 0, completed = 0;
   const std::uint64_t start = clock_.now();
-  while (completed < iters) {
-    while (posted < iters && posted - completed < depth) {
+  send_budget budget(o_, clock_, iters, cq_mod, start);
+  while (completed < budget.limit(posted)) {
+    while (posted < budget.limit(posted) && posted - completed < depth) {
       send_wr wr;
       wr.wr_id = posted;
       wr.sg_list = &g;
       wr.num_sge = 1;
       wr.opcode = op;
-      wr.flags = inl | (((posted + 1) % cq_mod == 0 || posted + 1 == iters) ? std::uint32_t{send_signaled} : 0u);
+      wr.flags = inl | (((posted + 1) % cq_mod == 0 || posted + 1 == budget.limit(posted))
+                            ? std::uint32_t{send_signaled}
+                            : 0u);
       wr.remote_addr = s.peer.addr;
       wr.rkey = s.peer.rkey;
       wr.compare_add = 1;
@@ -864,7 +914,7 @@ bandwidth_result remote_run::bandwidth(std::size_t size, std::size_t iters) {
   const std::uint64_t end = clock_.now();
   s.link.send_word(step_client_done);
   s.await_word(step_server_done, "the end of a size");
-  return bandwidth_report(o_, clock_, size, iters, start, end, t_posted, t_completed, cq_mod);
+  return bandwidth_report(o_, clock_, size, completed, start, end, t_posted, t_completed, cq_mod);
 }
 
 // ---------------------------------------------------------------------------

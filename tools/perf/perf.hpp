@@ -34,6 +34,7 @@ struct options {
   std::size_t size = 0;        // 0: perftest's default for the test
   bool all_sizes = false;      // -a: 2 .. 8 MiB
   std::size_t iters = 0;       // 0: 1000, or 5000 for write_bw
+  std::uint32_t duration = 0;  // -D: seconds a bandwidth test runs, instead of iterations
   mtu path_mtu = mtu::mtu_4096;
   std::uint32_t tx_depth = 0;  // 0: 1 for latency, 128 for bandwidth
   std::uint32_t rx_depth = 512;

@@ -459,6 +459,9 @@ TEST(perf_two_processes, perftest_port_gid_and_cpu_frequency_flags) {
   child server(perf_cmd(0, test_port(), {"--test", "write_bw", "-x", "5"}, false), true);
   EXPECT_EQ(server.wait(30s), 1) << server.output();
   EXPECT_NE(server.output().find("GID index 5 of port 1 is empty"), std::string::npos) << server.output();
+  child loopback({AVERBS_CLI, "perf", "--test", "send_bw", "-n", "100", "-x", "5"}, true);
+  EXPECT_EQ(loopback.wait(30s), 1) << loopback.output();
+  EXPECT_NE(loopback.output().find("GID index 5 of port 1 is empty"), std::string::npos) << loopback.output();
 }
 
 TEST(perf_loopback, a_timed_run_counts_what_it_sent) {

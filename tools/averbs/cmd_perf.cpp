@@ -40,7 +40,7 @@ int help() {
       "  -Q, --cq-mod N     a signaled completion every N sends, 1..1024 (default 100)\n"
       "  -I, --inline BYTES inline sends up to this size, 0..1024 (default 0)\n"
       "  -o, --outs N       outstanding READs/atomics (default 16)\n"
-      "  -x, --gid-index N  source GID index (default 0; two processes)\n"
+      "  -x, --gid-index N  source GID index (default 0)\n"
       "  -i, --ib-port 1    the port (an averbs device has one)\n"
       "  -F, --CPU-freq     accepted for perftest's command lines; no effect\n"
       "  -u, --qp-timeout T QP local ACK timeout, 4.096 us * 2^T (default 14, 67 ms)\n"

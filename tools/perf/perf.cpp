@@ -167,7 +167,10 @@ bandwidth_result bandwidth_report(const options& o, const cycle_clock& clock, st
 
 // How many messages a bandwidth sender posts: `iters`, or with -D as many
 // as the duration allows, rounded up to a whole `cq_mod` so that the last
-// is signaled (its completion says every earlier one completed).
+// is signaled (its completion says every earlier one completed).  A timed
+// run is measured as perftest measures it: over its middle, from a quarter
+// of the duration in to a quarter before its end, leaving out ramp-up and
+// drain.
 class send_budget {
  public:
   send_budget(const options& o, const cycle_clock& c, std::size_t iters, std::size_t cq_mod,
@@ -176,20 +179,44 @@ class send_budget {
         timed_(o.duration != 0),
         limit_(timed_ ? SIZE_MAX : iters),
         cq_mod_(cq_mod),
-        deadline_(start + static_cast<std::uint64_t>(o.duration * c.per_second())) {}
-  /// The number to post, as far as it is known with `posted` posted.
+        deadline_(start + static_cast<std::uint64_t>(o.duration * c.per_second())),
+        sample_from_(start + static_cast<std::uint64_t>(o.duration * c.per_second() / 4)),
+        sample_to_(start + static_cast<std::uint64_t>(o.duration * c.per_second() * 3 / 4)) {}
+  /// The number to post, as far as it is known with `posted` posted.  Read
+  /// it once per message: it is fixed the first time the deadline is seen.
   std::size_t limit(std::size_t posted) noexcept {
     if (limit_ == SIZE_MAX && clock_.now() >= deadline_)
       limit_ = std::max(cq_mod_, (posted + cq_mod_ - 1) / cq_mod_ * cq_mod_);
     return limit_;
   }
-  bool timed() const noexcept { return timed_; }
+  /// After a poll that found completions: `completed` done by now.
+  void completed(std::size_t completed) noexcept {
+    if (!timed_ || window_[1].at != 0) return;
+    const std::uint64_t now = clock_.now();
+    if (window_[0].at == 0 && now >= sample_from_)
+      window_[0] = {now, completed};
+    else if (window_[0].at != 0 && now >= sample_to_)
+      window_[1] = {now, completed};
+  }
+  /// A timed run's figures from its middle, when it has one.
+  void apply(bandwidth_result& r, std::size_t size, const options& o) const {
+    if (!timed_ || window_[1].at <= window_[0].at || window_[1].done <= window_[0].done) return;
+    const double secs = clock_.us(window_[1].at - window_[0].at) / 1e6;
+    const auto n = static_cast<double>(window_[1].done - window_[0].done);
+    r.bw_avg = bw_units(static_cast<double>(size) * n / secs, o);
+    r.msg_rate = n / secs / 1e6;
+  }
 
  private:
+  struct mark {
+    std::uint64_t at = 0;
+    std::size_t done = 0;
+  };
   const cycle_clock& clock_;
   bool timed_;
   std::size_t limit_, cq_mod_;
-  std::uint64_t deadline_;
+  std::uint64_t deadline_, sample_from_, sample_to_;
+  mark window_[2];
 };
 
 }  // namespace
@@ -207,6 +234,13 @@ struct loopback_run::side {
 namespace {
 
 constexpr std::uint32_t all_access = access_local_write | access_remote_write | access_remote_read | access_remote_atomic;
+
+// The port's GID at `index` (-x); an empty entry is an error.
+gid source_gid(const device& d, std::uint32_t index) {
+  const gid g = d.query_gid(1, index);
+  if (g.is_zero()) throw std::runtime_error("GID index " + std::to_string(index) + " of port 1 is empty");
+  return g;
+}
 
 // INIT, with every access a perftest test may use.
 void to_init(const qp& q) {
@@ -271,7 +305,7 @@ void loopback_run::setup(std::size_t size) {
     s->m = pd_.reg_mr(s->buf.data(), s->buf.size(), all_access);
     sides_.push_back(std::move(s));
   }
-  const gid g = dev_.query_gid(1, 0);
+  const gid g = source_gid(dev_, o_.gid_index);
   for (int i = 0; i < 2; ++i) {
     to_init(sides_[i]->q);
     to_rts(sides_[i]->q, o_, sides_[1 - i]->q.num(), 0, g, 12);
@@ -415,18 +449,18 @@ bandwidth_result loopback_run::bandwidth(std::size_t size, std::size_t iters) {
   work_completion wcs[64];
   const std::uint64_t start = clock_.now();
   send_budget budget(o_, clock_, iters, cq_mod, start);
-  while (completed < budget.limit(posted)) {
+  for (std::size_t limit = budget.limit(0); completed < limit; limit = budget.limit(posted)) {
     // SENDs only when a receive waits for them: outrunning the receiver
     // would measure RNR back-off, not the transport.
-    while (posted < budget.limit(posted) && posted - completed < depth && (!sends || posted < recvs_posted)) {
+    for (; posted < limit && posted - completed < depth && (!sends || posted < recvs_posted);
+         limit = budget.limit(posted)) {
       send_wr wr;
       wr.wr_id = posted;
       wr.sg_list = &ga;
       wr.num_sge = 1;
       wr.opcode = op;
-      wr.flags = inl | (((posted + 1) % cq_mod == 0 || posted + 1 == budget.limit(posted))
-                            ? std::uint32_t{send_signaled}
-                            : 0u);
+      wr.flags =
+          inl | (((posted + 1) % cq_mod == 0 || posted + 1 == limit) ? std::uint32_t{send_signaled} : 0u);
       wr.remote_addr = reinterpret_cast<std::uintptr_t>(b.buf.data());
       wr.rkey = b.m.rkey();
       wr.compare_add = 1;
@@ -441,6 +475,7 @@ bandwidth_result loopback_run::bandwidth(std::size_t size, std::size_t iters) {
       completed = wcs[i].wr_id + 1;
       if (peak) t_completed[wcs[i].wr_id] = clock_.now();
     }
+    if (n != 0) budget.completed(completed);
     if (sends) {
       const std::size_t r = b.rcq.poll(wcs);
       received += r;
@@ -448,8 +483,9 @@ bandwidth_result loopback_run::bandwidth(std::size_t size, std::size_t iters) {
         if (auto ec = b.q.post_recv(rwr)) throw std::runtime_error("post_recv: " + ec.message());
     }
   }
-  const bandwidth_result r =
+  bandwidth_result r =
       bandwidth_report(o_, clock_, size, completed, start, clock_.now(), t_posted, t_completed, cq_mod);
+  budget.apply(r, size, o_);
   (void)received;
   if (std::getenv("AVERBS_PERF_COUNTERS") != nullptr) {
     const device_counters c = dev_.counters();
@@ -661,9 +697,7 @@ remote_run::remote_run(context& ctx, const options& o, const std::string& host, 
   s.m = s.p.reg_mr(s.buf.data(), s.buf.size(), all_access);
   to_init(s.q);
 
-  const gid g = s.dev.query_gid(1, o_.gid_index);
-  if (g.is_zero())
-    throw std::runtime_error("GID index " + std::to_string(o_.gid_index) + " of port 1 is empty");
+  const gid g = source_gid(s.dev, o_.gid_index);
   peer_info me{s.q.num(), 0, g, s.m.rkey(), reinterpret_cast<std::uintptr_t>(s.buf.data()), s.buf.size()};
   if (is_server()) {
     // Listen on the device's own address: several servers can share a host.
@@ -882,16 +916,15 @@ bandwidth_result remote_run::bandwidth(std::size_t size, std::size_t iters) {
   std::size_t posted = 0, completed = 0;
   const std::uint64_t start = clock_.now();
   send_budget budget(o_, clock_, iters, cq_mod, start);
-  while (completed < budget.limit(posted)) {
-    while (posted < budget.limit(posted) && posted - completed < depth) {
+  for (std::size_t limit = budget.limit(0); completed < limit; limit = budget.limit(posted)) {
+    for (; posted < limit && posted - completed < depth; limit = budget.limit(posted)) {
       send_wr wr;
       wr.wr_id = posted;
       wr.sg_list = &g;
       wr.num_sge = 1;
       wr.opcode = op;
-      wr.flags = inl | (((posted + 1) % cq_mod == 0 || posted + 1 == budget.limit(posted))
-                            ? std::uint32_t{send_signaled}
-                            : 0u);
+      wr.flags =
+          inl | (((posted + 1) % cq_mod == 0 || posted + 1 == limit) ? std::uint32_t{send_signaled} : 0u);
       wr.remote_addr = s.peer.addr;
       wr.rkey = s.peer.rkey;
       wr.compare_add = 1;
@@ -910,11 +943,14 @@ bandwidth_result remote_run::bandwidth(std::size_t size, std::size_t iters) {
       completed = wcs[i].wr_id + 1;
       if (peak) t_completed[wcs[i].wr_id] = clock_.now();
     }
+    budget.completed(completed);
   }
   const std::uint64_t end = clock_.now();
   s.link.send_word(step_client_done);
   s.await_word(step_server_done, "the end of a size");
-  return bandwidth_report(o_, clock_, size, completed, start, end, t_posted, t_completed, cq_mod);
+  r = bandwidth_report(o_, clock_, size, completed, start, end, t_posted, t_completed, cq_mod);
+  budget.apply(r, size, o_);
+  return r;
 }
 
 // ---------------------------------------------------------------------------

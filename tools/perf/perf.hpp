@@ -44,7 +44,7 @@ struct options {
   std::uint32_t outstanding_reads = 16;
   std::uint8_t qp_timeout = 14;    // -u: local ACK timeout, 4.096 us * 2^t
   std::uint16_t oob_port = 18515;  // perftest's default
-  std::uint32_t gid_index = 0;     // -x: the source GID (two processes)
+  std::uint32_t gid_index = 0;     // -x: the source GID
 };
 
 struct latency_result {

@@ -831,7 +831,7 @@ class device final : public progress_source, public clock_listener {
   // requester()), in order; intrusive so scheduling never allocates.
   qp_t* req_head_ = nullptr;
   qp_t* req_tail_ = nullptr;
-  std::vector<qp_t*> ack_ready_;  // QPs with a coalesced ACK to send
+  std::vector<qp_t*> ack_ready_;  // QPs with a coalesced ACK to send; capacity >= live QPs (create_qp)
   std::vector<qp_t*> lazy_acks_;  // QPs with an unrequested ACK to send later
   bool lazy_timer_pending_ = false;
   static constexpr std::chrono::microseconds lazy_ack_delay{100};

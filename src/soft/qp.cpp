@@ -145,6 +145,10 @@ std::error_code device::create_qp(pd_t* pd, const qp_init& init, qp_t*& out) {
   std::lock_guard lock(lock_);
   if (live_qps_ >= limits::max_qp) return err(errc::no_resources);
   if (init.srq != nullptr && init.srq->pd != pd) return err(errc::invalid_argument);
+  // The responder queues a QP's coalesced ACK (at most one entry per live
+  // QP) where running out of memory could not be reported: the room is
+  // made here, where it can.
+  ack_ready_.reserve(live_qps_ + 1);
   auto qp = std::make_unique<qp_t>();
   qp->dev = this;
   qp->type = init.type;

@@ -605,7 +605,7 @@ std::error_code context_impl::wait(wait_target& t, std::chrono::nanoseconds time
 
 bool context_impl::lead_or_follow(thread_state& ts) noexcept {
   std::lock_guard lock(lead_mu_);
-  if (poller_ == nullptr || poller_ == &ts) {
+  if (!progress_leads_ && (poller_ == nullptr || poller_ == &ts)) {
     poller_ = &ts;
     return true;
   }
@@ -633,7 +633,7 @@ void context_impl::leave_sleepers(thread_state& ts) noexcept {
   // nothing would drive the sources they wait on.  The one woken takes
   // the lead on its next sleep, or, if its wait is over, passes it on
   // here.  Woken under the lock: it is still in its wait, armed.
-  if (poller_ == nullptr && followers_ != nullptr) followers_->wake();
+  if (poller_ == nullptr && !progress_leads_ && followers_ != nullptr) followers_->wake();
 }
 
 void context_impl::sleep_sources(bool armed) noexcept {
@@ -755,6 +755,8 @@ void context_impl::start_progress_thread() {
   progress_stop_.store(false, std::memory_order_relaxed);
   progress_stop_fd_ = make_eventfd();
   progress_thread_ = std::thread([this] { progress_thread_main(); });
+  std::lock_guard lead(lead_mu_);
+  progress_leads_ = true;  // waits from now on follow: this thread polls the sources
 }
 
 void context_impl::stop_progress_thread() noexcept {
@@ -765,6 +767,9 @@ void context_impl::stop_progress_thread() noexcept {
   progress_thread_.join();
   ::close(progress_stop_fd_);
   progress_stop_fd_ = -1;
+  std::lock_guard lead(lead_mu_);
+  progress_leads_ = false;
+  if (poller_ == nullptr && followers_ != nullptr) followers_->wake();  // one of them takes the lead
 }
 
 void context_impl::progress_thread_main() noexcept {

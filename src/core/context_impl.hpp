@@ -252,6 +252,7 @@ class context_impl final : public clock_listener {
   std::mutex lead_mu_;
   thread_state* poller_ = nullptr;     // Must hold lead_mu_.
   thread_state* followers_ = nullptr;  // Must hold lead_mu_: linked through follower_next/prev.
+  bool progress_leads_ = false;        // Must hold lead_mu_: the progress thread polls; every wait follows.
   std::shared_mutex sources_mu_;  // shared: calling progress(); exclusive: (un)registering
   std::vector<progress_source*> busy_sources_;  // Must hold sources_mu_.
   std::vector<progress_source*> sources_;       // Must hold sources_mu_.

@@ -119,13 +119,12 @@ TEST(progress, blocked_wait_wakes_for_a_source_interrupt_from_another_thread) {
 
 using averbs::test::voluntary_switches;
 
-// Threads asleep in one context do not all wake for each event: one, the
-// poller, sleeps on the progress descriptors; the others sleep until what
-// they wait for completes (or they are handed the lead).  Every sleeper
-// used to wake for every event.
-TEST(progress, an_event_wakes_the_poller_not_every_sleeping_thread) {
+// Three threads asleep in a context (each on a port of its own), a device
+// event every 2 ms: how many of the three woke for most of the events.
+int sleepers_woken_by_events(bool progress_thread) {
   averbs::context_options o;
   o.spin = 0ns;  // straight to sleep
+  o.progress_thread = progress_thread;
   averbs::context ctx(o);
   fake_device dev(ctx);
   ctx.add_source(dev);
@@ -155,10 +154,49 @@ TEST(progress, an_event_wakes_the_poller_not_every_sleeping_thread) {
   int woken = 0;
   for (int t = 0; t < threads; ++t)
     if (voluntary_switches(tids[t].load()) - before[t] >= events / 2) ++woken;
-  EXPECT_EQ(woken, 1) << "the sleepers that do not poll woke for the events too";
   for (auto& p : ports) p->post(1, 0);
   for (auto& w : ws) w.join();
-  EXPECT_GE(dev.progress_calls, events / 2);  // the poller drove the device (read once it is joined)
+  ctx.stop_progress_thread();
+  EXPECT_GE(dev.progress_calls, events / 2) << "the device was not driven";  // read once all are joined
+  ctx.remove_source(dev);
+  return woken;
+}
+
+// Threads asleep in one context do not all wake for each event: one, the
+// poller, sleeps on the progress descriptors; the others sleep until what
+// they wait for completes (or they are handed the lead).  Every sleeper
+// used to wake for every event.
+TEST(progress, an_event_wakes_the_poller_not_every_sleeping_thread) {
+  EXPECT_EQ(sleepers_woken_by_events(false), 1) << "the sleepers that do not poll woke for the events too";
+}
+
+// With the progress thread polling, no waiting thread wakes for events
+// that are not its own.
+TEST(progress, with_the_progress_thread_no_sleeper_wakes_for_others_events) {
+  EXPECT_EQ(sleepers_woken_by_events(true), 0) << "a waiting thread polled beside the progress thread";
+}
+
+// The progress thread stops while a thread waits for a device event: that
+// thread takes the lead and the event is still driven.
+TEST(progress, a_waiting_thread_takes_the_lead_when_the_progress_thread_stops) {
+  averbs::context_options o;
+  o.spin = 0ns;
+  o.progress_thread = true;
+  averbs::context ctx(o);
+  fake_device dev(ctx);
+  ctx.add_source(dev);
+  auto r = dev.async_op(averbs::use_request);
+  std::thread other([&] {
+    std::this_thread::sleep_for(50ms);  // the main thread asleep, following
+    ctx.stop_progress_thread();
+    std::this_thread::sleep_for(20ms);
+    dev.interrupt();  // only a poller sees it
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(r.wait_for(20s));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s)
+      << "no thread drove the device after the progress thread stopped";
+  other.join();
   ctx.remove_source(dev);
 }
 

@@ -68,28 +68,6 @@ int help() {
   return 0;
 }
 
-bool parse_mtu(long v, mtu& out) {
-  switch (v) {
-    case 256: out = mtu::mtu_256; return true;
-    case 512: out = mtu::mtu_512; return true;
-    case 1024: out = mtu::mtu_1024; return true;
-    case 2048: out = mtu::mtu_2048; return true;
-    case 4096: out = mtu::mtu_4096; return true;
-  }
-  return false;
-}
-
-}  // namespace
-
-namespace {
-
-std::string ip_text(const gid& g) {
-  if (g.is_ipv4_mapped())
-    return std::to_string(g.raw[12]) + "." + std::to_string(g.raw[13]) + "." + std::to_string(g.raw[14]) + "." +
-           std::to_string(g.raw[15]);
-  return g.to_string();
-}
-
 void print_counters(const device_counters& c) {
   std::printf(" packets sent %llu, received %llu; retransmitted %llu; duplicates received %llu;\n"
               " sequence NAKs sent %llu; RNR NAKs sent %llu, received %llu; dropped %llu; ICRC errors %llu;\n"
@@ -164,7 +142,7 @@ int run_connect(const perf::options& o, perf::connect_options co, const std::str
   }
   if (host.empty()) {
     co.server = {own, o.oob_port};
-    perf::oob l = perf::oob::listen(ip_text(own), o.oob_port);
+    perf::oob l = perf::oob::listen(perf::ip_text(own), o.oob_port);
     std::printf(" Server at %s, waiting for the client\n", co.server.to_string().c_str());
     std::fflush(stdout);
     perf::oob link = l.accept(std::chrono::minutes(10));
@@ -265,7 +243,7 @@ int cmd_perf(std::span<char* const> args) {
       o.iters = static_cast<std::size_t>(number(5, 100'000'000));
     } else if (a == "-m" || a == "--mtu") {
       mtu_given = true;
-      if (!parse_mtu(number(256, 4096), o.path_mtu)) {
+      if (!perf::mtu_of_bytes(number(256, 4096), o.path_mtu)) {
         std::fprintf(stderr, "averbs perf: MTU must be 256, 512, 1024, 2048 or 4096\n");
         return 2;
       }
@@ -334,7 +312,7 @@ int cmd_perf(std::span<char* const> args) {
         std::fprintf(stderr, "averbs perf: --addr '%s' is not an address[:port]\n", addr.c_str());
         return 2;
       }
-      so.address = ip_text(a.ip);
+      so.address = perf::ip_text(a.ip);
       if (a.port != 0) so.port = a.port;
       so.faults = faults;
       so.check_icrc = icrc;

@@ -499,6 +499,23 @@ bandwidth_result loopback_run::bandwidth(std::size_t size, std::size_t iters) {
 // ---------------------------------------------------------------------------
 // Two processes.
 
+bool mtu_of_bytes(long bytes, mtu& out) noexcept {
+  for (mtu m : {mtu::mtu_256, mtu::mtu_512, mtu::mtu_1024, mtu::mtu_2048, mtu::mtu_4096}) {
+    if (bytes == static_cast<long>(mtu_bytes(m))) {
+      out = m;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string ip_text(const gid& g) {
+  if (g.is_ipv4_mapped())
+    return std::to_string(g.raw[12]) + "." + std::to_string(g.raw[13]) + "." + std::to_string(g.raw[14]) +
+           "." + std::to_string(g.raw[15]);
+  return g.to_string();
+}
+
 test_params params_of(const options& o) {
   test_params p;
   p.test = static_cast<std::uint32_t>(o.test);
@@ -534,26 +551,8 @@ void agree(options& o, const test_params& peer) {
   // perftest's check_mtu: the smaller of the two.  An MTU that is none of
   // IBTA's is a peer we do not understand.
   mtu theirs{};
-  switch (peer.mtu_bytes) {
-    case 256:
-      theirs = mtu::mtu_256;
-      break;
-    case 512:
-      theirs = mtu::mtu_512;
-      break;
-    case 1024:
-      theirs = mtu::mtu_1024;
-      break;
-    case 2048:
-      theirs = mtu::mtu_2048;
-      break;
-    case 4096:
-      theirs = mtu::mtu_4096;
-      break;
-    default:
-      throw std::runtime_error("the peer asks for a path MTU of " + std::to_string(peer.mtu_bytes) +
-                               " bytes");
-  }
+  if (!mtu_of_bytes(peer.mtu_bytes, theirs))
+    throw std::runtime_error("the peer asks for a path MTU of " + std::to_string(peer.mtu_bytes) + " bytes");
   if (static_cast<unsigned>(theirs) < static_cast<unsigned>(o.path_mtu)) o.path_mtu = theirs;
   if (peer.outs == 0 || peer.outs > 255)
     throw std::runtime_error("the peer asks for " + std::to_string(peer.outs) + " outstanding READs");
@@ -701,11 +700,7 @@ remote_run::remote_run(context& ctx, const options& o, const std::string& host, 
   peer_info me{s.q.num(), 0, g, s.m.rkey(), reinterpret_cast<std::uintptr_t>(s.buf.data()), s.buf.size()};
   if (is_server()) {
     // Listen on the device's own address: several servers can share a host.
-    oob listener =
-        oob::listen(g.is_ipv4_mapped() ? std::to_string(g.raw[12]) + "." + std::to_string(g.raw[13]) + "." +
-                                             std::to_string(g.raw[14]) + "." + std::to_string(g.raw[15])
-                                       : g.to_string(),
-                    o_.oob_port);
+    oob listener = oob::listen(ip_text(g), o_.oob_port);
     s.link = listener.accept(std::chrono::minutes(10));
   } else {
     s.link = oob::connect(host, o_.oob_port, std::chrono::seconds(30));
@@ -889,12 +884,7 @@ bandwidth_result remote_run::bandwidth(std::size_t size, std::size_t iters) {
           }
         }
       }
-      r.iters = received;
-      if (last > first) {
-        const double secs = clock_.us(last - first) / 1e6;
-        r.bw_avg = bw_units(static_cast<double>(size) * static_cast<double>(received) / secs, o_);
-        r.msg_rate = static_cast<double>(received) / secs / 1e6;
-      }
+      r = bandwidth_report(o_, clock_, size, received, first, last, {}, {}, 1);
     } else {
       s.link.send_word(step_server_ready);
     }

@@ -100,6 +100,12 @@ class loopback_run {
   std::vector<std::unique_ptr<side>> sides_;
 };
 
+/// The IB path MTU of `bytes` (256 .. 4096); false for any other size.
+bool mtu_of_bytes(long bytes, mtu& out) noexcept;
+
+/// An address as text: dotted IPv4 for an IPv4-mapped GID, else IPv6.
+std::string ip_text(const gid& g);
+
 /// The parameters `o` runs with, as the out-of-band greeting states them.
 test_params params_of(const options& o);
 

@@ -1400,7 +1400,11 @@ void device::poll_link() noexcept {
   // New data waits in the socket while older work is queued (a pass that
   // ended on its budget): the queue stays short, the kernel buffers the
   // rest.
-  const std::size_t got = rx_head_ == nullptr ? link_->poll() : 0;
+  std::size_t got = 0;
+  if (rx_head_ == nullptr) {
+    ++link_polls_;  // the socket was read (run_due_probes)
+    got = link_->poll();
+  }
   // Then management datagrams, which go to the front of the receive queue,
   // but a syscall for them at most every few microseconds: a latency-bound
   // data path polls far more often.  A datagram that just came is handled
@@ -1690,6 +1694,7 @@ void device::run() noexcept {
         }
       }
     }
+    if (probes_due_ != 0 && rx_head_ == nullptr && req_head_ == nullptr) run_due_probes();
     link_->flush();  // may loop packets back (loopback with held faults)
     if (rx_head_ != nullptr || req_head_ != nullptr || (!ack_ready_.empty() && !acks_held_)) continue;
     break;

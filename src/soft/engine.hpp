@@ -302,6 +302,7 @@ struct qp_t {
     std::uint32_t sent_psn = 0;     // one past the highest PSN ever transmitted
     bool scheduled = false;
     qp_t* next_ready = nullptr;     // the device's run queue (intrusive)
+    bool probing = false;           // send_probe() is sending its one packet
   } req;
 
   struct completer {
@@ -315,6 +316,21 @@ struct qp_t {
     bool retry_counted = false;    // a counted retry since the last progress (rxe's started_retry)
     bool ask_all = false;          // after a timeout on an unasked tail: every last packet asks
     std::uint8_t nak_retries = 0;  // uncounted retries for repeated sequence NAKs since the last progress
+    // Tail probe (arm_tail_probe): armed when the requester stops (its
+    // PSN window full or its send queue empty), and kept while anything
+    // is unacknowledged; at most one sent per progress.  One heap entry
+    // per QP: when it fires before `probe_at` it is put back there, as
+    // the retransmit timer's is.
+    bool probe_armed = false;
+    bool probe_scheduled = false;  // a heap entry of this generation exists
+    // Fell due with no progress: sent once the link has been read since
+    // (run_due_probes), so that an answer already waiting counts first.
+    bool probe_due = false;
+    bool probed = false;                // one was sent since the last progress
+    std::uint32_t probe_psn = 0;        // comp.psn when it was armed: the PSN a probe resends
+    std::uint64_t probe_poll_mark = 0;  // link_polls_ when it fell due
+    std::uint32_t probe_end = 0;        // the probed PSN + 1: an answer that ends there found a hole
+    clock::time_point probe_at{};
     std::uint64_t timer_gen = 0;   // stale heap entries carry an older one
     clock::time_point deadline{};
     // A timer the heap had no memory for (schedule_qp_timer): what it was,
@@ -345,6 +361,7 @@ struct qp_t {
     std::uint32_t rkey = 0;
     std::uint32_t length = 0;     // RETH length of the message
     std::uint32_t last_ack_psn = 0;
+    std::uint32_t newest_psn = 0;  // of the newest SEND, WRITE or atomic taken in sequence
     bool ack_pending = false;      // a coalesced ACK waits for the queue to drain
     bool ack_lazy = false;         // an ACK nobody asked for waits (queue_lazy_ack)
     std::vector<rd_resource> resources;
@@ -706,7 +723,7 @@ class device final : public progress_source, public clock_listener {
   void respond_duplicate(qp_t* qp, packet* p) noexcept;
   void complete_rx(qp_t* qp, packet* p) noexcept;
   void complete_wqes(qp_t* qp) noexcept;
-  void retry(qp_t* qp, bool from_timeout) noexcept;
+  void retry(qp_t* qp, bool count) noexcept;
   void gap_retry(qp_t* qp) noexcept;
   void fail_oldest(qp_t* qp, wc_status status) noexcept;
   void arm_retry_timer(qp_t* qp) noexcept;
@@ -724,6 +741,13 @@ class device final : public progress_source, public clock_listener {
   void on_lazy_ack_timer() noexcept;
   void on_ack_timer() noexcept;
   void on_qp_timer(std::uint32_t qpn, std::uint64_t gen, bool rnr) noexcept;
+  static std::chrono::nanoseconds tail_probe_delay(const qp_t* qp) noexcept;
+  void arm_tail_probe(qp_t* qp) noexcept;
+  void schedule_tail_probe(qp_t* qp) noexcept;
+  void on_tail_probe(std::uint32_t qpn, std::uint64_t gen) noexcept;
+  void consider_tail_probe(qp_t* qp, clock::time_point now, bool link_read) noexcept;
+  void run_due_probes() noexcept;
+  void send_probe(qp_t* qp) noexcept;
   void qp_to_error(qp_t* qp) noexcept;
   void flush_held_srq_recv(qp_t* qp) noexcept;
   void set_source_port(qp_t* qp) noexcept;
@@ -835,6 +859,11 @@ class device final : public progress_source, public clock_listener {
   std::vector<qp_t*> lazy_acks_;  // QPs with an unrequested ACK to send later
   bool lazy_timer_pending_ = false;
   static constexpr std::chrono::microseconds lazy_ack_delay{100};
+  // A tail probe waits 1/64 of the QP's retransmit timeout, at least this
+  // long; none is sent when that is more than a quarter of the timeout.
+  static constexpr std::chrono::microseconds tail_probe_floor{250};
+  std::uint64_t link_polls_ = 0;  // poll_link() calls (run_due_probes)
+  std::uint32_t probes_due_ = 0;  // QPs with probe_due set, at the last count
   // Network links hold coalesced ACKs for one engine pass, so they leave in
   // the same batch as the reply the application is about to post (a
   // loopback sendmsg costs microseconds).  A timer sends them if nothing

@@ -354,6 +354,7 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
       qp->resp.msn = 0;
       qp->resp.last_opcode = 0xFF;
       qp->resp.last_ack_psn = (qp->rq_psn - 1) & wire::psn_mask;
+      qp->resp.newest_psn = qp->resp.last_ack_psn;
       qp->resp.resources.assign(pow2_at_least(std::max<std::uint32_t>(qp->max_dest_rd_atomic, 1)), {});
       qp->resp.res_head = 0;
       qp->state = next;

@@ -400,6 +400,175 @@ void device::disarm_timers(qp_t* qp) noexcept {
   qp->comp.timer_gen++;
   qp->comp.timer_armed = false;
   qp->comp.timer_scheduled = false;
+  qp->comp.probe_armed = false;
+  qp->comp.probe_scheduled = false;
+  qp->comp.probe_due = false;
+}
+
+// A tail probe (after TCP's tail loss probe; not in IBTA or rxe).  A
+// requester that has stopped sending -- its PSN window is full, or its
+// send queue empty -- waits for one ACK; if that one is lost, or the last
+// packet itself, both ends are silent until the retransmit timeout
+// (67 ms at perftest's default of 14).  So when such a last packet
+// leaves, a probe is armed for 1/64 of the timeout, and stays armed while
+// anything is unacknowledged, progress starting its wait again.  If it
+// falls due with no progress, and still none once the link has been read
+// (run_due_probes), the packet at the oldest unacknowledged PSN is sent
+// again, alone and asking for an ACK, without counting a retry (none with
+// retry_cnt 0) and without moving the transmit position (send_probe).  A
+// responder that has it answers the duplicate with the newest PSN it took
+// in sequence (respond_duplicate); one that had lost it takes it and
+// acknowledges exactly it, having dropped what came after: then the
+// requester goes back N from there (complete_rx).  An answer that
+// acknowledges part of the tail starts the wait for the next probe, which
+// finds the hole further on.  At most one per progress: a silent peer is
+// still counted out by the timer.  A probe the timer heap has no memory
+// for is not sent; the timeout remains.  (A late ACK of the tail's first
+// packet, not the probe's answer, looks like a hole found: the go-back
+// resends what the peer has, which costs bandwidth, not correctness.)
+void device::arm_tail_probe(qp_t* qp) noexcept {
+  const std::chrono::nanoseconds delay = tail_probe_delay(qp);
+  if (delay.count() == 0 || qp->comp.probed) return;
+  qp->comp.probe_armed = true;
+  qp->comp.probe_psn = qp->comp.psn;
+  qp->comp.probe_at = pass_now() + delay;
+  if (!qp->comp.probe_scheduled) schedule_tail_probe(qp);  // else it fires earlier and moves on
+}
+
+// 1/64 of the retransmit timeout, at least tail_probe_floor; zero (no
+// probe) when that is over a quarter of the timeout, with no timer, or
+// with no retries allowed.
+std::chrono::nanoseconds device::tail_probe_delay(const qp_t* qp) noexcept {
+  if (qp->timeout == 0 || qp->retry_cnt == 0) return {};
+  const std::chrono::nanoseconds timeout(wire::ack_timeout_ns(qp->timeout));
+  const std::chrono::nanoseconds delay = std::max<std::chrono::nanoseconds>(timeout / 64, tail_probe_floor);
+  return delay > timeout / 4 ? std::chrono::nanoseconds{} : delay;
+}
+
+void device::schedule_tail_probe(qp_t* qp) noexcept {
+  try {
+    if (timers_.schedule(qp->comp.probe_at,
+                         [](void* arg, const detail::timer_payload& pl) noexcept {
+                           static_cast<device*>(arg)->on_tail_probe(static_cast<std::uint32_t>(pl.a), pl.b);
+                         },
+                         this, {qp->qpn, qp->comp.timer_gen, {}}))
+      rearm_timer_fd();
+    qp->comp.probe_scheduled = true;
+  } catch (...) {
+    qp->comp.probe_armed = false;
+  }
+}
+
+void device::on_tail_probe(std::uint32_t qpn, std::uint64_t gen) noexcept {
+  if (qpn < first_qpn_ || qpn - first_qpn_ >= qps_.size()) return;
+  qp_t* qp = qps_[qpn - first_qpn_].get();
+  if (qp == nullptr || qp->comp.timer_gen != gen) return;  // stale
+  qp->comp.probe_scheduled = false;
+  if (!qp->comp.probe_armed) return;
+  if (qp->comp.psn == qp->req.next_psn) {  // everything acknowledged: nothing to wait for
+    qp->comp.probe_armed = false;
+    return;
+  }
+  const clock::time_point now = clock_->now();
+  if (now < qp->comp.probe_at) {  // armed again since
+    schedule_tail_probe(qp);
+    return;
+  }
+  consider_tail_probe(qp, now, false);
+}
+
+void device::consider_tail_probe(qp_t* qp, clock::time_point now, bool link_read) noexcept {
+  // timeout or retry_cnt may have changed since (SQD).
+  const std::chrono::nanoseconds delay = tail_probe_delay(qp);
+  if ((qp->state != qp_state::rts && qp->state != qp_state::sqd) || delay.count() == 0 ||
+      qp->comp.psn == qp->req.next_psn || qp->comp.probed) {
+    qp->comp.probe_armed = false;  // nothing to probe, or one went out already: the timer has the rest
+    return;
+  }
+  if (qp->comp.psn != qp->comp.probe_psn || resending(qp) || qp->comp.rnr_waiting) {
+    // Progress since (the rest of the tail may still be lost), or a
+    // resend under way: wait again from now.
+    qp->comp.probe_psn = qp->comp.psn;
+    qp->comp.probe_at = now + delay;
+    if (!qp->comp.probe_scheduled) schedule_tail_probe(qp);
+    return;
+  }
+  if (!link_read) {
+    if (!qp->comp.probe_due) ++probes_due_;
+    qp->comp.probe_due = true;
+    qp->comp.probe_poll_mark = link_polls_;
+    return;
+  }
+  if (now < qp->comp.probe_at) {  // armed again while it waited for the link
+    if (!qp->comp.probe_scheduled) schedule_tail_probe(qp);
+    return;
+  }
+  send_probe(qp);
+  if (!qp->comp.probed) {  // not sent (a READ or atomic first, or no packet buffer)
+    qp->comp.probe_armed = false;
+    return;
+  }
+  // Armed on: an answer that acknowledges part of the tail (the probe was
+  // a duplicate, the hole is further on) starts the wait for the next.
+  qp->comp.probe_psn = qp->comp.psn;
+  qp->comp.probe_at = now + delay;
+  if (!qp->comp.probe_scheduled) schedule_tail_probe(qp);
+}
+
+// At the end of a pass with nothing queued: the probes that fell due
+// before the link was last read, and still have no answer.
+void device::run_due_probes() noexcept {
+  std::uint32_t left = 0;
+  for (const auto& slot : qps_) {
+    qp_t* qp = slot.get();
+    if (qp == nullptr || !qp->comp.probe_due) continue;
+    if (qp->comp.probe_poll_mark == link_polls_) {
+      ++left;
+      continue;
+    }
+    qp->comp.probe_due = false;
+    if (qp->comp.probe_armed) consider_tail_probe(qp, pass_now(), true);
+  }
+  probes_due_ = left;
+}
+
+// Sends the packet at comp.psn again, asking for an ACK, and leaves the
+// transmit position as it was.  Only a SEND's or WRITE's: a READ or atomic
+// at the oldest PSN has its own responses to answer for it (a lost one is
+// a gap or a timeout), and its request resent would replay them all.
+void device::send_probe(qp_t* qp) noexcept {
+  const std::uint32_t mask = qp->sq.size() - 1;
+  std::uint32_t i = qp->sq.consumer();
+  while (i != qp->req.start_index && qp->sq_state[i & mask].state == wqe_state::done) ++i;
+  if (i == qp->req.start_index) return;
+  send_state& st = qp->sq_state[i & mask];
+  const auto* w = qp->sq.at<send_wqe>(i);
+  if (is_read(w->opcode) || is_atomic(w->opcode) || psn_before(qp->comp.psn, st.first_psn) ||
+      psn_before(st.last_psn, qp->comp.psn))
+    return;
+  const send_state saved = st;
+  const qp_t::requester saved_req = qp->req;
+  st.sent =
+      std::min<std::uint32_t>(((qp->comp.psn - st.first_psn) & wire::psn_mask) * qp->mtu_bytes, w->length);
+  st.state = wqe_state::processing;
+  qp->comp.probed = true;  // before sending: the packet may re-arm (arm_tail_probe)
+  qp->req.probing = true;
+  const std::uint64_t before = counters_.packets_sent;
+  (void)send_packet_of(qp, i);
+  qp->req.probing = false;
+  if (qp->state == qp_state::err || st.state == wqe_state::done) return;  // it failed (its memory is gone)
+  st = saved;
+  qp->req.psn = saved_req.psn;
+  qp->req.wqe_index = saved_req.wqe_index;
+  qp->req.noack_pkts = saved_req.noack_pkts;
+  qp->req.last_unasked = saved_req.last_unasked;
+  qp->req.sent_psn = saved_req.sent_psn;
+  if (counters_.packets_sent != before) {
+    ++counters_.tail_probes;
+    qp->comp.probe_end = psn_add(qp->comp.psn, 1);
+  } else {
+    qp->comp.probed = false;  // no packet buffer: the timer remains
+  }
 }
 
 void device::on_qp_timer(std::uint32_t qpn, std::uint64_t gen, bool rnr) noexcept {
@@ -421,6 +590,7 @@ void device::on_qp_timer(std::uint32_t qpn, std::uint64_t gen, bool rnr) noexcep
     }
     qp->comp.timer_armed = false;
     if (qp->comp.psn == qp->req.next_psn) return;  // nothing outstanding
+    ++counters_.retry_timeouts;
     // The newest packet did not ask for an ACK (an unsignaled message's
     // last, left to a lazy ACK): a responder that acknowledges only what
     // asks, as rxe's, may be alive and silent.  The first such timeout
@@ -604,6 +774,7 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
   else psn = psn_add(st.first_psn, st.sent / mtu);
   if (qp->type == qp_type::rc && !psn_before(psn, psn_add(qp->comp.psn, limits::max_unacked_psns)))
     return false;  // window full: wait for acknowledgements
+  if (qp->req.probing && psn != qp->comp.probe_psn) return false;  // a tail probe is one packet
   qp->req.psn = psn;
 
   if (op == wr_opcode::rdma_read) {
@@ -652,7 +823,9 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
   }
   const bool first = st.sent == 0;
   const bool last = remaining <= mtu;
-  const std::uint32_t run = first || last || qp->type == qp_type::ud ? 1 : run_length(qp, w, qp->req.psn, remaining);
+  const std::uint32_t run = first || last || qp->type == qp_type::ud || qp->req.probing
+                                ? 1
+                                : run_length(qp, w, qp->req.psn, remaining);
   const std::uint32_t len = last ? remaining : mtu * run;
   std::uint8_t opc;
   if (qp->type == qp_type::ud) opc = static_cast<std::uint8_t>(op == wr_opcode::send_with_imm ? 0x65 : 0x64);
@@ -682,15 +855,21 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
   if ((inf.headers & wire::hdr_ieth) != 0) p->hdr.ieth_rkey = w->imm;
   // Solicited Event belongs to SENDs and WRITE with Immediate (IBTA 9.2.3).
   if (last && (w->flags & send_solicited) != 0 && op != wr_opcode::rdma_write) p->hdr.bth.se = true;
+  bool fills_window = false;
   if (qp->type == qp_type::rc) {
     // AckReq (IBTA 9.7.5.1.2): on the last packet of a signaled message,
     // as rxe does on every last packet -- an unsignaled one leaves it to
     // the responder's lazy ACK unless the send queue or the PSN window is
     // half used, or a timeout found an unasked tail unacknowledged (a peer
     // such as rxe acknowledges only what asks: see on_qp_timer), or there
-    // is no retransmit timer (timeout 0) to find one; and every
-    // max_pkts_per_ack packets regardless.
-    bool want = (qp->req.noack_pkts += run) >= limits::max_pkts_per_ack;
+    // is no retransmit timer (timeout 0) to find one; every
+    // max_pkts_per_ack packets regardless; and on the packet that fills
+    // the PSN window.  The requester sends nothing more until an ACK
+    // comes, and a MIDDLE packet gets no lazy ACK: without the ask, the
+    // loss of the ACK before it (or of a sequence NAK) would leave both
+    // ends silent until the retransmit timeout.
+    fills_window = psn_add(psn, run) == psn_add(qp->comp.psn, limits::max_unacked_psns);
+    bool want = (qp->req.noack_pkts += run) >= limits::max_pkts_per_ack || fills_window || qp->req.probing;
     if (last && !want) {
       want = qp->comp.ask_all || qp->timeout == 0 || (w->flags & send_signaled) != 0 || qp->sq_sig_all ||
              qp->sq.producer() - qp->sq.consumer() >= qp->sq.size() / 2 ||
@@ -726,7 +905,12 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
       complete_wqes(qp);
     }
   }
-  if (qp->type == qp_type::rc) note_request_sent(qp);
+  if (qp->type == qp_type::rc) {
+    note_request_sent(qp);
+    // The requester stops here: the window is full, or nothing more is
+    // posted.
+    if (fills_window || (last && qp->req.wqe_index == qp->sq.producer())) arm_tail_probe(qp);
+  }
   return true;
 }
 
@@ -1097,6 +1281,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
     r.psn = psn_add(psn, 1);
     r.last_opcode = p->hdr.bth.opcode;
     r.last_ack_psn = psn;
+    r.newest_psn = psn;
     return;
   }
 
@@ -1216,6 +1401,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
   r.last_opcode = p->hdr.bth.opcode;
   r.psn = psn_add(psn, p->run);
   if (rc) {
+    r.newest_psn = psn_add(psn, p->run - 1);
     if (p->hdr.bth.ack_req) {
       r.last_ack_psn = psn_add(psn, p->run - 1);
       if (!r.ack_pending) {
@@ -1401,9 +1587,12 @@ void device::respond_duplicate(qp_t* qp, packet* p) noexcept {
     }
     return;
   }
-  // SEND/WRITE: acknowledge again (with the last ACKed PSN, never a READ's),
-  // asked or not: a duplicate means the requester missed our ACK.
-  send_ack(qp, wire::aeth_ack_unlimited, r.last_ack_psn);
+  // SEND/WRITE: acknowledge again, asked or not: a duplicate means the
+  // requester missed our ACK.  With the newest PSN taken in sequence, as
+  // rxe (its ack_psn), whether or not that packet asked: a requester's
+  // tail probe learns where we are.  Never a READ's PSN: requests behind
+  // a READ wait until its responses are out.
+  send_ack(qp, wire::aeth_ack_unlimited, r.newest_psn);
 }
 
 // ---------------------------------------------------------------------------
@@ -1481,24 +1670,33 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
 
   // Something was acknowledged: the retry budgets refill and the retry
   // state of the old position ends (rxe's reset_retry_counters).
+  // Returns whether the progress answers a tail probe by acknowledging
+  // exactly the probed packet with more sent behind it: the responder had
+  // lost it, and dropped what came after.
   auto note_progress = [&] {
-    if (qp->comp.psn == before) return;
+    if (qp->comp.psn == before) return false;
+    const bool hole =
+        qp->comp.probed && qp->comp.psn == qp->comp.probe_end && psn_before(qp->comp.psn, qp->req.sent_psn);
     qp->comp.gap_retry = false;
     qp->comp.retry_counted = false;
     qp->comp.ask_all = false;
     qp->comp.nak_retries = 0;
+    qp->comp.probed = false;
     qp->comp.retry_left = qp->retry_cnt;
     qp->comp.rnr_left = qp->rnr_retry;
+    return hole;
   };
 
   auto after_progress = [&] {
-    note_progress();
+    const bool hole = note_progress();
     if (qp->comp.psn != qp->req.next_psn) {
       if (qp->comp.psn != before || !qp->comp.timer_armed) arm_retry_timer(qp);
     } else {
       qp->comp.timer_armed = false;
     }
     complete_wqes(qp);
+    if (hole && (qp->state == qp_state::rts || qp->state == qp_state::sqd) && !qp->comp.rnr_waiting)
+      retry(qp, false);  // go back N from the hole the probe filled
   };
 
   if (has_aeth && type == wire::aeth_type::rnr_nak) {

@@ -22,6 +22,7 @@
 #include <cerrno>
 #include <cstring>
 #include <optional>
+#include <thread>
 
 namespace averbs::test {
 namespace {
@@ -484,6 +485,14 @@ class hostile_peer_still_clock : public hostile_peer {
     hostile_peer::SetUp();
   }
 
+  /// Lets the datagrams the test sent land in the device's socket (the
+  /// kernel may defer a loopback delivery under load), then drives the
+  /// device once: its timers, then its socket, then its engine.
+  void settle() {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    ctx_.poll();
+  }
+
   /// Reads the device's requests until one at `psn`.
   bool requests_until(std::uint32_t psn) {
     while (const auto req = next_request(std::chrono::seconds(2)))
@@ -514,6 +523,191 @@ TEST_F(hostile_peer_still_clock, a_nak_repeated_after_a_resend_overtaken_by_an_a
   const auto wcs = drain();
   ASSERT_EQ(wcs.size(), 1u);
   EXPECT_EQ(wcs[0].status, wc_status::success);
+}
+
+// A requester stopped at the end of its PSN window whose last ACK was
+// lost sends a tail probe after 1/64 of its timeout, not the whole
+// timeout: the packet at the oldest unacknowledged PSN, alone, asking for
+// an ACK, and no retry counted.  A peer that had everything answers with
+// the newest PSN it acknowledged, and the requester goes on from there
+// without resending the window.  One per progress.  With timeout 14
+// (67 ms) the probe waits 1.05 ms; the clock moves only when the test
+// moves it.
+TEST_F(hostile_peer_still_clock, a_requester_stopped_by_its_window_probes_with_one_packet) {
+  make_qp(qp_type::rc, nullptr, 14, 1);
+  std::vector<std::byte> big(200 * 1024, std::byte{0x5A});
+  const mr m = post_send_of(big);  // 200 packets; the window lets 128 go
+  ASSERT_TRUE(requests_until(127));
+  EXPECT_FALSE(next_request(std::chrono::milliseconds(20)).has_value()) << "sent past the window";
+  clock_.advance(std::chrono::microseconds(1000));
+  settle();
+  EXPECT_FALSE(next_request(std::chrono::milliseconds(20)).has_value())
+      << "probed before 1/64 of the timeout";
+  clock_.advance(std::chrono::microseconds(100));
+  settle();
+  const auto probe = next_request();
+  ASSERT_TRUE(probe.has_value()) << "no tail probe";
+  EXPECT_EQ(probe->bth.psn, 0u) << "the probe is the oldest unacknowledged PSN";
+  EXPECT_TRUE(probe->bth.ack_req);
+  EXPECT_FALSE(next_request(std::chrono::milliseconds(20)).has_value()) << "more than one packet";
+  EXPECT_EQ(dev_.counters().tail_probes, 1u);
+  EXPECT_EQ(dev_.counters().retry_timeouts, 0u);
+  clock_.advance(std::chrono::milliseconds(2));
+  settle();
+  EXPECT_FALSE(next_request(std::chrono::milliseconds(20)).has_value()) << "a second probe without progress";
+  respond(wire::opcode::rc_ack, 127, wire::aeth_ack_unlimited);  // the duplicate's answer
+  const auto next = next_request();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->bth.psn, 128u) << "resent what the answer acknowledged";
+  ASSERT_TRUE(requests_until(199));
+  respond(wire::opcode::rc_ack, 199, wire::aeth_ack_unlimited);
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+  EXPECT_EQ(dev_.counters().tail_probes, 1u);
+}
+
+// A probe falls due only against what the link has read: an answer that
+// was already waiting in the socket when the timer fired counts first, and
+// no probe goes out.  (ctx_.poll() runs the device's timers before it
+// reads the socket.)
+TEST_F(hostile_peer_still_clock, an_answer_waiting_in_the_socket_when_the_probe_falls_due_stops_it) {
+  make_qp(qp_type::rc, nullptr, 14, 1);
+  std::vector<std::byte> big(200 * 1024, std::byte{0x5A});
+  const mr m = post_send_of(big);
+  ASSERT_TRUE(requests_until(127));
+  respond(wire::opcode::rc_ack, 127, wire::aeth_ack_unlimited);
+  clock_.advance(std::chrono::microseconds(1100));
+  settle();
+  const auto next = next_request();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->bth.psn, 128u) << "probed although the answer had come";
+  EXPECT_EQ(dev_.counters().tail_probes, 0u);
+}
+
+// A probe that the peer takes as new -- it acknowledges exactly the probed
+// PSN: it had lost that packet, and dropped everything behind it -- sends
+// the rest again (go-back-N from there, uncounted).
+TEST_F(hostile_peer_still_clock, a_probe_that_fills_a_hole_sends_the_rest_again) {
+  make_qp(qp_type::rc, nullptr, 14, 1);
+  std::vector<std::byte> big(200 * 1024, std::byte{0x5A});
+  const mr m = post_send_of(big);
+  ASSERT_TRUE(requests_until(127));
+  clock_.advance(std::chrono::microseconds(1100));
+  settle();
+  const auto probe = next_request();
+  ASSERT_TRUE(probe.has_value()) << "no tail probe";
+  EXPECT_EQ(probe->bth.psn, 0u);
+  respond(wire::opcode::rc_ack, 0, wire::aeth_ack_unlimited);
+  const auto next = next_request();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->bth.psn, 1u) << "the rest was not sent again";
+  ASSERT_TRUE(requests_until(128)) << "resent to 127, then on into the window";
+  EXPECT_EQ(dev_.counters().tail_probes, 1u);
+  EXPECT_EQ(dev_.counters().retry_timeouts, 0u);
+}
+
+// A probe answered past the probed PSN (the peer had the packets; only
+// ACKs were lost) resends nothing: the requester goes on with new packets.
+TEST_F(hostile_peer_still_clock, a_probe_answered_past_the_probed_psn_resends_nothing) {
+  make_qp(qp_type::rc, nullptr, 14, 1);
+  std::vector<std::byte> big(200 * 1024, std::byte{0x5A});
+  const mr m = post_send_of(big);
+  ASSERT_TRUE(requests_until(127));
+  clock_.advance(std::chrono::microseconds(1100));
+  settle();
+  const auto probe = next_request();
+  ASSERT_TRUE(probe.has_value()) << "no tail probe";
+  EXPECT_EQ(probe->bth.psn, 0u);
+  respond(wire::opcode::rc_ack, 40, wire::aeth_ack_unlimited);
+  const auto next = next_request();
+  ASSERT_TRUE(next.has_value());
+  EXPECT_EQ(next->bth.psn, 128u) << "resent what the peer had";
+  EXPECT_EQ(dev_.counters().retransmits, 0u);
+}
+
+// The tail of a send queue that ran dry is probed too (the last packet of
+// a burst, or its ACK, lost), and progress that leaves some of it
+// unacknowledged starts the wait again: no probe within 1/64 of the
+// timeout of it, one after.
+TEST_F(hostile_peer_still_clock, the_tail_of_the_send_queue_is_probed_after_the_last_progress) {
+  make_qp(qp_type::rc, nullptr, 14, 1);
+  std::vector<std::byte> msg(10 * 1024, std::byte{0x5A});
+  const mr m = post_send_of(msg);  // PSNs 0..9, and then nothing more to send
+  ASSERT_TRUE(requests_until(9));
+  clock_.advance(std::chrono::microseconds(600));
+  settle();
+  respond(wire::opcode::rc_ack, 4, wire::aeth_ack_unlimited);
+  settle();
+  EXPECT_FALSE(next_request(std::chrono::milliseconds(20)).has_value());
+  clock_.advance(std::chrono::microseconds(600));  // 1.2 ms since the send, 0.6 since the progress
+  settle();
+  EXPECT_FALSE(next_request(std::chrono::milliseconds(20)).has_value()) << "probed too soon after progress";
+  clock_.advance(std::chrono::microseconds(1100));
+  settle();
+  const auto probe = next_request();
+  ASSERT_TRUE(probe.has_value()) << "no tail probe";
+  EXPECT_EQ(probe->bth.psn, 5u);
+  EXPECT_TRUE(probe->bth.ack_req);
+  respond(wire::opcode::rc_ack, 9, wire::aeth_ack_unlimited);
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+  EXPECT_EQ(dev_.counters().tail_probes, 1u);
+  EXPECT_EQ(dev_.counters().retry_timeouts, 0u);
+}
+
+// A probe the peer answers with part of the tail (the probe was a
+// duplicate; the last packet was lost) is followed, one to two delays
+// later, by a second one at the hole, which the peer then takes.
+TEST_F(hostile_peer_still_clock, a_probe_answered_with_part_of_the_tail_is_followed_by_one_at_the_hole) {
+  make_qp(qp_type::rc, nullptr, 14, 1);
+  std::vector<std::byte> msg(10 * 1024, std::byte{0x5A});
+  const mr m = post_send_of(msg);  // PSNs 0..9, and then nothing more to send
+  ASSERT_TRUE(requests_until(9));
+  clock_.advance(std::chrono::microseconds(1100));
+  settle();
+  const auto probe = next_request();
+  ASSERT_TRUE(probe.has_value()) << "no tail probe";
+  EXPECT_EQ(probe->bth.psn, 0u);
+  respond(wire::opcode::rc_ack, 8, wire::aeth_ack_unlimited);  // the duplicate's answer: PSN 9 was lost
+  settle();
+  EXPECT_FALSE(next_request(std::chrono::milliseconds(20)).has_value()) << "resent at once";
+  for (int i = 0; i < 2; ++i) {
+    clock_.advance(std::chrono::microseconds(1100));
+    settle();
+  }
+  const auto second = next_request();
+  ASSERT_TRUE(second.has_value()) << "no second probe";
+  EXPECT_EQ(second->bth.psn, 9u);
+  EXPECT_TRUE(second->bth.ack_req);
+  respond(wire::opcode::rc_ack, 9, wire::aeth_ack_unlimited);
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+  EXPECT_EQ(dev_.counters().tail_probes, 2u);
+  EXPECT_EQ(dev_.counters().retry_timeouts, 0u);
+}
+
+// A peer that never answers: one probe, then the timer counts the
+// retries out as before (retry_cnt 1: the second timeout ends it).
+TEST_F(hostile_peer_still_clock, a_tail_probe_does_not_keep_a_dead_peer_alive) {
+  make_qp(qp_type::rc, nullptr, 14, 1);
+  std::vector<std::byte> big(200 * 1024, std::byte{0x5A});
+  const mr m = post_send_of(big);
+  ASSERT_TRUE(requests_until(127));
+  work_completion wc[4];
+  std::size_t got = 0;
+  for (int step = 0; step < 400 && got == 0; ++step) {
+    clock_.advance(std::chrono::milliseconds(1));
+    while (next_request(std::chrono::milliseconds(1))) {
+    }
+    got = cq_.poll(wc);
+  }
+  ASSERT_EQ(got, 1u) << "still retrying after 400 ms";
+  EXPECT_EQ(wc[0].status, wc_status::retry_exc_err);
+  EXPECT_EQ(dev_.counters().tail_probes, 1u);
+  EXPECT_EQ(dev_.counters().retry_timeouts, 2u);
 }
 
 // retry_cnt changed in SQD applies to the next request at once (rxe sets
@@ -555,8 +749,8 @@ TEST_F(hostile_peer, a_retry_count_lowered_in_sqd_applies_to_the_next_request) {
 // An ACK for a PSN the requester allocated but has not sent yet (the tail
 // of a message held back by the window) is a forgery: it must not complete
 // the message, and the transfer goes on when the real ACKs come.
-TEST_F(hostile_peer, an_ack_for_a_psn_not_yet_sent_completes_nothing) {
-  make_qp(qp_type::rc, nullptr, 18);  // a 1 s timeout: no resend muddles the PSNs
+TEST_F(hostile_peer_still_clock, an_ack_for_a_psn_not_yet_sent_completes_nothing) {
+  make_qp(qp_type::rc, nullptr, 18);  // the clock stands still: no resend or probe muddles the PSNs
   std::vector<std::byte> big(200 * 1024, std::byte{0x5A});
   const mr m = post_send_of(big);  // 200 packets; the window lets 128 go
   std::uint32_t highest = 0;
@@ -570,11 +764,71 @@ TEST_F(hostile_peer, an_ack_for_a_psn_not_yet_sent_completes_nothing) {
   EXPECT_EQ(more->bth.psn, 128u);
 }
 
+// The packet that fills the PSN window asks for an ACK, whatever the
+// every-64 rhythm says: the requester sends nothing more until one comes,
+// and a MIDDLE packet gets no lazy ACK, so a lost ACK before it would
+// leave both ends silent until the retransmit timeout.
+TEST_F(hostile_peer_still_clock, the_packet_that_fills_the_psn_window_asks_for_an_ack) {
+  make_qp(qp_type::rc, nullptr, 18);  // the clock stands still: no resend or probe muddles the PSNs
+  std::vector<std::byte> big(300 * 1024, std::byte{0x5A});
+  const mr m = post_send_of(big);  // 300 packets; the window lets 128 go
+  std::vector<int> asked(300, -1);
+  std::uint32_t highest = 0;
+  auto take = [&] {
+    while (const auto req = next_request(std::chrono::milliseconds(20))) {
+      highest = std::max(highest, req->bth.psn);
+      if (req->bth.psn < asked.size()) asked[req->bth.psn] = req->bth.ack_req ? 1 : 0;
+    }
+  };
+  take();
+  ASSERT_EQ(highest, 127u);
+  EXPECT_EQ(asked[63], 1);
+  EXPECT_EQ(asked[127], 1);
+  respond(wire::opcode::rc_ack, 9, wire::aeth_ack_unlimited);  // the window now ends at 137
+  take();
+  ASSERT_EQ(highest, 137u);
+  for (std::uint32_t psn = 128; psn < 137; ++psn) EXPECT_EQ(asked[psn], 0) << "PSN " << psn;
+  EXPECT_EQ(asked[137], 1) << "the packet that fills the window did not ask";
+}
+
+// A gap the requester does not fill is NAKed once, and again only after 64
+// more packets past it (the NAK may have been lost): not once per packet
+// that asks for an ACK, which for a requester of small signaled messages
+// would be one NAK per packet it had in flight, each sending it back.
+TEST_F(hostile_peer, a_persisting_gap_is_naked_again_after_64_packets_not_per_asking_packet) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post_recvs(m, 4, 64);
+  send(wire::opcode::rc_send_only, 0, filled(16, 0xAA));  // send() asks for an ACK
+  const auto ack = next_ack();
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_EQ(ack->aeth.syndrome, wire::aeth_ack_unlimited);
+  EXPECT_EQ(ack->bth.psn, 0u);
+  send(wire::opcode::rc_send_only, 2, filled(16, 0xBB));  // PSN 1 was lost
+  const auto nak = next_ack();
+  ASSERT_TRUE(nak.has_value());
+  EXPECT_EQ(nak->aeth.syndrome, nak_psn_sequence);
+  EXPECT_EQ(nak->bth.psn, 1u);
+  for (std::uint32_t psn = 3; psn < 3 + 63; ++psn) send(wire::opcode::rc_send_only, psn, filled(16, 0xBB));
+  const auto early = next_ack(std::chrono::milliseconds(50));
+  EXPECT_FALSE(early.has_value()) << "NAKed again before 64 packets";
+  send(wire::opcode::rc_send_only, 66, filled(16, 0xBB));
+  const auto again = next_ack();
+  ASSERT_TRUE(again.has_value()) << "the gap was not NAKed again";
+  EXPECT_EQ(again->aeth.syndrome, nak_psn_sequence);
+  EXPECT_EQ(again->bth.psn, 1u);
+  send(wire::opcode::rc_send_only, 1, filled(16, 0xCC));  // the resend fills the gap
+  const auto filled_ack = next_ack();
+  ASSERT_TRUE(filled_ack.has_value());
+  EXPECT_EQ(filled_ack->aeth.syndrome, wire::aeth_ack_unlimited);
+  EXPECT_EQ(filled_ack->bth.psn, 1u);
+}
+
 // A READ refused for want of initiator depth (max_rd_atomic 0) ends the
 // send queue there (IBTA 10.8.3): the SEND posted behind it must not reach
 // the peer while the refusal waits for an earlier WQE's ACK to be retired.
-TEST_F(hostile_peer, nothing_posted_behind_a_read_refused_for_max_rd_atomic_0_is_sent) {
-  make_qp(qp_type::rc, nullptr, 18, 7, 7, 0);  // a 1 s timeout: no resend
+TEST_F(hostile_peer_still_clock, nothing_posted_behind_a_read_refused_for_max_rd_atomic_0_is_sent) {
+  make_qp(qp_type::rc, nullptr, 18, 7, 7, 0);  // the clock stands still: no resend or tail probe
   mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
   post(wr_opcode::send, 16, m, 0, 0, 0);  // unsignaled: the peer need not ACK it yet
   post(wr_opcode::rdma_read, 16, m, 0x1000, 0x77);
@@ -595,9 +849,9 @@ TEST_F(hostile_peer, nothing_posted_behind_a_read_refused_for_max_rd_atomic_0_is
 // the PSN space.  Sent behind an unacknowledged SEND it would put that
 // SEND's PSN outside the valid region, and the SEND's own ACK would be
 // dropped as a stray: it waits for the ACKs before it instead.
-TEST_F(hostile_peer, a_read_that_takes_half_the_psn_space_waits_for_the_acks_before_it) {
+TEST_F(hostile_peer_still_clock, a_read_that_takes_half_the_psn_space_waits_for_the_acks_before_it) {
   path_mtu_ = mtu::mtu_256;
-  make_qp(qp_type::rc, nullptr, 18);  // a 1 s timeout: no resend muddles the PSNs
+  make_qp(qp_type::rc, nullptr, 18);  // the clock stands still: no resend or probe muddles the PSNs
   constexpr std::size_t two_gib = std::size_t{1} << 31;
   void* big = ::mmap(nullptr, two_gib, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   ASSERT_NE(big, MAP_FAILED);

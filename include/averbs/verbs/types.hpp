@@ -382,7 +382,19 @@ struct device_counters {
   std::uint64_t packets_received = 0;  ///< packets that passed the header checks for a QP here
   std::uint64_t bytes_sent = 0;
   std::uint64_t bytes_received = 0;
+  /// Go-back-N resends started: after a sequence NAK, a timeout, an RNR
+  /// wait, a missing READ/atomic response, or a tail probe that found a
+  /// hole.
   std::uint64_t retransmits = 0;
+  /// Expiries of the retransmit timer (IBTA's local ACK timeout) with
+  /// something unacknowledged: each stalled its QP for the whole timeout.
+  /// The last, which ends in retry_exc_err, resends nothing.
+  std::uint64_t retry_timeouts = 0;
+  /// Tail probes (docs/wire.md): a requester that had stopped sending
+  /// heard nothing for 1/64 of its timeout (at least 250 us) and sent its
+  /// oldest unacknowledged packet again, alone.  Not counted in
+  /// `retransmits`.
+  std::uint64_t tail_probes = 0;
   std::uint64_t rnr_naks_sent = 0;
   std::uint64_t rnr_naks_received = 0;
   std::uint64_t seq_naks_sent = 0;

@@ -499,6 +499,40 @@ class hostile_peer_still_clock : public hostile_peer {
       if (req->bth.psn == psn) return true;
     return false;
   }
+
+  /// Moves the clock by `d`, drives the device, and returns the request it
+  /// sends within `patience`, if any.
+  std::optional<wire::transport_headers> after(std::chrono::microseconds d,
+                                               std::chrono::milliseconds patience = std::chrono::seconds(5)) {
+    clock_.advance(d);
+    settle();
+    return next_request(patience);
+  }
+
+  /// make_qp() with timeout 14 (a tail probe after 1.05 ms) and retry_cnt
+  /// 1; a 200-packet SEND posted and the 128 its window lets go read; the
+  /// clock moved past the probe's delay.  Returns the probe, if one came.
+  std::optional<wire::transport_headers> fill_the_window_and_wait() {
+    make_qp(qp_type::rc, nullptr, 14, 1);
+    big_.assign(200 * 1024, std::byte{0x5A});
+    big_mr_ = post_send_of(big_);
+    if (!requests_until(127)) return std::nullopt;
+    return after(std::chrono::microseconds(1100));
+  }
+
+  /// Acknowledges every PSN to `last`: the SEND completes, after `probes`
+  /// tail probes and no timeout.
+  void ack_and_expect_success(std::uint32_t last, std::uint64_t probes) {
+    respond(wire::opcode::rc_ack, last, wire::aeth_ack_unlimited);
+    const auto wcs = drain();
+    ASSERT_EQ(wcs.size(), 1u);
+    EXPECT_EQ(wcs[0].status, wc_status::success);
+    EXPECT_EQ(dev_.counters().tail_probes, probes);
+    EXPECT_EQ(dev_.counters().retry_timeouts, 0u);
+  }
+
+  std::vector<std::byte> big_;
+  mr big_mr_;
 };
 
 TEST_F(hostile_peer_still_clock, a_nak_repeated_after_a_resend_overtaken_by_an_ack_is_answered_at_once) {
@@ -539,13 +573,9 @@ TEST_F(hostile_peer_still_clock, a_requester_stopped_by_its_window_probes_with_o
   const mr m = post_send_of(big);  // 200 packets; the window lets 128 go
   ASSERT_TRUE(requests_until(127));
   EXPECT_FALSE(next_request(std::chrono::milliseconds(20)).has_value()) << "sent past the window";
-  clock_.advance(std::chrono::microseconds(1000));
-  settle();
-  EXPECT_FALSE(next_request(std::chrono::milliseconds(20)).has_value())
+  EXPECT_FALSE(after(std::chrono::microseconds(1000), std::chrono::milliseconds(20)).has_value())
       << "probed before 1/64 of the timeout";
-  clock_.advance(std::chrono::microseconds(100));
-  settle();
-  const auto probe = next_request();
+  const auto probe = after(std::chrono::microseconds(100));
   ASSERT_TRUE(probe.has_value()) << "no tail probe";
   EXPECT_EQ(probe->bth.psn, 0u) << "the probe is the oldest unacknowledged PSN";
   EXPECT_TRUE(probe->bth.ack_req);
@@ -560,11 +590,7 @@ TEST_F(hostile_peer_still_clock, a_requester_stopped_by_its_window_probes_with_o
   ASSERT_TRUE(next.has_value());
   EXPECT_EQ(next->bth.psn, 128u) << "resent what the answer acknowledged";
   ASSERT_TRUE(requests_until(199));
-  respond(wire::opcode::rc_ack, 199, wire::aeth_ack_unlimited);
-  const auto wcs = drain();
-  ASSERT_EQ(wcs.size(), 1u);
-  EXPECT_EQ(wcs[0].status, wc_status::success);
-  EXPECT_EQ(dev_.counters().tail_probes, 1u);
+  ack_and_expect_success(199, 1);
 }
 
 // A probe falls due only against what the link has read: an answer that
@@ -589,13 +615,7 @@ TEST_F(hostile_peer_still_clock, an_answer_waiting_in_the_socket_when_the_probe_
 // PSN: it had lost that packet, and dropped everything behind it -- sends
 // the rest again (go-back-N from there, uncounted).
 TEST_F(hostile_peer_still_clock, a_probe_that_fills_a_hole_sends_the_rest_again) {
-  make_qp(qp_type::rc, nullptr, 14, 1);
-  std::vector<std::byte> big(200 * 1024, std::byte{0x5A});
-  const mr m = post_send_of(big);
-  ASSERT_TRUE(requests_until(127));
-  clock_.advance(std::chrono::microseconds(1100));
-  settle();
-  const auto probe = next_request();
+  const auto probe = fill_the_window_and_wait();
   ASSERT_TRUE(probe.has_value()) << "no tail probe";
   EXPECT_EQ(probe->bth.psn, 0u);
   respond(wire::opcode::rc_ack, 0, wire::aeth_ack_unlimited);
@@ -610,13 +630,7 @@ TEST_F(hostile_peer_still_clock, a_probe_that_fills_a_hole_sends_the_rest_again)
 // A probe answered past the probed PSN (the peer had the packets; only
 // ACKs were lost) resends nothing: the requester goes on with new packets.
 TEST_F(hostile_peer_still_clock, a_probe_answered_past_the_probed_psn_resends_nothing) {
-  make_qp(qp_type::rc, nullptr, 14, 1);
-  std::vector<std::byte> big(200 * 1024, std::byte{0x5A});
-  const mr m = post_send_of(big);
-  ASSERT_TRUE(requests_until(127));
-  clock_.advance(std::chrono::microseconds(1100));
-  settle();
-  const auto probe = next_request();
+  const auto probe = fill_the_window_and_wait();
   ASSERT_TRUE(probe.has_value()) << "no tail probe";
   EXPECT_EQ(probe->bth.psn, 0u);
   respond(wire::opcode::rc_ack, 40, wire::aeth_ack_unlimited);
@@ -640,21 +654,14 @@ TEST_F(hostile_peer_still_clock, the_tail_of_the_send_queue_is_probed_after_the_
   respond(wire::opcode::rc_ack, 4, wire::aeth_ack_unlimited);
   settle();
   EXPECT_FALSE(next_request(std::chrono::milliseconds(20)).has_value());
-  clock_.advance(std::chrono::microseconds(600));  // 1.2 ms since the send, 0.6 since the progress
-  settle();
-  EXPECT_FALSE(next_request(std::chrono::milliseconds(20)).has_value()) << "probed too soon after progress";
-  clock_.advance(std::chrono::microseconds(1100));
-  settle();
-  const auto probe = next_request();
+  // 1.2 ms since the send, 0.6 since the progress:
+  EXPECT_FALSE(after(std::chrono::microseconds(600), std::chrono::milliseconds(20)).has_value())
+      << "probed too soon after progress";
+  const auto probe = after(std::chrono::microseconds(1100));
   ASSERT_TRUE(probe.has_value()) << "no tail probe";
   EXPECT_EQ(probe->bth.psn, 5u);
   EXPECT_TRUE(probe->bth.ack_req);
-  respond(wire::opcode::rc_ack, 9, wire::aeth_ack_unlimited);
-  const auto wcs = drain();
-  ASSERT_EQ(wcs.size(), 1u);
-  EXPECT_EQ(wcs[0].status, wc_status::success);
-  EXPECT_EQ(dev_.counters().tail_probes, 1u);
-  EXPECT_EQ(dev_.counters().retry_timeouts, 0u);
+  ack_and_expect_success(9, 1);
 }
 
 // A probe the peer answers with part of the tail (the probe was a
@@ -665,28 +672,19 @@ TEST_F(hostile_peer_still_clock, a_probe_answered_with_part_of_the_tail_is_follo
   std::vector<std::byte> msg(10 * 1024, std::byte{0x5A});
   const mr m = post_send_of(msg);  // PSNs 0..9, and then nothing more to send
   ASSERT_TRUE(requests_until(9));
-  clock_.advance(std::chrono::microseconds(1100));
-  settle();
-  const auto probe = next_request();
+  const auto probe = after(std::chrono::microseconds(1100));
   ASSERT_TRUE(probe.has_value()) << "no tail probe";
   EXPECT_EQ(probe->bth.psn, 0u);
   respond(wire::opcode::rc_ack, 8, wire::aeth_ack_unlimited);  // the duplicate's answer: PSN 9 was lost
   settle();
   EXPECT_FALSE(next_request(std::chrono::milliseconds(20)).has_value()) << "resent at once";
-  for (int i = 0; i < 2; ++i) {
-    clock_.advance(std::chrono::microseconds(1100));
-    settle();
-  }
-  const auto second = next_request();
+  clock_.advance(std::chrono::microseconds(1100));  // a timer pass: the wait starts again from here
+  settle();
+  const auto second = after(std::chrono::microseconds(1100));
   ASSERT_TRUE(second.has_value()) << "no second probe";
   EXPECT_EQ(second->bth.psn, 9u);
   EXPECT_TRUE(second->bth.ack_req);
-  respond(wire::opcode::rc_ack, 9, wire::aeth_ack_unlimited);
-  const auto wcs = drain();
-  ASSERT_EQ(wcs.size(), 1u);
-  EXPECT_EQ(wcs[0].status, wc_status::success);
-  EXPECT_EQ(dev_.counters().tail_probes, 2u);
-  EXPECT_EQ(dev_.counters().retry_timeouts, 0u);
+  ack_and_expect_success(9, 2);
 }
 
 // A peer that never answers: one probe, then the timer counts the

@@ -364,6 +364,7 @@ struct qp_t {
     std::uint32_t newest_psn = 0;  // of the newest SEND, WRITE or atomic taken in sequence
     bool ack_pending = false;      // a coalesced ACK waits for the queue to drain
     bool ack_lazy = false;         // an ACK nobody asked for waits (queue_lazy_ack)
+    bool lazy_listed = false;      // in the device's lazy_acks_ (until its timer drains it)
     std::vector<rd_resource> resources;
     std::uint32_t res_head = 0;
     // The READ being answered.  Its responses leave a send batch per turn

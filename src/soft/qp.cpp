@@ -145,10 +145,11 @@ std::error_code device::create_qp(pd_t* pd, const qp_init& init, qp_t*& out) {
   std::lock_guard lock(lock_);
   if (live_qps_ >= limits::max_qp) return err(errc::no_resources);
   if (init.srq != nullptr && init.srq->pd != pd) return err(errc::invalid_argument);
-  // The responder queues a QP's coalesced ACK (at most one entry per live
-  // QP) where running out of memory could not be reported: the room is
-  // made here, where it can.
+  // The responder queues a QP's coalesced and lazy ACKs (at most one entry
+  // each per live QP) where running out of memory could not be reported:
+  // the room is made here, where it can.
   ack_ready_.reserve(live_qps_ + 1);
+  lazy_acks_.reserve(live_qps_ + 1);
   auto qp = std::make_unique<qp_t>();
   qp->dev = this;
   qp->type = init.type;
@@ -336,10 +337,12 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
       const bool scheduled = qp->req.scheduled;
       qp_t* const next_ready = qp->req.next_ready;
       const std::uint64_t timer_gen = qp->comp.timer_gen;
+      const bool lazy_listed = qp->resp.lazy_listed;
       qp->req = {};
       qp->req.scheduled = scheduled;
       qp->req.next_ready = next_ready;
       qp->resp = {};
+      qp->resp.lazy_listed = lazy_listed;  // still in lazy_acks_
       qp->comp = {};
       qp->comp.timer_gen = timer_gen;
       qp->state = qp_state::reset;

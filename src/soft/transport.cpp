@@ -106,12 +106,18 @@ void device::flush_acks() noexcept {
 // two.
 void device::queue_lazy_ack(qp_t* qp) noexcept {
   if (qp->resp.ack_pending || qp->resp.ack_lazy) return;
-  try {
-    lazy_acks_.push_back(qp);
-  } catch (...) {
-    qp->resp.ack_pending = true;  // no room to wait: acknowledge with the burst
-    ack_ready_.push_back(qp);
-    return;
+  // Listed once until the timer drains the list, however often an ACK the
+  // QP sent anyway (flush_ack) settled its lazy one meanwhile.  create_qp
+  // reserved the room.
+  if (!qp->resp.lazy_listed) {
+    try {
+      lazy_acks_.push_back(qp);
+    } catch (...) {
+      qp->resp.ack_pending = true;  // no room to wait: acknowledge with the burst
+      ack_ready_.push_back(qp);
+      return;
+    }
+    qp->resp.lazy_listed = true;
   }
   qp->resp.ack_lazy = true;
   if (lazy_timer_pending_) return;
@@ -126,8 +132,10 @@ void device::queue_lazy_ack(qp_t* qp) noexcept {
 
 void device::on_lazy_ack_timer() noexcept {
   lazy_timer_pending_ = false;
-  for (qp_t* qp : lazy_acks_)
+  for (qp_t* qp : lazy_acks_) {
+    qp->resp.lazy_listed = false;
     if (qp->resp.ack_lazy) flush_ack(qp);
+  }
   lazy_acks_.clear();
   link_->flush();
 }

@@ -454,8 +454,9 @@ echo "decides the result (a VM that changes placement between rounds moves numer
 echo "denominator together within a round, not across rounds).  A round counts only if the raw"
 echo "baseline measured again right after the averbs run agrees with the first (latency within"
 echo "15 %, gso_gro within 25 %) and averbs did not beat raw UDP by over 10 % (impossible under one placement);"
-echo "rounds left out, placement changed: latency${vals[lat_moved]:- none}, bandwidth${vals[bw_moved]:- none}," \
-  "1 % loss${vals[loss_moved]:- none} (its ratio spans both write_bw runs: raw gso_gro before, between and after)."
+moved="rounds left out, placement changed: latency${vals[lat_moved]:- none}, bandwidth${vals[bw_moved]:- none}"
+((loss)) && moved+=", 1 % loss${vals[loss_moved]:- none} (its ratio spans both write_bw runs: raw gso_gro before, between and after)"
+echo "$moved."
 echo
 echo "| target | measured | goal | result |"
 echo "|---|---|---|---|"

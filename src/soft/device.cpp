@@ -1613,8 +1613,7 @@ void device::run() noexcept {
         free_packet(p);
         continue;
       }
-      qp_t* qp = nullptr;
-      if (qpn >= first_qpn_ && qpn - first_qpn_ < qps_.size()) qp = qps_[qpn - first_qpn_].get();
+      qp_t* qp = qp_by_number(qpn);
       const bool response = (p->op->ops & wire::op_response) != 0;
       const auto tp = p->op->tp;
       bool ok = qp != nullptr && !qp->released;

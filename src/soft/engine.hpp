@@ -327,9 +327,10 @@ struct qp_t {
     // (run_due_probes), so that an answer already waiting counts first.
     bool probe_due = false;
     bool probed = false;                // one was sent since the last progress
-    std::uint32_t probe_psn = 0;        // comp.psn when it was armed: the PSN a probe resends
+    // comp.psn when it was armed: the PSN a probe resends, unchanged until
+    // progress answers it (an answer ending at probe_psn + 1 found a hole).
+    std::uint32_t probe_psn = 0;
     std::uint64_t probe_poll_mark = 0;  // link_polls_ when it fell due
-    std::uint32_t probe_end = 0;        // the probed PSN + 1: an answer that ends there found a hole
     clock::time_point probe_at{};
     std::uint64_t timer_gen = 0;   // stale heap entries carry an older one
     clock::time_point deadline{};
@@ -744,6 +745,12 @@ class device final : public progress_source, public clock_listener {
   void on_qp_timer(std::uint32_t qpn, std::uint64_t gen, bool rnr) noexcept;
   static std::chrono::nanoseconds tail_probe_delay(const qp_t* qp) noexcept;
   void arm_tail_probe(qp_t* qp) noexcept;
+  /// The QP numbered `qpn`, or null (none, or another device's number).
+  qp_t* qp_by_number(std::uint32_t qpn) const noexcept {
+    return qpn >= first_qpn_ && qpn - first_qpn_ < qps_.size() ? qps_[qpn - first_qpn_].get() : nullptr;
+  }
+  /// The oldest started WQE not yet done, and its index; null if none.
+  static send_state* oldest_unfinished(qp_t* qp, std::uint32_t& index) noexcept;
   void schedule_tail_probe(qp_t* qp) noexcept;
   void on_tail_probe(std::uint32_t qpn, std::uint64_t gen) noexcept;
   void consider_tail_probe(qp_t* qp, clock::time_point now, bool link_read) noexcept;

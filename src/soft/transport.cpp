@@ -468,8 +468,7 @@ void device::schedule_tail_probe(qp_t* qp) noexcept {
 }
 
 void device::on_tail_probe(std::uint32_t qpn, std::uint64_t gen) noexcept {
-  if (qpn < first_qpn_ || qpn - first_qpn_ >= qps_.size()) return;
-  qp_t* qp = qps_[qpn - first_qpn_].get();
+  qp_t* qp = qp_by_number(qpn);
   if (qp == nullptr || qp->comp.timer_gen != gen) return;  // stale
   qp->comp.probe_scheduled = false;
   if (!qp->comp.probe_armed) return;
@@ -545,11 +544,10 @@ void device::run_due_probes() noexcept {
 // at the oldest PSN has its own responses to answer for it (a lost one is
 // a gap or a timeout), and its request resent would replay them all.
 void device::send_probe(qp_t* qp) noexcept {
-  const std::uint32_t mask = qp->sq.size() - 1;
-  std::uint32_t i = qp->sq.consumer();
-  while (i != qp->req.start_index && qp->sq_state[i & mask].state == wqe_state::done) ++i;
-  if (i == qp->req.start_index) return;
-  send_state& st = qp->sq_state[i & mask];
+  std::uint32_t i = 0;
+  send_state* oldest = oldest_unfinished(qp, i);
+  if (oldest == nullptr) return;
+  send_state& st = *oldest;
   const auto* w = qp->sq.at<send_wqe>(i);
   if (is_read(w->opcode) || is_atomic(w->opcode) || psn_before(qp->comp.psn, st.first_psn) ||
       psn_before(st.last_psn, qp->comp.psn))
@@ -573,15 +571,13 @@ void device::send_probe(qp_t* qp) noexcept {
   qp->req.sent_psn = saved_req.sent_psn;
   if (counters_.packets_sent != before) {
     ++counters_.tail_probes;
-    qp->comp.probe_end = psn_add(qp->comp.psn, 1);
   } else {
     qp->comp.probed = false;  // no packet buffer: the timer remains
   }
 }
 
 void device::on_qp_timer(std::uint32_t qpn, std::uint64_t gen, bool rnr) noexcept {
-  if (qpn < first_qpn_ || qpn - first_qpn_ >= qps_.size()) return;
-  qp_t* qp = qps_[qpn - first_qpn_].get();
+  qp_t* qp = qp_by_number(qpn);
   if (qp == nullptr || qp->comp.timer_gen != gen) return;  // stale timer
   if (qp->state != qp_state::rts && qp->state != qp_state::sqd) return;
   if (rnr) {
@@ -665,6 +661,17 @@ void device::gap_retry(qp_t* qp) noexcept {
   if (qp->comp.gap_retry) return;
   qp->comp.gap_retry = true;
   retry(qp, false);
+}
+
+send_state* device::oldest_unfinished(qp_t* qp, std::uint32_t& index) noexcept {
+  const std::uint32_t mask = qp->sq.size() - 1;
+  for (std::uint32_t i = qp->sq.consumer(); i != qp->req.start_index; ++i) {
+    send_state& st = qp->sq_state[i & mask];
+    if (st.state == wqe_state::done) continue;
+    index = i;
+    return &st;
+  }
+  return nullptr;
 }
 
 // The oldest unfinished WQE fails with `status`; the QP goes to error.
@@ -1666,16 +1673,6 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
   }
 
   // The oldest unfinished WQE, if started.
-  auto oldest = [&](std::uint32_t& index) -> send_state* {
-    for (std::uint32_t i = qp->sq.consumer(); i != qp->req.start_index; ++i) {
-      send_state& st = qp->sq_state[i & mask];
-      if (st.state == wqe_state::done) continue;
-      index = i;
-      return &st;
-    }
-    return nullptr;
-  };
-
   // Something was acknowledged: the retry budgets refill and the retry
   // state of the old position ends (rxe's reset_retry_counters).
   // Returns whether the progress answers a tail probe by acknowledging
@@ -1683,8 +1680,8 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
   // lost it, and dropped what came after.
   auto note_progress = [&] {
     if (qp->comp.psn == before) return false;
-    const bool hole =
-        qp->comp.probed && qp->comp.psn == qp->comp.probe_end && psn_before(qp->comp.psn, qp->req.sent_psn);
+    const bool hole = qp->comp.probed && qp->comp.psn == psn_add(qp->comp.probe_psn, 1) &&
+                      psn_before(qp->comp.psn, qp->req.sent_psn);
     qp->comp.gap_retry = false;
     qp->comp.retry_counted = false;
     qp->comp.ask_all = false;
@@ -1810,7 +1807,7 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
     return;
   }
   std::uint32_t i = 0;
-  send_state* st = oldest(i);
+  send_state* st = oldest_unfinished(qp, i);
   if (st == nullptr) {
     after_progress();
     return;

@@ -92,6 +92,10 @@ TEST_F(data_path_alloc, unsignaled_sends_do_not_allocate) {
   auto p = connected_pair();
   auto src = make_buffer(64), dst = make_buffer(64);
   const sge s = src.part(0, 8), d = dst.part(0, 8);
+  send_wr w;
+  w.opcode = wr_opcode::send;
+  w.sg_list = &s;
+  w.num_sge = 1;
   recv_wr r;
   r.sg_list = &d;
   r.num_sge = 1;
@@ -100,10 +104,6 @@ TEST_F(data_path_alloc, unsignaled_sends_do_not_allocate) {
   EXPECT_EQ(allocations_during(200'000,
                                [&](int n) {
                                  for (int i = 0; i < n; ++i) {
-                                   send_wr w;
-                                   w.opcode = wr_opcode::send;
-                                   w.sg_list = &s;
-                                   w.num_sge = 1;
                                    w.flags = i % 8 == 7 ? std::uint32_t{send_signaled} : 0u;
                                    if (p.b.post_recv(r) || p.a.post_send(w)) return;
                                    while (p.cq_b.poll({wc, 1}) == 0) {

@@ -54,4 +54,9 @@ std::size_t timer_queue::size() const {
   return heap_.size();
 }
 
+void timer_queue::reserve(std::size_t n) {
+  std::lock_guard lock(mu_);
+  heap_.reserve(n);
+}
+
 }  // namespace averbs::detail

@@ -48,6 +48,10 @@ class timer_queue {
 
   std::size_t size() const;
 
+  /// Makes room for `n` timers, so that scheduling up to that many does
+  /// not allocate (it may throw std::bad_alloc, as schedule may).
+  void reserve(std::size_t n);
+
  private:
   struct entry {
     clock::time_point deadline;

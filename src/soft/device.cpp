@@ -103,6 +103,8 @@ void write_one(int fd) noexcept {
   }
 }
 
+/// Timer heap entries a device makes room for when it is created.
+constexpr std::size_t timer_room = 16;
 }  // namespace
 
 void complete_parked(const parked& p, const std::error_code& ec, void* result) noexcept {
@@ -389,6 +391,11 @@ device::device(const device_config& cfg)
   gsi_ = make_cm_agent(*this);
   gsi_psn_ = static_cast<std::uint32_t>(node_guid_) & wire::psn_mask;
   clock_->subscribe(*this);
+  // Room in the timer heap for the device's own timers (held and lazy
+  // ACKs, delayed packets) and a few QPs' (retransmit, tail probe), so a
+  // small device schedules them without allocating.  It grows beyond;
+  // a schedule that finds no memory there is handled where it happens.
+  timers_.reserve(timer_room);
   keys_.resize(1);  // key index 0 is never used: lkey 0 is invalid
   pds_.resize(1);
   ahs_.resize(1);

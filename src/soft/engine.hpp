@@ -366,6 +366,7 @@ struct qp_t {
     bool ack_pending = false;      // a coalesced ACK waits for the queue to drain
     bool ack_lazy = false;         // an ACK nobody asked for waits (queue_lazy_ack)
     bool lazy_listed = false;      // in the device's lazy_acks_ (until its timer drains it)
+    bool ack_listed = false;       // in the device's ack_ready_ (until flush_acks drains it)
     std::vector<rd_resource> resources;
     std::uint32_t res_head = 0;
     // The READ being answered.  Its responses leave a send batch per turn
@@ -739,6 +740,7 @@ class device final : public progress_source, public clock_listener {
   void recover_lost_timers() noexcept;
   void flush_ack(qp_t* qp) noexcept;
   void flush_acks() noexcept;
+  void list_ack(qp_t* qp) noexcept;
   void queue_lazy_ack(qp_t* qp) noexcept;
   void on_lazy_ack_timer() noexcept;
   void on_ack_timer() noexcept;

@@ -338,11 +338,13 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
       qp_t* const next_ready = qp->req.next_ready;
       const std::uint64_t timer_gen = qp->comp.timer_gen;
       const bool lazy_listed = qp->resp.lazy_listed;
+      const bool ack_listed = qp->resp.ack_listed;
       qp->req = {};
       qp->req.scheduled = scheduled;
       qp->req.next_ready = next_ready;
       qp->resp = {};
       qp->resp.lazy_listed = lazy_listed;  // still in lazy_acks_
+      qp->resp.ack_listed = ack_listed;    // still in ack_ready_
       qp->comp = {};
       qp->comp.timer_gen = timer_gen;
       qp->state = qp_state::reset;

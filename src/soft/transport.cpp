@@ -95,8 +95,22 @@ void device::flush_ack(qp_t* qp) noexcept {
 }
 
 void device::flush_acks() noexcept {
-  for (qp_t* qp : ack_ready_) flush_ack(qp);
+  for (qp_t* qp : ack_ready_) {
+    qp->resp.ack_listed = false;
+    flush_ack(qp);
+  }
   ack_ready_.clear();
+}
+
+// Lists the QP for flush_acks(), once however often its ACK was sent
+// meanwhile (a READ, an atomic or a NAK sends it first, flush_ack, and
+// leaves the entry): the list then never outgrows the room create_qp
+// reserved for every QP.
+void device::list_ack(qp_t* qp) noexcept {
+  qp->resp.ack_pending = true;
+  if (qp->resp.ack_listed) return;
+  qp->resp.ack_listed = true;
+  ack_ready_.push_back(qp);
 }
 
 // Packets that did not ask for an ACK are acknowledged lazily, on every
@@ -113,8 +127,7 @@ void device::queue_lazy_ack(qp_t* qp) noexcept {
     try {
       lazy_acks_.push_back(qp);
     } catch (...) {
-      qp->resp.ack_pending = true;  // no room to wait: acknowledge with the burst
-      ack_ready_.push_back(qp);
+      list_ack(qp);  // no room to wait: acknowledge with the burst
       return;
     }
     qp->resp.lazy_listed = true;
@@ -1419,10 +1432,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
     r.newest_psn = psn_add(psn, p->run - 1);
     if (p->hdr.bth.ack_req) {
       r.last_ack_psn = psn_add(psn, p->run - 1);
-      if (!r.ack_pending) {
-        r.ack_pending = true;
-        ack_ready_.push_back(qp);
-      }
+      list_ack(qp);
     } else if (last) {
       r.last_ack_psn = psn;
       queue_lazy_ack(qp);

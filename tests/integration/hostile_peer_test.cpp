@@ -3,6 +3,7 @@
 // packet itself (wire::encode), so it can send what no averbs requester
 // would, and reads the device's ACKs and NAKs off the socket.  The device
 // under test does not check ICRCs, so the packets carry a zero one.
+#include "counting_new.hpp"
 #include "udp_pair.hpp"
 #include "wire/cm.hpp"
 #include "wire/roce.hpp"
@@ -940,6 +941,76 @@ TEST_F(hostile_peer, a_duplicate_read_is_replayed_only_for_the_rest_from_its_psn
   EXPECT_EQ(out[0].bth.psn, 2u);
   EXPECT_EQ(out[1].bth.psn, 3u);
   EXPECT_EQ(static_cast<wire::opcode>(out[1].bth.opcode), wire::opcode::rc_read_response_last);
+}
+
+// A WRITE that asks for an ACK waits for its coalesced ACK, and a READ or
+// atomic behind it sends that ACK first (IBTA 9.7.5.1.2).  A burst of such
+// pairs, all in one read of the socket, must list the QP for its ACK once,
+// not once a pair: the list has room for every QP (create_qp), and growing
+// it on the data path could fail for want of memory where nothing may.
+TEST_F(hostile_peer, acked_writes_between_reads_and_atomics_are_answered_without_allocating) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096,
+                    access_local_write | access_remote_read | access_remote_write | access_remote_atomic);
+  // `n` pairs from `psn`: a WRITE, asking for an ACK if `ack_req`, then a
+  // READ or a fetch-and-add.
+  auto pairs_from = [&](std::uint32_t psn, int n, bool ack_req) {
+    for (int i = 0; i < n; ++i, psn += 2) {
+      wire::transport_headers h;
+      h.bth.opcode = static_cast<std::uint8_t>(wire::opcode::rc_write_only);
+      h.bth.dest_qp = qp_.num();
+      h.bth.psn = psn;
+      h.bth.ack_req = ack_req;
+      h.reth = {va(), m.rkey(), 8};
+      send_as_is(h, filled(8, static_cast<std::uint8_t>(i + 1)));
+      if (i % 2 == 0) {
+        send(wire::opcode::rc_read_request, psn + 1, {}, h);
+      } else {
+        h.atomic = {va(64), m.rkey(), 1, 0};
+        send(wire::opcode::rc_fetch_add, psn + 1, {}, h);
+      }
+    }
+  };
+  // Reads the answers up to the one to `last_psn`, without allocating.
+  auto answered_through = [&](std::uint32_t last_psn) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    std::byte in[2048];
+    while (std::chrono::steady_clock::now() < until) {
+      (void)cq_.poll({});
+      const ssize_t n = ::recv(fd_, in, sizeof in, 0);
+      if (n <= 0) continue;
+      wire::packet_view v;
+      if (wire::decode(std::span(in, static_cast<std::size_t>(n)), true, v) == wire::decode_error::ok &&
+          v.hdr.bth.psn == last_psn)
+        return true;
+    }
+    return false;
+  };
+  // First what the device makes once: a READ of two equal responses (a
+  // GSO run, whose socket opens on first use); the same burst without
+  // AckReq (each READ or atomic still sends the WRITE's lazy ACK ahead of
+  // its answer, so the device sends and receives as many packets, and its
+  // packet pool grows to what the measured burst needs); a short burst
+  // with AckReq, for the timer that holds coalesced ACKs.
+  {
+    wire::transport_headers h;
+    h.reth = {va(), m.rkey(), 2048};
+    send(wire::opcode::rc_read_request, 0, {}, h);  // PSNs 0 and 1
+    ASSERT_TRUE(answered_through(1));
+  }
+  constexpr int pairs = 12;
+  pairs_from(2, pairs, false);
+  ASSERT_TRUE(answered_through(2 * pairs + 1));
+  pairs_from(2 * pairs + 2, 2, true);
+  ASSERT_TRUE(answered_through(2 * pairs + 5));
+
+  pairs_from(2 * pairs + 6, pairs, true);
+  const std::uint64_t before = heap_allocations();
+  ASSERT_TRUE(answered_through(4 * pairs + 5));
+  EXPECT_EQ(heap_allocations() - before, 0u);
+  std::uint64_t total = 0;
+  std::memcpy(&total, buf_.data() + 64, sizeof total);
+  EXPECT_EQ(total, std::uint64_t{pairs} + 1);  // every fetch-and-add was applied once
 }
 
 // A fatal error in the middle of a SEND fails the receive the SEND took,

@@ -139,9 +139,10 @@ TEST_F(timer_memory, a_retransmit_timer_with_no_memory_is_not_lost) {
       ASSERT_EQ(poll(w.cq_a, 1).size(), 1u);
     }
   }
-  // Sixteen QPs whose peers do not answer: each send arms its QP's
-  // retransmit timer, sixteen more heap entries, and the heap cannot grow.
-  constexpr int n = 16;
+  // QPs whose peers do not answer: each send arms its QP's retransmit
+  // timer, one more heap entry each, and the heap cannot grow.  More of
+  // them than the room a device makes in its heap when created (16).
+  constexpr int n = 40;
   std::vector<pair> v;
   for (int i = 0; i < n; ++i) {
     v.push_back(connected_pair(o));

@@ -15,6 +15,13 @@
 //                           (the receiver's kernel segments them)
 //                 gso_gro   UDP_SEGMENT super-datagrams      -> UDP_GRO
 //                           recvmmsg (segments stay coalesced)
+//                 splice_gro the same super-datagrams, but the sender
+//                           vmsplice()s its buffer into a pipe and
+//                           splice()s the pipe into the socket: the
+//                           skbs reference the sender's pages and
+//                           nothing is copied until the receiver's
+//                           recvmsg (zero-copy send; MSG_ZEROCOPY is
+//                           copied on loopback)   -> UDP_GRO recvmmsg
 //                 raw_mmsg  what averbs' udp_link does: sendmmsg on an
 //                           IPPROTO_RAW socket, IP+UDP headers built here,
 //                           unconnected                      -> recvmmsg
@@ -130,7 +137,7 @@ struct options {
   int trials = 3;
   std::size_t batch = 32;  // udp_link's batch
   std::size_t window = 1u << 20;
-  std::vector<std::string> variants{"send", "sendmmsg", "gso", "gso_gro", "raw_mmsg"};
+  std::vector<std::string> variants{"send", "sendmmsg", "gso", "gso_gro", "splice_gro", "raw_mmsg"};
   std::string server_addr = "127.0.0.2", client_addr = "127.0.0.3";
   std::uint16_t port = 18600;
   int server_cpu = 1, client_cpu = 0;
@@ -154,7 +161,7 @@ int usage(int rc) {
       "      --trials N         throughput trials per variant, median printed (default 3)\n"
       "      --batch N          sendmmsg/recvmmsg batch (default 32, as udp_link)\n"
       "      --window BYTES     flow-control window (default 1048576)\n"
-      "      --variants LIST    send,sendmmsg,gso,gso_gro,raw_mmsg (default all)\n"
+      "      --variants LIST    send,sendmmsg,gso,gso_gro,splice_gro,raw_mmsg (default all)\n"
       "      --server-addr A    server (echo, receiver) IPv4 address, 127/8 (127.0.0.2)\n"
       "      --client-addr A    client (ping, sender) IPv4 address, 127/8 (127.0.0.3)\n"
       "  -p, --port P           server UDP port; the client uses P+1 (default 18600)\n"
@@ -585,7 +592,8 @@ struct client {
   // One throughput trial; returns goodput in bytes/s (and lost bytes).
   double throughput_trial(const std::string& variant, std::uint64_t& lost_out) {
     const std::size_t d = o.dgram;
-    const bool gso = variant == "gso" || variant == "gso_gro";
+    const bool spliced = variant == "splice_gro";
+    const bool gso = variant == "gso" || variant == "gso_gro" || spliced;
     const bool raw = variant == "raw_mmsg";
     const std::size_t segs = gso ? std::max<std::size_t>(1, std::min<std::size_t>(65507 / d, 64)) : 1;
     const std::size_t per_call = variant == "send" ? d : gso ? segs * d : o.batch * d;
@@ -615,7 +623,21 @@ struct client {
       }
     }
 
-    const std::uint32_t p = start(2, variant == "gso_gro" ? 1 : 0, d);
+    int pipe_fd[2] = {-1, -1};
+    // splice_gro sends from whole pages: 15 pipe buffers, 15 fragments of
+    // one skb (the kernel's limit is 17; beyond it, a corked datagram is
+    // cut short).
+    std::byte* pages = nullptr;
+    if (spliced) {
+      void* m = ::mmap(nullptr, per_call, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (m == MAP_FAILED) die_errno("mmap");
+      pages = static_cast<std::byte*>(m);
+      std::memset(pages, 0x42, per_call);
+      // A call's 15 pages fit the default 16-page pipe; more room if we may.
+      if (::pipe2(pipe_fd, O_CLOEXEC) != 0) die_errno("pipe2");
+      (void)::fcntl(pipe_fd[1], F_SETPIPE_SZ, 1 << 20);
+    }
+    const std::uint32_t p = start(2, variant == "gso_gro" || spliced ? 1 : 0, d);
     std::uint64_t sent = 0, lost = 0;
     // Sends one call's worth (per_call bytes) once the window allows it.
     auto send_some = [&]() {
@@ -635,6 +657,19 @@ struct client {
       if (variant == "send") {
         while (::send(fd, payload.data(), d, 0) < 0)
           if (!transient(errno)) die_errno("send");
+      } else if (spliced) {
+        iovec v{pages, per_call};
+        while (v.iov_len > 0) {
+          const ssize_t r = ::vmsplice(pipe_fd[1], &v, 1, 0);
+          if (r < 0) die_errno("vmsplice");
+          v.iov_base = static_cast<std::byte*>(v.iov_base) + r;
+          v.iov_len -= static_cast<std::size_t>(r);
+        }
+        for (std::size_t left = per_call; left > 0;) {
+          const ssize_t r = ::splice(pipe_fd[0], nullptr, fd, nullptr, left, 0);
+          if (r < 0 && !transient(errno)) die_errno("splice");
+          if (r > 0) left -= static_cast<std::size_t>(r);
+        }
       } else if (gso) {
         while (::send(fd, payload.data(), per_call, 0) < 0)
           if (!transient(errno)) die_errno("send (UDP_SEGMENT)");
@@ -678,6 +713,11 @@ struct client {
     if (seen == r0) t1 = clk::now();
     finish(p);
     if (gso) set_int(fd, IPPROTO_UDP, UDP_SEGMENT, 0);
+    if (spliced) {
+      ::close(pipe_fd[0]);
+      ::close(pipe_fd[1]);
+      ::munmap(pages, per_call);
+    }
     lost_out = lost - lost0;
     return static_cast<double>(seen - r0) / std::chrono::duration<double>(t1 - t0).count();
   }
@@ -804,7 +844,7 @@ int main(int argc, char** argv) {
     if (!parse_pp_mode(m, unused)) die("unknown ping-pong mode '%s'", m.c_str());
   }
   for (const auto& v : o.variants)
-    if (v != "send" && v != "sendmmsg" && v != "gso" && v != "gso_gro" && v != "raw_mmsg")
+    if (v != "send" && v != "sendmmsg" && v != "gso" && v != "gso_gro" && v != "raw_mmsg" && v != "splice_gro")
       die("unknown throughput variant '%s'", v.c_str());
   if (o.server_cpu >= 0 && ::sysconf(_SC_NPROCESSORS_ONLN) < 2) o.server_cpu = o.client_cpu = -1;
 

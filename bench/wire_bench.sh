@@ -275,7 +275,7 @@ for ((r = 1; r <= rounds; r++)); do
     v=$(kv "$tmp/udp.cli" "pingpong mode=$mode " t_typical)
     isnum "$v" && add "udp_lat_$mode" "$v"
   done
-  for variant in send sendmmsg gso gso_gro raw_mmsg; do
+  for variant in send sendmmsg gso gso_gro splice_gro raw_mmsg; do
     v=$(kv "$tmp/udp.cli" "throughput variant=$variant " MiBps)
     isnum "$v" && add "udp_bw_$variant" "$v"
   done
@@ -308,11 +308,19 @@ for ((r = 1; r <= rounds; r++)); do
   av_bw=$(row "$tmp/av_bw.cli" 1048576 4)
   if ((rc == 0)) && isnum "$av_bw"; then add av_bw "$av_bw"; else av_bw='' && fail av_bw "$(why av_bw "$rc")"; fi
   next_port
-  bg "$tmp/udp_bw2.cli" timeout -k 2 60 "$udpb" throughput --variants gso_gro --server-addr "$srv_ip" \
+  bg "$tmp/udp_bw2.cli" timeout -k 2 60 "$udpb" throughput --variants gso_gro,splice_gro --server-addr "$srv_ip" \
     --client-addr "$cli_ip" -p "$port" --cpus "$cpus" --seconds "$udp_seconds"
   udp_bw2=$(kv "$tmp/udp_bw2.cli" "throughput variant=gso_gro " MiBps)
-  pair_if_same_placement bw "$av_bw" "$udp_bw" "$(kv "$tmp/udp.cli" "throughput variant=gso_gro " MiBps)" "$udp_bw2" 0.25 le1
-  line+=" write_bw ${av_bw:-n/a} MiB/s (raw gso_gro again ${udp_bw2:-n/a});"
+  # The target's denominator is the best variant: the placement must have
+  # held for it (the best is splice_gro or gso_gro; both ran again).
+  best_v=$(kv "$tmp/udp.cli" "throughput_best " variant)
+  [[ $best_v == splice_gro ]] || best_v=gso_gro
+  pair_if_same_placement bw "$av_bw" "$udp_bw" "$(kv "$tmp/udp.cli" "throughput variant=$best_v " MiBps)" \
+    "$(kv "$tmp/udp_bw2.cli" "throughput variant=$best_v " MiBps)" 0.25 le1
+  gso1=$(kv "$tmp/udp.cli" "throughput variant=gso_gro " MiBps)
+  pair_if_same_placement bw_gso "$av_bw" "$gso1" "$gso1" "$udp_bw2" 0.25 le1
+  line+=" write_bw ${av_bw:-n/a} MiB/s (raw again: gso_gro ${udp_bw2:-n/a}, splice_gro"
+  line+=" $(kv "$tmp/udp_bw2.cli" "throughput variant=splice_gro " MiBps));"
 
   # ... and with 1 % of the packets dropped on each side (seeds vary by round).
   if ((loss)); then
@@ -437,7 +445,7 @@ echo "| raw UDP 8 B ping-pong, as above plus an ACK-sized datagram behind each p
 echo "| **averbs RC send_lat 8 B**, two processes | $(fig av_lat us) |"
 ((have_ucx)) && echo "| UCX ${ucx_version:-} tcp tag_lat 8 B (p50) | $(fig ucx_lat us) |"
 ((have_fi)) && echo "| libfabric ${fi_version:-} tcp (msg) fi_pingpong 8 B | $(fig fi_lat us) |"
-for variant in send sendmmsg gso gso_gro raw_mmsg; do
+for variant in send sendmmsg gso gso_gro splice_gro raw_mmsg; do
   echo "| raw UDP 4 KiB goodput, $variant | $(fig "udp_bw_$variant" MiB/s) |"
 done
 echo "| raw UDP 4 KiB goodput, best of the above (mostly $(best_variant)) | $(fig udp_bw MiB/s) |"
@@ -453,7 +461,7 @@ echo "Targets: ratio of the medians above; in brackets the median of the per-rou
 echo "decides the result (a VM that changes placement between rounds moves numerator and"
 echo "denominator together within a round, not across rounds).  A round counts only if the raw"
 echo "baseline measured again right after the averbs run agrees with the first (latency within"
-echo "15 %, gso_gro within 25 %) and averbs did not beat raw UDP by over 10 % (impossible under one placement);"
+echo "15 %, the best 4 KiB variant within 25 %) and averbs did not beat raw UDP by over 10 % (impossible under one placement);"
 moved="rounds left out, placement changed: latency${vals[lat_moved]:- none}, bandwidth${vals[bw_moved]:- none}"
 ((loss)) && moved+=", 1 % loss${vals[loss_moved]:- none} (its ratio spans both write_bw runs: raw gso_gro before, between and after)"
 echo "$moved."
@@ -462,6 +470,7 @@ echo "| target | measured | goal | result |"
 echo "|---|---|---|---|"
 echo "| 8 B send latency / raw UDP ping-pong | $lat_ratio [$(med lat_pair)] | <= 1.30 | $(verdict "$lat_exact" "$(exact_med lat_pair)" "<=" 1.3) |"
 echo "| 1 MiB write BW / best raw UDP 4 KiB | $bw_ratio [$(med bw_pair)] | >= 0.80 | $(verdict "$bw_exact" "$(exact_med bw_pair)" ">=" 0.8) |"
+echo "| (for reference: 1 MiB write BW / raw gso_gro, the best copying sender) | [$(med bw_gso_pair)] | | |"
 if ((loss)); then
   echo "| 1 MiB write BW at 1 % loss / loss-free | $loss_ratio [$(med loss_pair)] | >= 0.50 | $(verdict "$loss_exact" "$(exact_med loss_pair)" ">=" 0.5) |"
 fi

@@ -327,6 +327,9 @@ struct qp_t {
     // (run_due_probes), so that an answer already waiting counts first.
     bool probe_due = false;
     bool probed = false;                // one was sent since the last progress
+    // That one was a READ's or atomic's request: its responses start at
+    // probe_psn, and their first is no hole.
+    bool probe_read = false;
     // comp.psn when it was armed: the PSN a probe resends, unchanged until
     // progress answers it (an answer ending at probe_psn + 1 found a hole).
     std::uint32_t probe_psn = 0;
@@ -747,6 +750,7 @@ class device final : public progress_source, public clock_listener {
   void on_qp_timer(std::uint32_t qpn, std::uint64_t gen, bool rnr) noexcept;
   static std::chrono::nanoseconds tail_probe_delay(const qp_t* qp) noexcept;
   void arm_tail_probe(qp_t* qp) noexcept;
+  static bool requester_stops(qp_t* qp) noexcept;
   /// The QP numbered `qpn`, or null (none, or another device's number).
   qp_t* qp_by_number(std::uint32_t qpn) const noexcept {
     return qpn >= first_qpn_ && qpn - first_qpn_ < qps_.size() ? qps_[qpn - first_qpn_].get() : nullptr;

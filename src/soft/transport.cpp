@@ -447,6 +447,8 @@ void device::disarm_timers(qp_t* qp) noexcept {
 // for is not sent; the timeout remains.  (A late ACK of the tail's first
 // packet, not the probe's answer, looks like a hole found: the go-back
 // resends what the peer has, which costs bandwidth, not correctness.)
+// A READ or atomic at the oldest PSN is probed with its request
+// (send_probe), whose responses start at the probed PSN: no hole.
 void device::arm_tail_probe(qp_t* qp) noexcept {
   const std::chrono::nanoseconds delay = tail_probe_delay(qp);
   if (delay.count() == 0 || qp->comp.probed) return;
@@ -553,18 +555,22 @@ void device::run_due_probes() noexcept {
 }
 
 // Sends the packet at comp.psn again, asking for an ACK, and leaves the
-// transmit position as it was.  Only a SEND's or WRITE's: a READ or atomic
-// at the oldest PSN has its own responses to answer for it (a lost one is
-// a gap or a timeout), and its request resent would replay them all.
+// transmit position as it was.  For a READ or atomic there (its request
+// or its last responses were lost, and nothing behind it answered: a
+// later response would have shown the gap) that packet is its request
+// again: the READ asks for what has not arrived, an atomic's duplicate is
+// answered from the responder's replay cache.  One request, not a
+// go-back-N: a responder that was only slow (a process that did not poll)
+// then replays one READ, not every one outstanding.
 void device::send_probe(qp_t* qp) noexcept {
   std::uint32_t i = 0;
   send_state* oldest = oldest_unfinished(qp, i);
   if (oldest == nullptr) return;
   send_state& st = *oldest;
   const auto* w = qp->sq.at<send_wqe>(i);
-  if (is_read(w->opcode) || is_atomic(w->opcode) || psn_before(qp->comp.psn, st.first_psn) ||
-      psn_before(st.last_psn, qp->comp.psn))
-    return;
+  if (psn_before(qp->comp.psn, st.first_psn) || psn_before(st.last_psn, qp->comp.psn)) return;
+  const bool rd = is_read(w->opcode) || is_atomic(w->opcode);
+  if (rd && st.state != wqe_state::pending) return;  // its request is not out yet
   const send_state saved = st;
   const qp_t::requester saved_req = qp->req;
   st.sent =
@@ -584,6 +590,7 @@ void device::send_probe(qp_t* qp) noexcept {
   qp->req.sent_psn = saved_req.sent_psn;
   if (counters_.packets_sent != before) {
     ++counters_.tail_probes;
+    qp->comp.probe_read = rd;
   } else {
     qp->comp.probed = false;  // no packet buffer: the timer remains
   }
@@ -821,6 +828,7 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
     st.state = wqe_state::pending;
     ++qp->req.wqe_index;
     note_request_sent(qp);
+    if (requester_stops(qp)) arm_tail_probe(qp);
     return true;
   }
   if (is_atomic(w->opcode)) {
@@ -836,6 +844,7 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
     st.state = wqe_state::pending;
     ++qp->req.wqe_index;
     note_request_sent(qp);
+    if (requester_stops(qp)) arm_tail_probe(qp);
     return true;
   }
 
@@ -935,11 +944,29 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
   }
   if (qp->type == qp_type::rc) {
     note_request_sent(qp);
-    // The requester stops here: the window is full, or nothing more is
-    // posted.
-    if (fills_window || (last && qp->req.wqe_index == qp->sq.producer())) arm_tail_probe(qp);
+    // The requester stops here (the window is full, nothing more is
+    // posted, or the next WQE waits): only an answer moves it on.
+    if (fills_window || (last && requester_stops(qp))) arm_tail_probe(qp);
   }
   return true;
+}
+
+// After the last packet of a request: whether the requester stops here,
+// so that only an answer can move it on -- its PSN window is full, nothing
+// more is posted, or the next WQE must wait (SQD; a local operation
+// behind unfinished work; a fence behind a READ or atomic; a READ or
+// atomic past the depth).  Mirrors requester()'s reasons to return.
+bool device::requester_stops(qp_t* qp) noexcept {
+  if (!psn_before(qp->req.next_psn, psn_add(qp->comp.psn, limits::max_unacked_psns))) return true;
+  const std::uint32_t i = qp->req.wqe_index;
+  if (i == qp->sq.producer()) return true;
+  if (qp->sq_state[i & (qp->sq.size() - 1)].state != wqe_state::posted) return false;  // a resend goes on
+  if (qp->state == qp_state::sqd) return true;
+  const auto* w = qp->sq.at<send_wqe>(i);
+  const auto op = static_cast<wr_opcode>(w->opcode);
+  if (op == wr_opcode::local_inv || op == wr_opcode::bind_mw) return qp->sq.consumer() != i;
+  if ((w->flags & send_fence) != 0 && qp->req.rd_atomic > 0) return true;
+  return (is_read(w->opcode) || is_atomic(w->opcode)) && qp->req.rd_atomic >= qp->max_rd_atomic;
 }
 
 std::uint32_t device::run_length(qp_t* qp, send_wqe* w, std::uint32_t psn, std::uint32_t remaining) noexcept {
@@ -1690,13 +1717,15 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
   // lost it, and dropped what came after.
   auto note_progress = [&] {
     if (qp->comp.psn == before) return false;
-    const bool hole = qp->comp.probed && qp->comp.psn == psn_add(qp->comp.probe_psn, 1) &&
+    const bool hole = qp->comp.probed && !qp->comp.probe_read &&
+                      qp->comp.psn == psn_add(qp->comp.probe_psn, 1) &&
                       psn_before(qp->comp.psn, qp->req.sent_psn);
     qp->comp.gap_retry = false;
     qp->comp.retry_counted = false;
     qp->comp.ask_all = false;
     qp->comp.nak_retries = 0;
     qp->comp.probed = false;
+    qp->comp.probe_read = false;
     qp->comp.retry_left = qp->retry_cnt;
     qp->comp.rnr_left = qp->rnr_retry;
     return hole;

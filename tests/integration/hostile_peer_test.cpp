@@ -709,6 +709,156 @@ TEST_F(hostile_peer_still_clock, a_tail_probe_does_not_keep_a_dead_peer_alive) {
   EXPECT_EQ(dev_.counters().retry_timeouts, 2u);
 }
 
+// A READ whose last response is lost leaves both ends silent: nothing
+// behind it can show the gap.  1/64 of the timeout after the last
+// response, the requester asks again for what has not arrived, uncounted;
+// the answer's first response is the re-request's, not a hole, so nothing
+// is asked a third time.
+TEST_F(hostile_peer_still_clock, a_read_whose_last_response_is_lost_is_asked_again_after_the_probe_delay) {
+  make_qp(qp_type::rc, nullptr, 14, 1);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::rdma_read, 3072, m, 0x1000, 0x77);  // responses at PSNs 0, 1 and 2
+  const auto req = next_request();
+  ASSERT_TRUE(req.has_value());
+  ASSERT_EQ(static_cast<wire::opcode>(req->bth.opcode), wire::opcode::rc_read_request);
+  respond(wire::opcode::rc_read_response_first, 0, wire::aeth_ack_unlimited, filled(1024, 0xAA));
+  settle();
+  // The wait for the probe starts again when its timer finds progress, so
+  // the request comes one to two delays (1.05 ms each) after the response.
+  std::optional<wire::transport_headers> again;
+  int steps = 0;
+  while (!again && steps < 50) {
+    again = after(std::chrono::microseconds(100), std::chrono::milliseconds(3));
+    ++steps;
+  }
+  ASSERT_TRUE(again.has_value()) << "the READ was not asked for again";
+  EXPECT_GE(steps, 11) << "asked again before 1/64 of the timeout";
+  EXPECT_LE(steps, 23);
+  EXPECT_EQ(static_cast<wire::opcode>(again->bth.opcode), wire::opcode::rc_read_request);
+  EXPECT_EQ(again->bth.psn, 1u);
+  EXPECT_EQ(again->reth.va, 0x1000u + 1024);
+  EXPECT_EQ(again->reth.length, 2048u);
+  EXPECT_EQ(dev_.counters().tail_probes, 1u);
+  respond(wire::opcode::rc_read_response_first, 1, wire::aeth_ack_unlimited, filled(1024, 0xBB));
+  settle();
+  EXPECT_FALSE(next_request(std::chrono::milliseconds(20)).has_value()) << "asked a third time";
+  respond(wire::opcode::rc_read_response_last, 2, wire::aeth_ack_unlimited, filled(1024, 0xCC));
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+  EXPECT_EQ(buf_[1023], std::byte{0xAA});
+  EXPECT_EQ(buf_[1024], std::byte{0xBB});
+  EXPECT_EQ(buf_[3071], std::byte{0xCC});
+  EXPECT_EQ(dev_.counters().retry_timeouts, 0u);
+}
+
+// A SEND fenced behind a READ waits for it: the requester has stopped
+// although a WQE is posted, and a READ whose last response is lost is
+// probed all the same.
+TEST_F(hostile_peer_still_clock, a_read_with_a_fenced_send_behind_it_is_probed) {
+  make_qp(qp_type::rc, nullptr, 14, 1);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  // Both in one call: the requester meets the fence at once.
+  sge g[2] = {{va(), 2048, m.lkey()}, {va(2048), 16, m.lkey()}};
+  send_wr w[2];
+  w[0].wr_id = 1;
+  w[0].opcode = wr_opcode::rdma_read;
+  w[0].sg_list = &g[0];
+  w[0].num_sge = 1;
+  w[0].flags = send_signaled;
+  w[0].remote_addr = 0x1000;
+  w[0].rkey = 0x77;
+  w[1].wr_id = 2;
+  w[1].opcode = wr_opcode::send;
+  w[1].sg_list = &g[1];
+  w[1].num_sge = 1;
+  w[1].flags = send_signaled | send_fence;
+  ASSERT_FALSE(qp_.post_send(std::span<const send_wr>(w, 2)));
+  const auto req = next_request();
+  ASSERT_TRUE(req.has_value());
+  ASSERT_EQ(static_cast<wire::opcode>(req->bth.opcode), wire::opcode::rc_read_request);
+  EXPECT_FALSE(next_request(std::chrono::milliseconds(20)).has_value()) << "the fenced SEND left";
+  respond(wire::opcode::rc_read_response_first, 0, wire::aeth_ack_unlimited, filled(1024, 0xAA));
+  settle();
+  std::optional<wire::transport_headers> again;
+  for (int steps = 0; !again && steps < 50; ++steps)
+    again = after(std::chrono::microseconds(100), std::chrono::milliseconds(3));
+  ASSERT_TRUE(again.has_value()) << "the READ was not asked for again";
+  EXPECT_EQ(static_cast<wire::opcode>(again->bth.opcode), wire::opcode::rc_read_request);
+  EXPECT_EQ(again->bth.psn, 1u);
+  respond(wire::opcode::rc_read_response_only, 1, wire::aeth_ack_unlimited, filled(1024, 0xBB));
+  const auto send = next_request();
+  ASSERT_TRUE(send.has_value()) << "the SEND did not follow the READ";
+  EXPECT_EQ(static_cast<wire::opcode>(send->bth.opcode), wire::opcode::rc_send_only);
+  EXPECT_EQ(send->bth.psn, 2u);
+  respond(wire::opcode::rc_ack, 2, wire::aeth_ack_unlimited);
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+  EXPECT_EQ(wcs[1].status, wc_status::success);
+  EXPECT_EQ(dev_.counters().tail_probes, 1u);
+  EXPECT_EQ(dev_.counters().retry_timeouts, 0u);
+}
+
+// A READ request or an atomic lost on its way gets no response at all:
+// each is sent again after the probe delay (an atomic's duplicate is the
+// responder's replay cache's to answer).
+TEST_F(hostile_peer_still_clock, a_lost_read_request_or_atomic_is_sent_again_after_the_probe_delay) {
+  make_qp(qp_type::rc, nullptr, 14, 1);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::rdma_read, 1024, m, 0x1000, 0x77);
+  ASSERT_TRUE(next_request().has_value());
+  auto again = after(std::chrono::microseconds(1100));
+  ASSERT_TRUE(again.has_value()) << "the READ was not sent again";
+  EXPECT_EQ(static_cast<wire::opcode>(again->bth.opcode), wire::opcode::rc_read_request);
+  EXPECT_EQ(again->bth.psn, 0u);
+  EXPECT_EQ(again->reth.length, 1024u);
+  respond(wire::opcode::rc_read_response_only, 0, wire::aeth_ack_unlimited, filled(1024, 0xCC));
+  auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+
+  post(wr_opcode::atomic_fetch_and_add, 8, m, 0x2000, 0x77);
+  ASSERT_TRUE(next_request().has_value());
+  again = after(std::chrono::microseconds(1100));
+  ASSERT_TRUE(again.has_value()) << "the atomic was not sent again";
+  EXPECT_EQ(static_cast<wire::opcode>(again->bth.opcode), wire::opcode::rc_fetch_add);
+  EXPECT_EQ(again->bth.psn, 1u);
+  wire::transport_headers h;
+  h.aeth.syndrome = wire::aeth_ack_unlimited;
+  h.atomic_ack = 41;
+  send(wire::opcode::rc_atomic_ack, 1, {}, h);
+  wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+  std::uint64_t orig = 0;
+  std::memcpy(&orig, buf_.data(), 8);
+  EXPECT_EQ(orig, 41u);
+  EXPECT_EQ(dev_.counters().tail_probes, 2u);
+  EXPECT_EQ(dev_.counters().retry_timeouts, 0u);
+}
+
+// A READ to a peer that never answers: one probe, then the timer counts
+// the retries out (retry_cnt 1: the second timeout ends it).
+TEST_F(hostile_peer_still_clock, a_read_probe_does_not_keep_a_dead_peer_alive) {
+  make_qp(qp_type::rc, nullptr, 14, 1);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::rdma_read, 2048, m, 0x1000, 0x77);
+  ASSERT_TRUE(next_request().has_value());
+  work_completion wc[4];
+  std::size_t got = 0;
+  for (int step = 0; step < 400 && got == 0; ++step) {
+    clock_.advance(std::chrono::milliseconds(1));
+    while (next_request(std::chrono::milliseconds(1))) {
+    }
+    got = cq_.poll(wc);
+  }
+  ASSERT_EQ(got, 1u) << "still retrying after 400 ms";
+  EXPECT_EQ(wc[0].status, wc_status::retry_exc_err);
+  EXPECT_EQ(dev_.counters().tail_probes, 1u);
+  EXPECT_EQ(dev_.counters().retry_timeouts, 2u);
+}
+
 // retry_cnt changed in SQD applies to the next request at once (rxe sets
 // its working count with the attribute): with 0 the first timeout ends it.
 TEST_F(hostile_peer, a_retry_count_lowered_in_sqd_applies_to_the_next_request) {

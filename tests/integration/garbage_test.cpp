@@ -35,7 +35,7 @@ namespace averbs::test {
 namespace {
 
 constexpr std::uint32_t attacker_qpn = 0x4321;
-constexpr std::uint32_t victim_qkey = 0x11111111;
+constexpr std::uint32_t victim_qkey = 0x11111111;  ///< udp_pair_test::connect_qp()'s
 constexpr std::size_t region = 8192;  ///< each victim's registered bytes, between two guards of this size
 constexpr std::byte guard{0xEE};
 
@@ -100,40 +100,8 @@ class garbage : public udp_pair_test {
   /// Takes victim `v` from RESET to RTS (RTR if it stays there), PSNs 0,
   /// and posts it receives.
   void bring_up(victim& v) {
-    const qp_type t = v.type;
-    qp_attr at;
-    at.state = qp_state::init;
-    at.port_num = 1;
-    at.qkey = victim_qkey;
-    at.qp_access_flags = access_local_write | access_remote_write | access_remote_read | access_remote_atomic;
-    v.q.modify(at, qp_attr_state | qp_attr_pkey_index | qp_attr_port |
-                       (t == qp_type::ud ? qp_attr_qkey : qp_attr_access_flags));
-    at = {};
-    at.state = qp_state::rtr;
-    std::uint32_t mask = qp_attr_state;
-    if (t != qp_type::ud) {
-      at.path_mtu = mtu::mtu_1024;
-      at.dest_qp_num = attacker_qpn;
-      at.max_dest_rd_atomic = 4;
-      at.min_rnr_timer = 1;
-      at.ah.is_global = true;
-      at.ah.grh.dgid = attacker_gid_;
-      mask |= qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn | qp_attr_rq_psn;
-      if (t == qp_type::rc) mask |= qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer;
-    }
-    v.q.modify(at, mask);
-    if (!v.rtr_only) {
-      at = {};
-      at.state = qp_state::rts;
-      at.timeout = 8;  // 1 ms: the victim's own requests give up soon
-      at.retry_cnt = 2;
-      at.rnr_retry = 2;
-      at.max_rd_atomic = 4;
-      mask = qp_attr_state | qp_attr_sq_psn;
-      if (t == qp_type::rc)
-        mask |= qp_attr_timeout | qp_attr_retry_cnt | qp_attr_rnr_retry | qp_attr_max_qp_rd_atomic;
-      v.q.modify(at, mask);
-    }
+    // 1 ms timeouts, 2 retries: the victim's own requests give up soon.
+    connect_qp(v.q, v.type, attacker_gid_, attacker_qpn, 4, 8, 2, v.rtr_only);
     for (std::uint32_t i = 0; i < 16; ++i) {
       sge g{reinterpret_cast<std::uintptr_t>(v.va() + (i % 8) * 1024), 1024, v.m.lkey()};
       recv_wr r;

@@ -113,47 +113,58 @@ class udp_pair_test : public ::testing::Test {
       e->m = e->p.reg_mr(e->buf.data(), buf_size,
                          access_local_write | access_remote_write | access_remote_read | access_remote_atomic);
     }
-    for (int i = 0; i < 2; ++i) {
-      endpoint& me = i == 0 ? a : b;
-      endpoint& peer = i == 0 ? b : a;
-      qp_attr at;
-      at.state = qp_state::init;
-      at.port_num = 1;
-      at.qkey = 0x11111111;
-      at.qp_access_flags = access_local_write | access_remote_write | access_remote_read | access_remote_atomic;
-      me.q.modify(at, qp_attr_state | qp_attr_pkey_index | qp_attr_port |
-                          (t == qp_type::ud ? qp_attr_qkey : qp_attr_access_flags));
-      at = {};
-      at.state = qp_state::rtr;
-      std::uint32_t mask = qp_attr_state;
-      if (t != qp_type::ud) {
-        at.path_mtu = mtu::mtu_1024;
-        at.dest_qp_num = peer.q.num();
-        at.rq_psn = 0;
-        at.max_dest_rd_atomic = rd_atomic;
-        at.min_rnr_timer = 1;
-        at.ah.is_global = true;
-        at.ah.grh.dgid = peer.g;
-        mask |= qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn | qp_attr_rq_psn;
-        if (t == qp_type::rc) mask |= qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer;
-      }
-      me.q.modify(at, mask);
-      at = {};
-      at.state = qp_state::rts;
-      // 4 ms: faults recover quickly.  A sanitizer build runs the engine
-      // several times slower: under 10 % faults the receiver's socket then
-      // queues more than 4 ms of go-back-N resends, every resend times out
-      // behind the last, and retries run out (congestion collapse, which a
-      // timeout shorter than the path's queueing delay invites on any
-      // network).  There the timeout is 67 ms, the usual rdma_cm value.
-      at.timeout = sanitized_build ? 14 : 10;
-      at.retry_cnt = 7;
-      at.rnr_retry = 7;
-      at.max_rd_atomic = rd_atomic;
-      mask = qp_attr_state | qp_attr_sq_psn;
-      if (t == qp_type::rc) mask |= qp_attr_timeout | qp_attr_retry_cnt | qp_attr_rnr_retry | qp_attr_max_qp_rd_atomic;
-      me.q.modify(at, mask);
+    // 4 ms: faults recover quickly.  A sanitizer build runs the engine
+    // several times slower: under 10 % faults the receiver's socket then
+    // queues more than 4 ms of go-back-N resends, every resend times out
+    // behind the last, and retries run out (congestion collapse, which a
+    // timeout shorter than the path's queueing delay invites on any
+    // network).  There the timeout is 67 ms, the usual rdma_cm value.
+    const std::uint8_t timeout = sanitized_build ? 14 : 10;
+    connect_qp(a.q, t, b.g, b.q.num(), rd_atomic, timeout, 7);
+    connect_qp(b.q, t, a.g, a.q.num(), rd_atomic, timeout, 7);
+  }
+
+  /// Takes `q` (of type `t`) from RESET to RTS (RTR if `rtr_only`),
+  /// connected to QP `dest_qpn` at `dgid` unless it is UD: PSNs 0, path
+  /// MTU 1024, every remote access, Q_Key 0x11111111 for UD, `rd_atomic`
+  /// READs/atomics each way, ACK timeout `timeout`, `retry` retries and
+  /// RNR retries.
+  static void connect_qp(const qp& q, qp_type t, const gid& dgid, std::uint32_t dest_qpn,
+                         std::uint8_t rd_atomic, std::uint8_t timeout, std::uint8_t retry,
+                         bool rtr_only = false) {
+    qp_attr at;
+    at.state = qp_state::init;
+    at.port_num = 1;
+    at.qkey = 0x11111111;
+    at.qp_access_flags = access_local_write | access_remote_write | access_remote_read | access_remote_atomic;
+    q.modify(at, qp_attr_state | qp_attr_pkey_index | qp_attr_port |
+                     (t == qp_type::ud ? qp_attr_qkey : qp_attr_access_flags));
+    at = {};
+    at.state = qp_state::rtr;
+    std::uint32_t mask = qp_attr_state;
+    if (t != qp_type::ud) {
+      at.path_mtu = mtu::mtu_1024;
+      at.dest_qp_num = dest_qpn;
+      at.rq_psn = 0;
+      at.max_dest_rd_atomic = rd_atomic;
+      at.min_rnr_timer = 1;
+      at.ah.is_global = true;
+      at.ah.grh.dgid = dgid;
+      mask |= qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn | qp_attr_rq_psn;
+      if (t == qp_type::rc) mask |= qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer;
     }
+    q.modify(at, mask);
+    if (rtr_only) return;
+    at = {};
+    at.state = qp_state::rts;
+    at.timeout = timeout;
+    at.retry_cnt = retry;
+    at.rnr_retry = retry;
+    at.max_rd_atomic = rd_atomic;
+    mask = qp_attr_state | qp_attr_sq_psn;
+    if (t == qp_type::rc)
+      mask |= qp_attr_timeout | qp_attr_retry_cnt | qp_attr_rnr_retry | qp_attr_max_qp_rd_atomic;
+    q.modify(at, mask);
   }
 
   /// Brings RC QP `q` from RESET to RTS, connected to QP `dest_qpn` at

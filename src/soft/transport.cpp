@@ -573,6 +573,10 @@ void device::send_probe(qp_t* qp) noexcept {
   if (rd && st.state != wqe_state::pending) return;  // its request is not out yet
   const send_state saved = st;
   const qp_t::requester saved_req = qp->req;
+  // Nor does it move the retransmit deadline (note_request_sent would, as
+  // for a resend): the timeout still counts from the last real progress.
+  const clock::time_point saved_deadline = qp->comp.deadline;
+  const bool timer_was_armed = qp->comp.timer_armed;
   st.sent =
       std::min<std::uint32_t>(((qp->comp.psn - st.first_psn) & wire::psn_mask) * qp->mtu_bytes, w->length);
   st.state = wqe_state::processing;
@@ -588,6 +592,7 @@ void device::send_probe(qp_t* qp) noexcept {
   qp->req.noack_pkts = saved_req.noack_pkts;
   qp->req.last_unasked = saved_req.last_unasked;
   qp->req.sent_psn = saved_req.sent_psn;
+  if (timer_was_armed) qp->comp.deadline = saved_deadline;  // its heap entry is due no later
   if (counters_.packets_sent != before) {
     ++counters_.tail_probes;
     qp->comp.probe_read = rd;

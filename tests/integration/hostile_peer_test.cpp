@@ -688,6 +688,24 @@ TEST_F(hostile_peer_still_clock, a_probe_answered_with_part_of_the_tail_is_follo
   ack_and_expect_success(9, 2);
 }
 
+// The probe is not a resend: the retransmit timeout still runs from the
+// send, 67.1 ms (timeout 14), not from the probe 1.1 ms later.
+TEST_F(hostile_peer_still_clock, a_tail_probe_does_not_move_the_retransmit_deadline) {
+  make_qp(qp_type::rc, nullptr, 14, 1);
+  std::vector<std::byte> msg(10 * 1024, std::byte{0x5A});
+  const mr m = post_send_of(msg);  // PSNs 0..9 at time 0
+  ASSERT_TRUE(requests_until(9));
+  const auto probe = after(std::chrono::microseconds(1100));
+  ASSERT_TRUE(probe.has_value()) << "no tail probe";
+  EXPECT_FALSE(after(std::chrono::microseconds(65900), std::chrono::milliseconds(20)).has_value())
+      << "resent before the timeout";                         // 67.0 ms
+  const auto resent = after(std::chrono::microseconds(200));  // 67.2 ms
+  ASSERT_TRUE(resent.has_value()) << "the probe moved the timeout";
+  EXPECT_EQ(resent->bth.psn, 0u);
+  EXPECT_EQ(dev_.counters().retry_timeouts, 1u);
+  EXPECT_EQ(dev_.counters().tail_probes, 1u);
+}
+
 // A peer that never answers: one probe, then the timer counts the
 // retries out as before (retry_cnt 1: the second timeout ends it).
 TEST_F(hostile_peer_still_clock, a_tail_probe_does_not_keep_a_dead_peer_alive) {

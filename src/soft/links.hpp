@@ -110,6 +110,12 @@ class udp_link final : public link {
   static constexpr std::size_t quiet_batch = 15;
   static constexpr std::chrono::milliseconds quiet_for{2};
   static constexpr std::size_t rx_batch = 32;
+  // The most segments a GRO datagram is split into: the kernel's GSO
+  // limit (UDP_MAX_SEGMENTS, 128 on Linux 6.18; GRO coalesces at most 64,
+  // our GSO runs are 64 at most).  More is a crafted datagram (4,000
+  // packets of 16 bytes fit in 64 KiB), each segment a pool packet of
+  // buffer_size.
+  static constexpr std::size_t max_gro_segments = 128;
   /// Reads up to `rounds` batches from `fd` into the device's receive
   /// queue (at its front for the management socket).
   std::size_t receive(int fd, int rounds, bool front) noexcept;

@@ -1000,6 +1000,10 @@ std::size_t udp_link::receive_shared() noexcept {
           }
         }
       }
+      if ((len + seg - 1) / seg > max_gro_segments) {
+        ++dev_.counters_.dropped;
+        continue;
+      }
       if (seg < len) {
         ++dev_.counters_.gro_runs;
         runs = true;
@@ -1119,7 +1123,11 @@ bool udp_link::icrc_matches_id(const gid& from, std::uint16_t from_port, std::si
   rx_flow& f = rx_flows_[(hash_of(from, from_port) >> 32) % rx_flows_.size()];
   const bool known = f.used && f.port == from_port && f.from == from;
   // The usual case: the ID after the last one.
-  if (known && rx_id_icrc_.delta(transport_len, static_cast<std::uint16_t>(f.last + 1)) == d) {
+  // (Only for a length whose tables are cached: solve() below caches one
+  // only for a datagram it can explain, so junk of other lengths from a
+  // known source evicts nothing.)
+  if (known && rx_id_icrc_.cached(transport_len) &&
+      rx_id_icrc_.delta(transport_len, static_cast<std::uint16_t>(f.last + 1)) == d) {
     ++f.last;
     f.has_candidate = false;
     f.seen = now;

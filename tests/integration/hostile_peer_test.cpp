@@ -1753,6 +1753,77 @@ TEST_F(hostile_peer_icrc, numbered_datagrams_are_taken_as_a_connected_socket_num
   EXPECT_EQ(qp_.query().state, qp_state::rts);
 }
 
+// A datagram read while UDP_GRO is off is split by its packets' PSNs
+// (the test above).  A crafted one of 4,000 empty packets, 16 bytes each,
+// in sequence, would be split into 4,000 pool packets of a full buffer
+// each; more segments than the kernel ever coalesces (128) drop it whole.
+TEST_F(hostile_peer_icrc, a_datagram_of_more_segments_than_the_kernel_makes_is_dropped_whole) {
+  make_qp(qp_type::uc);
+  const int df = IP_PMTUDISC_DO;  // unconnected with DF: a GSO run's IPv4 IDs are 0, 1, ...
+  ASSERT_EQ(::setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &df, sizeof df), 0);
+  mr m = pd_.reg_mr(buf_.data(), buf_.size(), access_local_write);
+  // GSO runs of two, as in the test below, until the link turns UDP_GRO off.
+  std::uint32_t psn = 0;
+  auto send_run = [&] {
+    std::vector<std::byte> run;
+    for (std::uint16_t k = 0; k < 2; ++k, psn = (psn + 1) & wire::psn_mask) {
+      wire::transport_headers h;
+      h.bth.opcode = static_cast<std::uint8_t>(wire::opcode::uc_send_only);
+      h.bth.dest_qp = qp_.num();
+      h.bth.psn = psn;
+      const auto seg = packet_bytes(h, filled(16, 1), k);
+      run.insert(run.end(), seg.begin(), seg.end());
+    }
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(std::uint16_t))] = {};
+    iovec iov{run.data(), run.size()};
+    msghdr mh{};
+    mh.msg_name = &to_;
+    mh.msg_namelen = sizeof to_;
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = control;
+    mh.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_UDP;
+    c->cmsg_type = UDP_SEGMENT;
+    c->cmsg_len = CMSG_LEN(sizeof(std::uint16_t));
+    const std::uint16_t seg_size = static_cast<std::uint16_t>(run.size() / 2);
+    std::memcpy(CMSG_DATA(c), &seg_size, sizeof seg_size);
+    return ::sendmsg(fd_, &mh, 0) == static_cast<ssize_t>(run.size());
+  };
+  for (int round = 0; round < 400 && dev_.counters().gro_switches == 0; ++round) {
+    post_recvs(m, 6, 64);
+    for (int r = 0; r < 3; ++r) ASSERT_TRUE(send_run()) << "UDP GSO send: " << std::strerror(errno);
+    std::size_t got = 0;
+    work_completion wc[8];
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (got < 6 && std::chrono::steady_clock::now() < until) got += cq_.poll(wc);
+    ASSERT_EQ(got, 6u) << "round " << round;
+  }
+  ASSERT_EQ(dev_.counters().gro_switches, 1u) << "UDP_GRO never went off";
+
+  std::vector<std::byte> dgram;
+  for (int k = 0; k < 4000; ++k, psn = (psn + 1) & wire::psn_mask) {
+    wire::transport_headers h;
+    h.bth.opcode = static_cast<std::uint8_t>(wire::opcode::uc_send_only);
+    h.bth.dest_qp = qp_.num();
+    h.bth.psn = psn;
+    const std::vector<std::byte> pkt = packet_bytes(h, {});
+    dgram.insert(dgram.end(), pkt.begin(), pkt.end());
+  }
+  ASSERT_EQ(dgram.size(), 64000u);
+  const std::uint64_t dropped = dev_.counters().dropped;
+  const std::uint64_t before = heap_allocations();
+  ASSERT_EQ(::sendto(fd_, dgram.data(), dgram.size(), 0, reinterpret_cast<sockaddr*>(&to_), sizeof to_),
+            static_cast<ssize_t>(dgram.size()));
+  for (int i = 0; i < 20; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    (void)cq_.poll({});
+  }
+  EXPECT_LT(heap_allocations() - before, 100u) << "split into pool packets";
+  EXPECT_EQ(dev_.counters().dropped, dropped + 1);
+  EXPECT_EQ(qp_.query().state, qp_state::rts);
+}
 
 // A GSO run queued while UDP_GRO was on and read after it went off comes
 // whole and without its segment size (the kernel reports it only while the

@@ -1292,7 +1292,8 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       }
       const std::uint32_t n = packets_for(t.length, mtu);
       res = {rd_resource::kind::read, psn, psn_add(psn, n - 1), t.va, t.rkey, t.length, 0};
-      ++r.msn;  // counted at execution (C9-148)
+      flush_ack(qp);  // the ACK held for the requests before it counts only those
+      ++r.msn;        // counted at execution (C9-148)
       r.psn = psn_add(psn, n);
       r.last_opcode = p->hdr.bth.opcode;
       start_read_reply(qp, psn, t, false);
@@ -1336,6 +1337,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       mem_->write(addr, &v, 8);
     }
     res = {rd_resource::kind::atomic, psn, psn, a.va, a.rkey, 8, orig};
+    flush_ack(qp);  // the ACK held for the requests before it counts only those
     ++r.msn;
     send_atomic_ack(qp, psn, orig);
     r.psn = psn_add(psn, 1);

@@ -1111,6 +1111,32 @@ TEST_F(hostile_peer, a_duplicate_read_is_replayed_only_for_the_rest_from_its_psn
   EXPECT_EQ(static_cast<wire::opcode>(out[1].bth.opcode), wire::opcode::rc_read_response_last);
 }
 
+// The ACK held for a WRITE goes out ahead of a READ's or an atomic's
+// answer (flush_ack), and its MSN counts the messages up to its PSN only,
+// not the READ or atomic that sent it (IBTA 9.7.5.1: the MSN is of the
+// last message completed at the acknowledged PSN).  The burst comes in
+// one read of the socket, after a few that raise the link's batch.
+TEST_F(hostile_peer, an_ack_sent_ahead_of_a_read_or_atomic_counts_only_the_messages_before_it) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096,
+                    access_local_write | access_remote_read | access_remote_write | access_remote_atomic);
+  wire::transport_headers h;
+  h.reth = {va(), m.rkey(), 8};
+  h.atomic = {va(64), m.rkey(), 1, 0};
+  std::uint32_t psn = 0;
+  std::vector<wire::transport_headers> out;
+  for (int round = 0; round < 4; ++round, psn += 4) {
+    send(wire::opcode::rc_write_only, psn, filled(8, 1), h);  // asks for an ACK
+    send(wire::opcode::rc_read_request, psn + 1, {}, h);
+    send(wire::opcode::rc_write_only, psn + 2, filled(8, 2), h);
+    send(wire::opcode::rc_fetch_add, psn + 3, {}, h);
+    const auto got = collect(std::chrono::milliseconds(100));
+    out.insert(out.end(), got.begin(), got.end());
+  }
+  ASSERT_EQ(out.size(), 16u);
+  for (const auto& a : out) EXPECT_EQ(a.aeth.msn, a.bth.psn + 1) << "PSN " << a.bth.psn;
+}
+
 // A WRITE that asks for an ACK waits for its coalesced ACK, and a READ or
 // atomic behind it sends that ACK first (IBTA 9.7.5.1.2).  A burst of such
 // pairs, all in one read of the socket, must list the QP for its ACK once,

@@ -1611,6 +1611,40 @@ void device::drop_held_requests(qp_t* qp) noexcept {
   r.held = 0;
 }
 
+namespace {
+
+// The responder's READ/atomic resources from the newest back: PSNs wrap
+// every 2^24, and an entry left from an earlier wrap may hold the same
+// PSN as a newer one in a lower slot (fewer READs and atomics than the
+// ring holds between the two); the newest is the one a duplicate means.
+class newest_first {
+ public:
+  explicit newest_first(const qp_t::responder& r) : r_(r) {}
+  class iterator {
+   public:
+    iterator(const qp_t::responder& r, std::size_t k) : r_(&r), k_(k) {}
+    const rd_resource& operator*() const {
+      return r_->resources[(r_->res_head - 1 - k_) & (r_->resources.size() - 1)];
+    }
+    iterator& operator++() {
+      ++k_;
+      return *this;
+    }
+    bool operator!=(const iterator& o) const { return k_ != o.k_; }
+
+   private:
+    const qp_t::responder* r_;
+    std::size_t k_;
+  };
+  iterator begin() const { return {r_, 0}; }
+  iterator end() const { return {r_, r_.resources.size()}; }
+
+ private:
+  const qp_t::responder& r_;
+};
+
+}  // namespace
+
 void device::respond_duplicate(qp_t* qp, packet* p) noexcept {
   auto& r = qp->resp;
   const std::uint16_t ops = p->op->ops;
@@ -1622,7 +1656,7 @@ void device::respond_duplicate(qp_t* qp, packet* p) noexcept {
     // original from this PSN on: its offset is this PSN's, its end the
     // original's (hfi1's rule), so the responses keep the original's PSNs
     // and none lands on a later request's.
-    for (const rd_resource& res : r.resources) {
+    for (const rd_resource& res : newest_first(r)) {
       if (res.type != rd_resource::kind::read) continue;
       if (psn_before(psn, res.first_psn) || psn_before(res.last_psn, psn)) continue;
       const wire::reth& t = p->hdr.reth;
@@ -1638,7 +1672,7 @@ void device::respond_duplicate(qp_t* qp, packet* p) noexcept {
   }
   if ((ops & wire::op_atomic) != 0) {
     // Replay the stored result; never execute twice.
-    for (const rd_resource& res : r.resources) {
+    for (const rd_resource& res : newest_first(r)) {
       if (res.type == rd_resource::kind::atomic && res.first_psn == psn) {
         send_atomic_ack(qp, psn, res.orig);
         return;

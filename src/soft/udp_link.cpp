@@ -952,7 +952,6 @@ std::size_t udp_link::receive_shared() noexcept {
       r = len >= 0 ? 1 : -1;
     } else {
       r = ::recvmmsg(fd_, gro_msgs_.data() + first, static_cast<unsigned>(want), MSG_DONTWAIT, nullptr);
-      if (r >= gro_on_burst && gro_state_ != gro_state::on) set_gro(true);  // bulk: runs pay again
     }
     if (r <= 0) {
       if (round == 0) {
@@ -963,6 +962,12 @@ std::size_t udp_link::receive_shared() noexcept {
       }
       return total;
     }
+    // Only datagrams that pass the checks switch UDP_GRO back on (a burst,
+    // or a run longer than any packet): junk must not shape how the socket
+    // is read.  The switch waits for the end of the batch, which was read
+    // under the old setting.
+    int checked = 0;
+    bool long_run = false;
     for (std::size_t i = first; i < first + static_cast<std::size_t>(r); ++i) {
       const msghdr& h = gro_msgs_[i].msg_hdr;
       const std::size_t len = gro_msgs_[i].msg_len;
@@ -992,12 +997,9 @@ std::size_t udp_link::receive_shared() noexcept {
           seg = wire::run_segment_size(std::span(base, len));
           if (seg < len) ++dev_.counters_.gro_runs_unsized;
         }
-        if (len > packet::buffer_size) {
-          set_gro(true);  // a sender of GSO runs is busy
-          if (seg == len) {  // longer than any packet, and no run
-            ++dev_.counters_.dropped;
-            continue;
-          }
+        if (len > packet::buffer_size && seg == len) {  // longer than any packet, and no run
+          ++dev_.counters_.dropped;
+          continue;
         }
       }
       if ((len + seg - 1) / seg > max_gro_segments) {
@@ -1024,8 +1026,14 @@ std::size_t udp_link::receive_shared() noexcept {
       total += delivered;
       // Only a source whose datagrams pass the checks shapes how the socket
       // is read (UDP_GRO off, a peer socket): not one that sends junk.
-      if (delivered != 0) note_source(from, from_port, gro_state_ == gro_state::off && want == 1 && check_icrc_);
+      if (delivered != 0) {
+        note_source(from, from_port, gro_state_ == gro_state::off && want == 1 && check_icrc_);
+        ++checked;
+        if (len > packet::buffer_size) long_run = true;  // a sender of GSO runs is busy
+      }
     }
+    if ((long_run || checked >= gro_on_burst) && gro_state_ != gro_state::on)
+      set_gro(true);  // bulk: runs pay again
     if (round == 0 && gro_state_ == gro_state::on && check_icrc_) {
       // A ping-pong (one datagram per poll, after a poll that found none;
       // at most a short run now and then, an ACK behind a message) reads

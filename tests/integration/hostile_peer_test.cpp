@@ -1744,6 +1744,51 @@ class hostile_peer_icrc : public hostile_peer {
     manual_time_ = true;
     hostile_peer::SetUp();
   }
+
+  /// On a UC QP: GSO runs of two 16-byte SENDs from PSN `psn` (receives
+  /// posted in `m`), as in a_run_queued_as_udp_gro_goes_off_is_split_by_
+  /// its_psns, until the link turns UDP_GRO off.
+  void turn_gro_off(const mr& m, std::uint32_t& psn) {
+    const int df = IP_PMTUDISC_DO;  // unconnected with DF: a GSO run's IPv4 IDs are 0, 1, ...
+    ASSERT_EQ(::setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &df, sizeof df), 0);
+    auto send_run = [&] {
+      std::vector<std::byte> run;
+      for (std::uint16_t k = 0; k < 2; ++k, psn = (psn + 1) & wire::psn_mask) {
+        wire::transport_headers h;
+        h.bth.opcode = static_cast<std::uint8_t>(wire::opcode::uc_send_only);
+        h.bth.dest_qp = qp_.num();
+        h.bth.psn = psn;
+        const auto seg = packet_bytes(h, filled(16, 1), k);
+        run.insert(run.end(), seg.begin(), seg.end());
+      }
+      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(std::uint16_t))] = {};
+      iovec iov{run.data(), run.size()};
+      msghdr mh{};
+      mh.msg_name = &to_;
+      mh.msg_namelen = sizeof to_;
+      mh.msg_iov = &iov;
+      mh.msg_iovlen = 1;
+      mh.msg_control = control;
+      mh.msg_controllen = sizeof control;
+      cmsghdr* c = CMSG_FIRSTHDR(&mh);
+      c->cmsg_level = SOL_UDP;
+      c->cmsg_type = UDP_SEGMENT;
+      c->cmsg_len = CMSG_LEN(sizeof(std::uint16_t));
+      const std::uint16_t seg_size = static_cast<std::uint16_t>(run.size() / 2);
+      std::memcpy(CMSG_DATA(c), &seg_size, sizeof seg_size);
+      return ::sendmsg(fd_, &mh, 0) == static_cast<ssize_t>(run.size());
+    };
+    for (int round = 0; round < 400 && dev_.counters().gro_switches == 0; ++round) {
+      post_recvs(m, 6, 64);
+      for (int r = 0; r < 3; ++r) ASSERT_TRUE(send_run()) << "UDP GSO send: " << std::strerror(errno);
+      std::size_t got = 0;
+      work_completion wc[8];
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+      while (got < 6 && std::chrono::steady_clock::now() < until) got += cq_.poll(wc);
+      ASSERT_EQ(got, 6u) << "round " << round;
+    }
+    ASSERT_EQ(dev_.counters().gro_switches, 1u) << "UDP_GRO never went off";
+  }
 };
 
 TEST_F(hostile_peer_icrc, numbered_datagrams_are_taken_as_a_connected_socket_numbers_them) {
@@ -1785,48 +1830,9 @@ TEST_F(hostile_peer_icrc, numbered_datagrams_are_taken_as_a_connected_socket_num
 // each; more segments than the kernel ever coalesces (128) drop it whole.
 TEST_F(hostile_peer_icrc, a_datagram_of_more_segments_than_the_kernel_makes_is_dropped_whole) {
   make_qp(qp_type::uc);
-  const int df = IP_PMTUDISC_DO;  // unconnected with DF: a GSO run's IPv4 IDs are 0, 1, ...
-  ASSERT_EQ(::setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &df, sizeof df), 0);
   mr m = pd_.reg_mr(buf_.data(), buf_.size(), access_local_write);
-  // GSO runs of two, as in the test below, until the link turns UDP_GRO off.
   std::uint32_t psn = 0;
-  auto send_run = [&] {
-    std::vector<std::byte> run;
-    for (std::uint16_t k = 0; k < 2; ++k, psn = (psn + 1) & wire::psn_mask) {
-      wire::transport_headers h;
-      h.bth.opcode = static_cast<std::uint8_t>(wire::opcode::uc_send_only);
-      h.bth.dest_qp = qp_.num();
-      h.bth.psn = psn;
-      const auto seg = packet_bytes(h, filled(16, 1), k);
-      run.insert(run.end(), seg.begin(), seg.end());
-    }
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(std::uint16_t))] = {};
-    iovec iov{run.data(), run.size()};
-    msghdr mh{};
-    mh.msg_name = &to_;
-    mh.msg_namelen = sizeof to_;
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    mh.msg_control = control;
-    mh.msg_controllen = sizeof control;
-    cmsghdr* c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_UDP;
-    c->cmsg_type = UDP_SEGMENT;
-    c->cmsg_len = CMSG_LEN(sizeof(std::uint16_t));
-    const std::uint16_t seg_size = static_cast<std::uint16_t>(run.size() / 2);
-    std::memcpy(CMSG_DATA(c), &seg_size, sizeof seg_size);
-    return ::sendmsg(fd_, &mh, 0) == static_cast<ssize_t>(run.size());
-  };
-  for (int round = 0; round < 400 && dev_.counters().gro_switches == 0; ++round) {
-    post_recvs(m, 6, 64);
-    for (int r = 0; r < 3; ++r) ASSERT_TRUE(send_run()) << "UDP GSO send: " << std::strerror(errno);
-    std::size_t got = 0;
-    work_completion wc[8];
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-    while (got < 6 && std::chrono::steady_clock::now() < until) got += cq_.poll(wc);
-    ASSERT_EQ(got, 6u) << "round " << round;
-  }
-  ASSERT_EQ(dev_.counters().gro_switches, 1u) << "UDP_GRO never went off";
+  ASSERT_NO_FATAL_FAILURE(turn_gro_off(m, psn));
 
   std::vector<std::byte> dgram;
   for (int k = 0; k < 4000; ++k, psn = (psn + 1) & wire::psn_mask) {
@@ -1849,6 +1855,46 @@ TEST_F(hostile_peer_icrc, a_datagram_of_more_segments_than_the_kernel_makes_is_d
   EXPECT_LT(heap_allocations() - before, 100u) << "split into pool packets";
   EXPECT_EQ(dev_.counters().dropped, dropped + 1);
   EXPECT_EQ(qp_.query().state, qp_state::rts);
+}
+
+// With UDP_GRO off, only datagrams that pass the checks switch it back on
+// (a burst of 8 in one read, or a run longer than any packet): junk sent
+// to the port -- long datagrams, a burst of short ones -- does not shape
+// how the socket is read.
+TEST_F(hostile_peer_icrc, junk_does_not_switch_udp_gro_back_on) {
+  make_qp(qp_type::uc);
+  mr m = pd_.reg_mr(buf_.data(), buf_.size(), access_local_write);
+  std::uint32_t psn = 0;
+  ASSERT_NO_FATAL_FAILURE(turn_gro_off(m, psn));
+  clock_.advance(std::chrono::milliseconds(20));  // past the drain
+  auto poll_a_while = [&] {
+    for (int i = 0; i < 20; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      (void)cq_.poll({});
+    }
+  };
+  std::vector<std::byte> junk(5000);
+  for (std::size_t i = 0; i < junk.size(); ++i) junk[i] = std::byte(static_cast<std::uint8_t>(i * 37 + 11));
+  for (int k = 0; k < 3; ++k)
+    ASSERT_EQ(::sendto(fd_, junk.data(), junk.size(), 0, reinterpret_cast<sockaddr*>(&to_), sizeof to_),
+              5000);
+  poll_a_while();
+  for (int k = 0; k < 12; ++k)  // a burst of short ones
+    ASSERT_EQ(::sendto(fd_, junk.data(), 64, 0, reinterpret_cast<sockaddr*>(&to_), sizeof to_), 64);
+  poll_a_while();
+  EXPECT_EQ(dev_.counters().gro_switches, 1u) << "junk switched UDP_GRO on";
+
+  // A burst of real packets does.
+  post_recvs(m, 12, 64);
+  for (int k = 0; k < 12; ++k, psn = (psn + 1) & wire::psn_mask) {
+    wire::transport_headers h;
+    h.bth.opcode = static_cast<std::uint8_t>(wire::opcode::uc_send_only);
+    h.bth.dest_qp = qp_.num();
+    h.bth.psn = psn;
+    send_as_is(h, filled(16, 2), std::uint16_t{0});
+  }
+  poll_a_while();
+  EXPECT_EQ(dev_.counters().gro_switches, 2u) << "a burst did not switch UDP_GRO on";
 }
 
 // A GSO run queued while UDP_GRO was on and read after it went off comes

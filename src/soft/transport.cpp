@@ -965,7 +965,10 @@ bool device::requester_stops(qp_t* qp) noexcept {
   if (!psn_before(qp->req.next_psn, psn_add(qp->comp.psn, limits::max_unacked_psns))) return true;
   const std::uint32_t i = qp->req.wqe_index;
   if (i == qp->sq.producer()) return true;
-  if (qp->sq_state[i & (qp->sq.size() - 1)].state != wqe_state::posted) return false;  // a resend goes on
+  const send_state& st = qp->sq_state[i & (qp->sq.size() - 1)];
+  if (st.state == wqe_state::done && st.status != wc_status::success)
+    return true;                                    // nothing starts past a failure
+  if (st.state != wqe_state::posted) return false;  // a resend goes on
   if (qp->state == qp_state::sqd) return true;
   const auto* w = qp->sq.at<send_wqe>(i);
   const auto op = static_cast<wr_opcode>(w->opcode);

@@ -1027,7 +1027,8 @@ std::size_t udp_link::receive_shared() noexcept {
       // Only a source whose datagrams pass the checks shapes how the socket
       // is read (UDP_GRO off, a peer socket): not one that sends junk.
       if (delivered != 0) {
-        note_source(from, from_port, gro_state_ == gro_state::off && want == 1 && check_icrc_);
+        note_source(from, from_port,
+                    gro_state_ == gro_state::off && want == 1 && check_icrc_ && len <= packet::buffer_size);
         ++checked;
         if (len > packet::buffer_size) long_run = true;  // a sender of GSO runs is busy
       }

@@ -1745,42 +1745,46 @@ class hostile_peer_icrc : public hostile_peer {
     hostile_peer::SetUp();
   }
 
-  /// On a UC QP: GSO runs of two 16-byte SENDs from PSN `psn` (receives
-  /// posted in `m`), as in a_run_queued_as_udp_gro_goes_off_is_split_by_
-  /// its_psns, until the link turns UDP_GRO off.
+  /// Sends one GSO datagram of two UC SEND Only packets of 16 bytes at
+  /// PSNs `psn` and `psn` + 1 (then advanced), each filled with its PSN's
+  /// low byte, from an unconnected socket with DF (IPv4 IDs 0 and 1).
+  bool send_gso_run(std::uint32_t& psn) {
+    const int df = IP_PMTUDISC_DO;
+    if (::setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &df, sizeof df) != 0) return false;
+    std::vector<std::byte> dgram;
+    for (std::uint16_t k = 0; k < 2; ++k, psn = (psn + 1) & wire::psn_mask) {
+      wire::transport_headers h;
+      h.bth.opcode = static_cast<std::uint8_t>(wire::opcode::uc_send_only);
+      h.bth.dest_qp = qp_.num();
+      h.bth.psn = psn;
+      const auto seg = packet_bytes(h, filled(16, static_cast<std::uint8_t>(psn)), k);
+      dgram.insert(dgram.end(), seg.begin(), seg.end());
+    }
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(std::uint16_t))] = {};
+    iovec iov{dgram.data(), dgram.size()};
+    msghdr mh{};
+    mh.msg_name = &to_;
+    mh.msg_namelen = sizeof to_;
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = control;
+    mh.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&mh);
+    c->cmsg_level = SOL_UDP;
+    c->cmsg_type = UDP_SEGMENT;
+    c->cmsg_len = CMSG_LEN(sizeof(std::uint16_t));
+    const std::uint16_t seg_size = static_cast<std::uint16_t>(dgram.size() / 2);
+    std::memcpy(CMSG_DATA(c), &seg_size, sizeof seg_size);
+    return ::sendmsg(fd_, &mh, 0) == static_cast<ssize_t>(dgram.size());
+  }
+
+  /// On a UC QP: GSO runs (send_gso_run) from PSN `psn`, receives posted
+  /// in `m`, as in a_run_queued_as_udp_gro_goes_off_is_split_by_its_psns,
+  /// until the link turns UDP_GRO off.
   void turn_gro_off(const mr& m, std::uint32_t& psn) {
-    const int df = IP_PMTUDISC_DO;  // unconnected with DF: a GSO run's IPv4 IDs are 0, 1, ...
-    ASSERT_EQ(::setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &df, sizeof df), 0);
-    auto send_run = [&] {
-      std::vector<std::byte> run;
-      for (std::uint16_t k = 0; k < 2; ++k, psn = (psn + 1) & wire::psn_mask) {
-        wire::transport_headers h;
-        h.bth.opcode = static_cast<std::uint8_t>(wire::opcode::uc_send_only);
-        h.bth.dest_qp = qp_.num();
-        h.bth.psn = psn;
-        const auto seg = packet_bytes(h, filled(16, 1), k);
-        run.insert(run.end(), seg.begin(), seg.end());
-      }
-      alignas(cmsghdr) char control[CMSG_SPACE(sizeof(std::uint16_t))] = {};
-      iovec iov{run.data(), run.size()};
-      msghdr mh{};
-      mh.msg_name = &to_;
-      mh.msg_namelen = sizeof to_;
-      mh.msg_iov = &iov;
-      mh.msg_iovlen = 1;
-      mh.msg_control = control;
-      mh.msg_controllen = sizeof control;
-      cmsghdr* c = CMSG_FIRSTHDR(&mh);
-      c->cmsg_level = SOL_UDP;
-      c->cmsg_type = UDP_SEGMENT;
-      c->cmsg_len = CMSG_LEN(sizeof(std::uint16_t));
-      const std::uint16_t seg_size = static_cast<std::uint16_t>(run.size() / 2);
-      std::memcpy(CMSG_DATA(c), &seg_size, sizeof seg_size);
-      return ::sendmsg(fd_, &mh, 0) == static_cast<ssize_t>(run.size());
-    };
     for (int round = 0; round < 400 && dev_.counters().gro_switches == 0; ++round) {
       post_recvs(m, 6, 64);
-      for (int r = 0; r < 3; ++r) ASSERT_TRUE(send_run()) << "UDP GSO send: " << std::strerror(errno);
+      for (int r = 0; r < 3; ++r) ASSERT_TRUE(send_gso_run(psn)) << "UDP GSO send: " << std::strerror(errno);
       std::size_t got = 0;
       work_completion wc[8];
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
@@ -1905,45 +1909,14 @@ TEST_F(hostile_peer_icrc, junk_does_not_switch_udp_gro_back_on) {
 // is read while the link drains.
 TEST_F(hostile_peer_icrc, a_run_queued_as_udp_gro_goes_off_is_split_by_its_psns) {
   make_qp(qp_type::uc);
-  const int df = IP_PMTUDISC_DO;  // unconnected with DF: a GSO run's IPv4 IDs are 0, 1, ...
-  ASSERT_EQ(::setsockopt(fd_, IPPROTO_IP, IP_MTU_DISCOVER, &df, sizeof df), 0);
   mr m = pd_.reg_mr(buf_.data(), buf_.size(), access_local_write);
   constexpr std::uint32_t per_round = 6, slot = 64;
   std::uint32_t psn = 0;
-  // One GSO datagram of two UC SEND Only packets of 16 bytes, each filled
-  // with its PSN's low byte.
-  auto send_run = [&] {
-    std::vector<std::byte> dgram;
-    for (std::uint16_t k = 0; k < 2; ++k, psn = (psn + 1) & wire::psn_mask) {
-      wire::transport_headers h;
-      h.bth.opcode = static_cast<std::uint8_t>(wire::opcode::uc_send_only);
-      h.bth.dest_qp = qp_.num();
-      h.bth.psn = psn;
-      const auto seg = packet_bytes(h, filled(16, static_cast<std::uint8_t>(psn)), k);
-      dgram.insert(dgram.end(), seg.begin(), seg.end());
-    }
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(std::uint16_t))] = {};
-    iovec iov{dgram.data(), dgram.size()};
-    msghdr mh{};
-    mh.msg_name = &to_;
-    mh.msg_namelen = sizeof to_;
-    mh.msg_iov = &iov;
-    mh.msg_iovlen = 1;
-    mh.msg_control = control;
-    mh.msg_controllen = sizeof control;
-    cmsghdr* c = CMSG_FIRSTHDR(&mh);
-    c->cmsg_level = SOL_UDP;
-    c->cmsg_type = UDP_SEGMENT;
-    c->cmsg_len = CMSG_LEN(sizeof(std::uint16_t));
-    const std::uint16_t seg_size = static_cast<std::uint16_t>(dgram.size() / 2);
-    std::memcpy(CMSG_DATA(c), &seg_size, sizeof seg_size);
-    return ::sendmsg(fd_, &mh, 0) == static_cast<ssize_t>(dgram.size());
-  };
   std::uint64_t received = 0;
   for (int round = 0; round < 400 && dev_.counters().gro_switches == 0; ++round) {
     post_recvs(m, per_round, slot);
     const std::uint32_t first_psn = psn;
-    for (int r = 0; r < 3; ++r) ASSERT_TRUE(send_run()) << "UDP GSO send: " << std::strerror(errno);
+    for (int r = 0; r < 3; ++r) ASSERT_TRUE(send_gso_run(psn)) << "UDP GSO send: " << std::strerror(errno);
     std::vector<work_completion> wcs;
     work_completion wc[8];
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);

@@ -529,6 +529,14 @@ udp_link::flow* udp_link::flow_for(const tx_slot& s) noexcept {
     // free by now, a vanished peer back.
     if (now < f.retry_at) return nullptr;
     f.retry_at = now + flow_retry;
+    // One numbering per (destination, source port): the receiver follows
+    // one count per source (icrc_matches_id), so a second connected
+    // socket there -- a QP of another traffic class or hop limit whose
+    // port is the same (one flow label, or a hash collision) -- would
+    // number from another start and have its datagrams refused as far
+    // from the count.  Such a flow stays on the raw socket (IPv4 ID 0).
+    for (const auto& [k, other] : flows_)
+      if (&other != &f && other.fd >= 0 && k.sport == key.sport && k.dst == key.dst) return nullptr;
     f.fd = open_flow_socket(*p, s.sport);
     f.id_known = false;
     if (f.fd < 0) return nullptr;
@@ -538,6 +546,7 @@ udp_link::flow* udp_link::flow_for(const tx_slot& s) noexcept {
     // (an ICMP error from a vanished peer pending on it, say).
     ::close(f.fd);
     f.fd = -1;
+    f.retry_at = now + flow_retry;  // from now: it may have been open long
     return nullptr;
   }
   last_flow_ = &f;

@@ -264,6 +264,70 @@ TEST_F(udp, a_flow_whose_port_was_taken_gets_its_socket_when_the_port_is_free) {
   EXPECT_EQ(b.dev.counters().icrc_errors, 0u);
 }
 
+// Two RC QPs to one host whose source port is the same (one flow label)
+// but whose traffic class differs are two flows; a connected socket for
+// each would number its IPv4 IDs from its own start under one source, and
+// the receiver, which follows one count per source, refused one of them
+// as far from the count.  Only the first gets a socket; the other sends
+// through the raw socket (ID 0).  Alternating ping-pongs on both complete,
+// with no ICRC error.  Root only: flows need the raw socket.
+TEST_F(udp, two_flows_on_one_source_port_do_not_number_from_two_starts) {
+  if (!can_send_raw()) GTEST_SKIP() << "flows go with the raw socket, which needs CAP_NET_RAW";
+  make(a, 0);
+  make(b, 1);
+  make_qps(qp_type::rc, 4096);
+  qp_init_attr ia;
+  ia.send_cq = a.c;
+  ia.recv_cq = a.c;
+  ia.cap = {16, 16, 4, 4, 64};
+  ia.type = qp_type::rc;
+  qp qa[2], qb[2];
+  for (int i = 0; i < 2; ++i) {
+    ia.send_cq = ia.recv_cq = a.c;
+    qa[i] = a.p.create_qp(ia);
+    ia.send_cq = ia.recv_cq = b.c;
+    qb[i] = b.p.create_qp(ia);
+  }
+  for (int i = 0; i < 2; ++i) {
+    bring_up_rc(qa[i], b.g, qb[i].num());
+    bring_up_rc(qb[i], a.g, qa[i].num());
+    // In SQD, the same flow label (so the same source port) and another
+    // traffic class for each of a's QPs.
+    qp_attr at;
+    at.state = qp_state::sqd;
+    qa[i].modify(at, qp_attr_state);
+    at = {};
+    at.state = qp_state::sqd;
+    at.ah.is_global = true;
+    at.ah.grh.dgid = b.g;
+    at.ah.grh.flow_label = 0x4321;
+    at.ah.grh.traffic_class = static_cast<std::uint8_t>(32 * i);
+    qa[i].modify(at, qp_attr_state | qp_attr_av);
+    at = {};
+    at.state = qp_state::rts;
+    qa[i].modify(at, qp_attr_state);
+  }
+  // One 8-byte SEND at a time, alternating between the QPs: each leaves
+  // alone, through its flow.
+  for (int round = 0; round < 40; ++round) {
+    const int i = round % 2;
+    sge g{reinterpret_cast<std::uintptr_t>(b.buf.data()), 64, b.m.lkey()};
+    recv_wr r;
+    r.sg_list = &g;
+    r.num_sge = 1;
+    ASSERT_FALSE(qb[i].post_recv(r));
+    ASSERT_FALSE(post_wr(qa[i], wr_opcode::send, round, a.buf.data(), 8, a.m));
+    const auto rc = poll(b.c, 1, std::chrono::seconds(5));
+    ASSERT_EQ(rc.size(), 1u) << "round " << round << ": the SEND of QP " << i << " never arrived";
+    EXPECT_EQ(rc[0].status, wc_status::success);
+    const auto sc = poll(a.c, 1, std::chrono::seconds(5));
+    ASSERT_EQ(sc.size(), 1u) << "round " << round;
+    EXPECT_EQ(sc[0].status, wc_status::success);
+  }
+  EXPECT_EQ(b.dev.counters().icrc_errors, 0u);
+  EXPECT_EQ(a.dev.counters().retry_timeouts, 0u);
+}
+
 // UD has no path MTU: a message must fit the port's active MTU, which
 // follows the interface's (1500 bytes: 1024).  A longer one completes at
 // the sender without being sent (rxe, C10-93.1.1).  Two devices on one end

@@ -17,6 +17,10 @@ using wire::opcode;
 
 constexpr std::uint32_t psn_add(std::uint32_t psn, std::uint32_t n) { return (psn + n) & wire::psn_mask; }
 constexpr bool psn_before(std::uint32_t a, std::uint32_t b) { return wire::psn_compare(a, b) < 0; }
+// Whether an RC packet at `psn` fits the unacknowledged PSN window.
+bool in_window(const qp_t* qp, std::uint32_t psn) {
+  return psn_before(psn, psn_add(qp->comp.psn, limits::max_unacked_psns));
+}
 
 bool is_read(std::uint8_t op) { return op == static_cast<std::uint8_t>(wr_opcode::rdma_read); }
 bool is_atomic(std::uint8_t op) {
@@ -526,7 +530,7 @@ void device::consider_tail_probe(qp_t* qp, clock::time_point now, bool link_read
     return;
   }
   send_probe(qp);
-  if (!qp->comp.probed) {  // not sent (a READ or atomic first, or no packet buffer)
+  if (!qp->comp.probed) {  // not sent (a READ's or atomic's request not out yet, or no packet buffer)
     qp->comp.probe_armed = false;
     return;
   }
@@ -764,9 +768,7 @@ void device::requester(qp_t* qp) noexcept {
         return;
       }
       if (rd && qp->req.rd_atomic >= qp->max_rd_atomic) return;
-      if (qp->type == qp_type::rc &&
-          !psn_before(qp->req.next_psn, psn_add(qp->comp.psn, limits::max_unacked_psns)))
-        return;  // window full
+      if (qp->type == qp_type::rc && !in_window(qp, qp->req.next_psn)) return;  // window full
       // (A UD send is one packet, whatever its length: it has no path MTU.)
       const std::uint32_t n =
           is_atomic(w->opcode) || qp->type == qp_type::ud ? 1 : packets_for(w->length, qp->mtu_bytes);
@@ -812,8 +814,7 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
   if (op == wr_opcode::rdma_read) psn = psn_add(st.first_psn, st.read_done / qp->mtu_bytes);
   else if (is_atomic(w->opcode)) psn = st.first_psn;
   else psn = psn_add(st.first_psn, st.sent / mtu);
-  if (qp->type == qp_type::rc && !psn_before(psn, psn_add(qp->comp.psn, limits::max_unacked_psns)))
-    return false;  // window full: wait for acknowledgements
+  if (qp->type == qp_type::rc && !in_window(qp, psn)) return false;  // window full: wait for acknowledgements
   if (qp->req.probing && psn != qp->comp.probe_psn) return false;  // a tail probe is one packet
   qp->req.psn = psn;
 
@@ -962,7 +963,7 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
 // behind unfinished work; a fence behind a READ or atomic; a READ or
 // atomic past the depth).  Mirrors requester()'s reasons to return.
 bool device::requester_stops(qp_t* qp) noexcept {
-  if (!psn_before(qp->req.next_psn, psn_add(qp->comp.psn, limits::max_unacked_psns))) return true;
+  if (!in_window(qp, qp->req.next_psn)) return true;
   const std::uint32_t i = qp->req.wqe_index;
   if (i == qp->sq.producer()) return true;
   const send_state& st = qp->sq_state[i & (qp->sq.size() - 1)];

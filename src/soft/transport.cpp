@@ -1366,8 +1366,12 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       }
       r.offset = 0;
     }
+    // A message ends at the receive's end and at max_msg_size, whichever
+    // comes first: past 2 GiB the 32-bit offset would wrap for a receive
+    // of more than 4 GiB (posting one is allowed, as on hardware).
     recv_wqe* w = r.wqe;
-    if (r.offset + static_cast<std::uint64_t>(pl) > recv_capacity(w)) {
+    const std::uint64_t room = std::min<std::uint64_t>(recv_capacity(w), limits::max_msg_size);
+    if (r.offset + static_cast<std::uint64_t>(pl) > room) {
       error(resp_error::invalid_request, wc_status::loc_len_err);
       return;
     }

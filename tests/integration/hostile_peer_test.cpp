@@ -77,14 +77,15 @@ class hostile_peer : public ::testing::Test {
     qp_.modify(at, mask);
   }
 
-  mtu path_mtu_ = mtu::mtu_1024;  ///< make_qp()'s, unless a test changes it first
+  mtu path_mtu_ = mtu::mtu_1024;    ///< make_qp()'s, unless a test changes it first
+  std::uint32_t max_recv_sge_ = 4;  ///< likewise
 
   /// make_qp() up to RTR: a responder only.
   void make_qp_rtr(qp_type t, const srq* s = nullptr) {
     qp_init_attr ia;
     ia.send_cq = cq_;
     ia.recv_cq = cq_;
-    ia.cap = {16, 16, 4, 4, 64};
+    ia.cap = {16, 16, 4, max_recv_sge_, 64};
     ia.type = t;
     if (s != nullptr) ia.srq = *s;
     qp_ = pd_.create_qp(ia);
@@ -1226,6 +1227,84 @@ TEST_F(hostile_peer, a_send_broken_off_by_an_error_completes_its_receive_in_erro
   EXPECT_EQ(wcs[0].wr_id, 0u);
   EXPECT_EQ(wcs[0].status, wc_status::rem_inv_req_err);
   EXPECT_EQ(wcs[1].status, wc_status::wr_flush_err);
+}
+
+// A SEND ends at max_msg_size (2 GiB) even into a longer receive: the
+// responder counts a message's bytes in 32 bits, and a receive of more
+// than 4 GiB (posting one is allowed) would otherwise let a peer wrap the
+// count.  Streams 2 GiB + 4 KiB into 32 overlapping SGEs of 96 MiB (3 GiB).
+TEST_F(hostile_peer, a_send_longer_than_max_msg_size_is_refused_though_its_receive_is_longer) {
+  path_mtu_ = mtu::mtu_4096;
+  max_recv_sge_ = 32;
+  make_qp(qp_type::rc);
+  constexpr std::size_t region = std::size_t{96} << 20;
+  void* mem =
+      ::mmap(nullptr, region, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(mem, MAP_FAILED);
+  struct unmap {
+    void* p;
+    ~unmap() { ::munmap(p, region); }
+  } unmap_on_exit{mem};
+  {
+    mr m = pd_.reg_mr(mem, region, access_local_write);
+    std::vector<sge> sges(
+        32, sge{reinterpret_cast<std::uintptr_t>(mem), static_cast<std::uint32_t>(region), m.lkey()});
+    recv_wr r;
+    r.wr_id = 7;
+    r.sg_list = sges.data();
+    r.num_sge = 32;
+    ASSERT_FALSE(qp_.post_recv(r));
+
+    // Packets of 4096 bytes, patched in place: opcode, AckReq, PSN.
+    constexpr std::uint32_t packets = (std::uint32_t{1} << 31) / 4096 + 1;
+    constexpr std::uint32_t batch = 64;
+    wire::transport_headers h;
+    h.bth.opcode = static_cast<std::uint8_t>(wire::opcode::rc_send_middle);
+    h.bth.dest_qp = qp_.num();
+    const std::vector<std::byte> proto = packet_bytes(h, filled(4096, 0x5A));
+    ASSERT_FALSE(proto.empty());
+    std::vector<std::vector<std::byte>> pkts(batch, proto);
+    std::vector<iovec> iov(batch);
+    std::vector<mmsghdr> msgs(batch);
+    for (std::uint32_t i = 0; i < batch; ++i) {
+      iov[i] = {pkts[i].data(), pkts[i].size()};
+      msgs[i].msg_hdr.msg_name = &to_;
+      msgs[i].msg_hdr.msg_namelen = sizeof to_;
+      msgs[i].msg_hdr.msg_iov = &iov[i];
+      msgs[i].msg_hdr.msg_iovlen = 1;
+    }
+    std::optional<wire::transport_headers> last_ack;
+    for (std::uint32_t first = 0; first < packets; first += batch) {
+      const std::uint32_t n = std::min(batch, packets - first);
+      for (std::uint32_t i = 0; i < n; ++i) {
+        const std::uint32_t psn = first + i;
+        std::byte* b = pkts[i].data();
+        b[0] = std::byte{static_cast<std::uint8_t>(psn == 0             ? wire::opcode::rc_send_first
+                                                   : psn == packets - 1 ? wire::opcode::rc_send_last
+                                                                        : wire::opcode::rc_send_middle)};
+        b[8] = std::byte{static_cast<std::uint8_t>(i == n - 1 ? 0x80 : 0)};
+        b[9] = std::byte{static_cast<std::uint8_t>(psn >> 16)};
+        b[10] = std::byte{static_cast<std::uint8_t>(psn >> 8)};
+        b[11] = std::byte{static_cast<std::uint8_t>(psn)};
+      }
+      ASSERT_EQ(::sendmmsg(fd_, msgs.data(), n, 0), static_cast<int>(n)) << std::strerror(errno);
+      // Paced by the ACK of each batch's last packet, so that no socket
+      // buffer overflows; a NAK ends the stream.
+      const std::uint32_t want = first + n - 1;
+      while ((last_ack = next_ack()) && last_ack->aeth.syndrome == wire::aeth_ack_unlimited &&
+             last_ack->bth.psn != want) {
+      }
+      ASSERT_TRUE(last_ack.has_value()) << "no answer to PSN " << want;
+      if (last_ack->aeth.syndrome != wire::aeth_ack_unlimited) break;
+    }
+    EXPECT_EQ(last_ack->aeth.syndrome, wire::aeth_nak(wire::nak_code::invalid_request));
+    EXPECT_EQ(last_ack->bth.psn, packets - 1);  // the packet past 2 GiB, not one before
+    const auto wcs = drain();
+    ASSERT_EQ(wcs.size(), 1u);
+    EXPECT_EQ(wcs[0].wr_id, 7u);
+    EXPECT_EQ(wcs[0].status, wc_status::loc_len_err);
+    EXPECT_EQ(qp_.query().state, qp_state::err);
+  }
 }
 
 // Solicited Event is a SEND's or a WRITE with Immediate's (IBTA 9.2.3,

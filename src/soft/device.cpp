@@ -532,6 +532,17 @@ std::uint32_t take_slot(std::vector<std::unique_ptr<T>>& table, std::vector<std:
   return static_cast<std::uint32_t>(table.size() - 1);
 }
 
+// Grows `table` to hold `index`; false, unchanged, without the memory.
+template <class T>
+bool make_room(std::vector<std::unique_ptr<T>>& table, std::uint32_t index) noexcept {
+  try {
+    if (table.size() <= index) table.resize(index + 1);
+    return true;
+  } catch (const std::bad_alloc&) {
+    return false;
+  }
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------------------
@@ -717,7 +728,10 @@ std::error_code device::reg_mr(pd_t* pd, std::uint64_t addr, std::uint64_t lengt
   mr->lkey = key;
   mr->rkey = key;
   const std::uint32_t index = key >> 8;
-  if (mrs_.size() <= index) mrs_.resize(index + 1);
+  if (!make_room(mrs_, index)) {
+    free_key(key);  // else it would name the region freed on return
+    return err(errc::no_resources);
+  }
   out = mr.get();
   mrs_[index] = std::move(mr);
   ++pd->children;
@@ -745,6 +759,11 @@ std::error_code device::rereg_mr(mr_t* mr, int flags, pd_t* pd, std::uint64_t ad
   // The new keys first: a region that cannot have them stays as it was.
   const std::uint32_t key = alloc_key(key_entry::kind::mr, mr);
   if (key == 0) return err(errc::no_resources);
+  const std::uint32_t old_index = mr->lkey >> 8, index = key >> 8;
+  if (!make_room(mrs_, index)) {
+    free_key(key);
+    return err(errc::no_resources);
+  }
   if ((flags & change_pd) != 0 && pd != mr->pd) {
     drop_child(mr->pd, pds_, free_pds_, live_pds_);
     mr->pd = pd;
@@ -759,17 +778,17 @@ std::error_code device::rereg_mr(mr_t* mr, int flags, pd_t* pd, std::uint64_t ad
   mr->iova = (mr->access & access_zero_based) != 0 ? 0 : mr->host_addr;
   // A re-registered region gets new keys, as rxe does.
   free_key(mr->lkey);
-  const std::uint32_t old_index = mr->lkey >> 8, index = key >> 8;
-  if (index != old_index) {
-    if (mrs_.size() <= index) mrs_.resize(index + 1);
-    mrs_[index] = std::move(mrs_[old_index]);
-  }
+  if (index != old_index) mrs_[index] = std::move(mrs_[old_index]);
   mr->lkey = mr->rkey = key;
   return {};
 }
 
 std::error_code device::dereg_mr(mr_t* mr) {
   std::lock_guard lock(lock_);
+  return dereg_mr_locked(mr);
+}
+
+std::error_code device::dereg_mr_locked(mr_t* mr) noexcept {
   // IBA 10.6.7.2.6: a region with bound windows cannot be deregistered
   // (rxe answers EINVAL).
   if (mr->bound_mws != 0) return err(errc::invalid_state);
@@ -783,19 +802,19 @@ std::error_code device::dereg_mr(mr_t* mr) {
 }
 
 void device::release_mr(mr_t* mr) noexcept {
-  {
-    std::lock_guard lock(lock_);
-    if (mr->bound_mws != 0) {
-      for (auto& w : mws_) {
-        if (w != nullptr && w->mr == mr) {
-          w->state = mw_state::free;
-          w->mr = nullptr;
-        }
+  // One locked section: a bind executed by another thread's poll between
+  // the unbinding and the free would leave a window on freed memory.
+  std::lock_guard lock(lock_);
+  if (mr->bound_mws != 0) {
+    for (auto& w : mws_) {
+      if (w != nullptr && w->mr == mr) {
+        w->state = mw_state::free;
+        w->mr = nullptr;
       }
-      mr->bound_mws = 0;
     }
+    mr->bound_mws = 0;
   }
-  dereg_mr(mr);
+  (void)dereg_mr_locked(mr);  // cannot fail with no window bound
 }
 
 // ---------------------------------------------------------------------------
@@ -813,7 +832,10 @@ std::error_code device::alloc_mw(pd_t* pd, mw_type type, mw_t*& out) {
   mw->rkey = key;
   mw->posted_rkey = key;
   mw->handle = key >> 8;
-  if (mws_.size() <= mw->handle) mws_.resize(mw->handle + 1);
+  if (!make_room(mws_, mw->handle)) {
+    free_key(key);
+    return err(errc::no_resources);
+  }
   out = mw.get();
   mws_[mw->handle] = std::move(mw);
   ++pd->children;
@@ -889,8 +911,7 @@ std::error_code device::bind_mw(qp_t* qp, send_wqe* w) noexcept {
   mw->addr = (w->bind_access & access_zero_based) != 0 ? 0 : w->bind_addr;
   mw->state = mw_state::valid;
   mw->qp = want == mw_type::type2 ? qp : nullptr;
-  const std::uint8_t byte = static_cast<std::uint8_t>(want == mw_type::type2 ? (w->bind_rkey & 0xFF)
-                                                                              : (w->bind_rkey & 0xFF));
+  const auto byte = static_cast<std::uint8_t>(w->bind_rkey & 0xFF);
   mw->rkey = (mw->rkey & ~0xFFu) | byte;
   keys_[index].key = byte;
   return {};

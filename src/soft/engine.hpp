@@ -720,6 +720,7 @@ class device final : public progress_source, public clock_listener {
     }
   }
   void destroy_qp_locked(qp_t* qp) noexcept;
+  std::error_code dereg_mr_locked(mr_t* mr) noexcept;
   void receive_gsi(packet* p) noexcept;
   void schedule_requester(qp_t* qp) noexcept;
   void requester(qp_t* qp) noexcept;

@@ -255,6 +255,24 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
   if ((mask & m_qkey) != 0 && (a.qkey & 0x80000000u) != 0 && !has_cap_net_raw())
     return err(errc::permission_denied);
 
+  // The memory the move needs, taken before anything changes: a move
+  // refused for want of it changes nothing (no_resources).  The READ/atomic
+  // replay table, sized at RTR and resized in SQD.
+  auto& res = qp->resp.resources;
+  const std::uint32_t dest_rd =
+      (mask & m_dest_rd_atomic) != 0 ? a.max_dest_rd_atomic : qp->max_dest_rd_atomic;
+  const std::size_t res_size = pow2_at_least(std::max<std::uint32_t>(dest_rd, 1));
+  const bool to_rtr = (mask & m_state) != 0 && next == qp_state::rtr && cur != qp_state::rtr;
+  const bool resize = (mask & m_dest_rd_atomic) != 0 && !res.empty() && res.size() != res_size;
+  std::vector<rd_resource> new_res;
+  if (to_rtr || resize) {
+    try {
+      new_res.resize(res_size);
+    } catch (const std::bad_alloc&) {
+      return err(errc::no_resources);
+    }
+  }
+
   // Apply.
   if ((mask & m_access) != 0) qp->access_flags = a.qp_access_flags;
   if ((mask & m_pkey) != 0) qp->pkey_index = a.pkey_index;
@@ -297,14 +315,11 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
     // the new size now, or a peer that uses it would overwrite entries
     // still needed for replay.  It keeps its newest entries (rxe's
     // rxe_qp_from_attr() reallocates it empty).
-    auto& res = qp->resp.resources;
-    const std::size_t size = pow2_at_least(std::max<std::uint32_t>(a.max_dest_rd_atomic, 1));
-    if (!res.empty() && res.size() != size) {
-      const std::size_t keep = std::min(size, res.size());
-      std::vector<rd_resource> resized(size);
+    if (resize) {
+      const std::size_t keep = std::min(res_size, res.size());
       for (std::size_t k = 0; k < keep; ++k)
-        resized[k] = res[(qp->resp.res_head - keep + k) & (res.size() - 1)];
-      res.swap(resized);
+        new_res[k] = res[(qp->resp.res_head - keep + k) & (res.size() - 1)];
+      res.swap(new_res);
       qp->resp.res_head = static_cast<std::uint32_t>(keep);
     }
     qp->max_dest_rd_atomic = a.max_dest_rd_atomic;
@@ -360,7 +375,7 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
       qp->resp.last_opcode = 0xFF;
       qp->resp.last_ack_psn = (qp->rq_psn - 1) & wire::psn_mask;
       qp->resp.newest_psn = qp->resp.last_ack_psn;
-      qp->resp.resources.assign(pow2_at_least(std::max<std::uint32_t>(qp->max_dest_rd_atomic, 1)), {});
+      res.swap(new_res);  // empty entries, sized above
       qp->resp.res_head = 0;
       qp->state = next;
       break;

@@ -96,7 +96,7 @@ request_group* group_of(const cq_obj* q) noexcept { return q != nullptr ? q->not
 device_obj::~device_obj() {
   events.reset();  // cancels parked get_event requests
   if (channel != nullptr) eng->close_events(channel);
-  if (entry == nullptr) return;  // open_device failed before it became a source of the context
+  if (entry == nullptr) return;  // open_device failed before it counted as a source of the context
   std::lock_guard lock(entry->mu);
   auto it = entry->sources.find(&ctx->detail_impl());
   if (it != entry->sources.end() && --it->second == 0) {
@@ -143,23 +143,25 @@ void start_open_device(context& ctx, const std::string& name, completer<device> 
     }
     auto obj = std::make_shared<device_obj>();
     obj->ctx = &ctx;
-    obj->entry = entry;
-    obj->eng = entry->engine.get();
+    obj->eng = entry->engine.get();  // `entry` (local) keeps it alive until obj->entry does
     obj->events = std::make_unique<request_group>(ctx);
     obj->channel = obj->eng->open_events();
     {
       std::lock_guard lock(entry->mu);
       int& n = entry->sources[&ctx.detail_impl()];
-      if (n++ == 0) {
+      if (n == 0) {
         std::error_code ec;
         ctx.add_source(*obj->eng, ec);
         if (ec) {
           entry->sources.erase(&ctx.detail_impl());
-          obj->entry = nullptr;
           c.fail(ec);
           return;
         }
       }
+      // Counted: from here the destructor uncounts it.  Set no earlier: a
+      // throw above would otherwise uncount another handle's source.
+      ++n;
+      obj->entry = entry;
     }
     c.complete({}, handle_access::make<device>(std::move(obj)));
   } catch (const std::system_error& e) {

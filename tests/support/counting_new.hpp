@@ -14,4 +14,8 @@ std::uint64_t heap_allocations() noexcept;
 /// While true, operator new fails (throws bad_alloc) on the calling thread.
 void fail_allocations_on_this_thread(bool fail) noexcept;
 
+/// The `n`th operator new from now on the calling thread fails, once (1:
+/// the next one; 0 disarms).  Returns whether the last one armed has failed.
+bool fail_nth_allocation_on_this_thread(std::uint64_t n) noexcept;
+
 }  // namespace averbs::test

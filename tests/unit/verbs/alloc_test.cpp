@@ -176,5 +176,121 @@ TEST_F(timer_memory, a_retransmit_timer_with_no_memory_is_not_lost) {
   EXPECT_EQ(count_events(event_type::qp_fatal), fatal);
 }
 
+// Where a control verb allocates, memory running out at any allocation
+// fails the verb with no_resources and changes nothing: no key left
+// naming a freed region or window, no half-applied QP attributes, no
+// terminate from a noexcept path.  Each test fails every allocation of
+// the verb in turn (the first, the second, ...) until one call succeeds.
+using control_memory = conformance_test;
+
+/// Calls `verb(ec)` with its first, second, ... allocation failing until
+/// it succeeds; `failed(ec)` checks each failed call.  Returns how many
+/// failed.
+template <class Verb, class Failed>
+std::size_t fail_each_allocation(Verb&& verb, Failed&& failed) {
+  for (std::uint64_t k = 1; k < 1000; ++k) {
+    std::error_code ec;
+    fail_nth_allocation_on_this_thread(k);
+    verb(ec);
+    if (!fail_nth_allocation_on_this_thread(0)) {
+      EXPECT_FALSE(ec) << ec.message();
+      return k - 1;
+    }
+    failed(ec);
+  }
+  ADD_FAILURE() << "never succeeded";
+  return 0;
+}
+
+TEST_F(control_memory, a_registration_short_of_memory_leaves_no_key_behind) {
+  // Forty registrations, each new one at the next key index; one that
+  // failed after taking its key used to leave the key naming the freed
+  // region (the next registration then took the index after it).
+  auto buf = make_buffer(4096);
+  std::vector<mr> held;
+  std::uint32_t top = buf.m.lkey() >> 8;
+  std::size_t failures = 0;
+  for (int i = 0; i < 40; ++i) {
+    mr m;
+    failures += fail_each_allocation(
+        [&](std::error_code& ec) { m = pd_.reg_mr(buf.bytes.data(), 4096, access_local_write, ec); },
+        [&](std::error_code ec) { EXPECT_EQ(ec, errc::no_resources) << "registration " << i; });
+    EXPECT_LE(m.lkey() >> 8, top + 1) << "registration " << i << ": a key was leaked";
+    top = std::max(top, m.lkey() >> 8);
+    held.push_back(std::move(m));
+  }
+  EXPECT_GT(failures, 40u);
+}
+
+TEST_F(control_memory, a_window_short_of_memory_leaves_no_key_behind) {
+  std::vector<mw> held;
+  std::uint32_t top = 0;
+  for (int i = 0; i < 40; ++i) {
+    mw w;
+    fail_each_allocation([&](std::error_code& ec) { w = pd_.alloc_mw(mw_type::type2, ec); },
+                         [&](std::error_code ec) { EXPECT_EQ(ec, errc::no_resources) << "window " << i; });
+    if (!held.empty()) {
+      EXPECT_LE(w.rkey() >> 8, top + 1) << "window " << i << ": a key was leaked";
+    }
+    top = std::max(top, w.rkey() >> 8);
+    held.push_back(std::move(w));
+  }
+}
+
+TEST_F(control_memory, a_reregistration_short_of_memory_keeps_the_old_keys) {
+  // Re-registration takes new keys.  Each round registers a region (at the
+  // index the last round's re-registration freed) and re-registers it (at
+  // a fresh index, past the end of the region table, which grows now and
+  // then: an allocation that used to fail after the region had changed,
+  // in a noexcept path).
+  auto buf = make_buffer(4096);
+  std::vector<mr> held;
+  for (int i = 0; i < 40; ++i) {
+    held.push_back(pd_.reg_mr(buf.bytes.data(), 4096, access_local_write));
+    mr& m = held.back();
+    const std::uint32_t before = m.lkey();
+    fail_each_allocation(
+        [&](std::error_code& ec) {
+          m.rereg(rereg_change_access, nullptr, nullptr, 0, access_local_write, ec);
+        },
+        [&](std::error_code ec) {
+          EXPECT_EQ(ec, errc::no_resources) << "re-registration " << i;
+          EXPECT_EQ(m.lkey(), before) << "re-registration " << i;
+        });
+    EXPECT_NE(m.lkey(), before);
+  }
+}
+
+TEST_F(control_memory, a_qp_move_short_of_memory_changes_nothing) {
+  // INIT -> RTR sizes the READ/atomic replay table; SQD -> SQD resizes it.
+  qp_options o;
+  cq c = dev.create_cq(16);
+  qp q = make_qp(o, c, c);
+  q.modify(init_attr(o), init_mask(o.type));
+  std::size_t failures =
+      fail_each_allocation([&](std::error_code& ec) { q.modify(rtr_attr(o, 0x12, 0), rtr_mask(o.type), ec); },
+                           [&](std::error_code ec) {
+                             EXPECT_EQ(ec, errc::no_resources);
+                             EXPECT_EQ(query_state(q), qp_state::init);
+                           });
+  EXPECT_GT(failures, 0u);
+  q.modify(rts_attr(o, 0), rts_mask(o.type));
+  qp_attr sqd;
+  sqd.state = qp_state::sqd;
+  q.modify(sqd, qp_attr_state);
+  ASSERT_EQ(query_state(q), qp_state::sqd);
+  const std::uint8_t depth = q.query().max_dest_rd_atomic;
+  qp_attr more;
+  more.max_dest_rd_atomic = static_cast<std::uint8_t>(depth * 4);
+  failures =
+      fail_each_allocation([&](std::error_code& ec) { q.modify(more, qp_attr_max_dest_rd_atomic, ec); },
+                           [&](std::error_code ec) {
+                             EXPECT_EQ(ec, errc::no_resources);
+                             EXPECT_EQ(q.query().max_dest_rd_atomic, depth);
+                           });
+  EXPECT_GT(failures, 0u);
+  EXPECT_EQ(q.query().max_dest_rd_atomic, depth * 4);
+}
+
 }  // namespace
 }  // namespace averbs::test

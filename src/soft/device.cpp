@@ -876,6 +876,9 @@ std::error_code device::bind_mw(qp_t* qp, send_wqe* w) noexcept {
     // window must be invalidated before it is bound again.
     if ((w->bind_rkey >> 8) != (mw->rkey >> 8) || w->bind_rkey == mw->rkey || mw->state == mw_state::valid)
       return make_error_code(wc_status::mw_bind_err);
+    // Nor is it bound to nothing: a zero-length bind would pin the region
+    // (bound_mws) with no range to grant (o10-37.2.40, as rxe).
+    if (w->bind_length == 0) return make_error_code(wc_status::mw_bind_err);
   }
   const std::uint32_t remote = access_remote_write | access_remote_read | access_remote_atomic;
   mr_t* mr = nullptr;

@@ -205,14 +205,15 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
   if ((mask & ~known) != 0) return err(errc::invalid_argument);
   const qp_state cur = qp->state;
   if ((mask & m_cur) != 0 && a.cur_state != cur) return err(errc::invalid_argument);
+  const qp_state next = (mask & m_state) != 0 ? a.state : cur;
   // While the send queue drains, only the moves that abandon it are
   // allowed: to error, and to reset (IBTA 10.3.1 allows Reset from any
   // state, as the kernel's ib_modify_qp_is_ok and hardware do; rxe refuses
   // it, which leaves a program no way to recycle such a QP but through ERR).
-  if (cur == qp_state::sqd && qp->sq_draining && (mask & m_state) != 0 && a.state != qp_state::err &&
-      a.state != qp_state::reset)
+  // Attributes change in SQD only once it has drained (IBTA 10.3.1), with
+  // or without the state in the mask.
+  if (cur == qp_state::sqd && qp->sq_draining && next != qp_state::err && next != qp_state::reset)
     return err(errc::invalid_state);
-  const qp_state next = (mask & m_state) != 0 ? a.state : cur;
   if (static_cast<unsigned>(next) > 6) return err(errc::invalid_argument);
   const rule& r = table.r[static_cast<int>(cur)][static_cast<int>(next)];
   if (!r.valid) return err(errc::invalid_state);
@@ -325,7 +326,10 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
     qp->max_dest_rd_atomic = a.max_dest_rd_atomic;
   }
   if ((mask & m_dest_qpn) != 0) qp->dest_qpn = a.dest_qp_num;
-  if ((mask & m_sqd_notify) != 0) qp->sqd_notify = a.en_sqd_async_notify;
+  // The event request belongs to one RTS -> SQD move (IBTA 11.2.5): a
+  // later drain asks again or goes without.
+  if ((mask & m_state) != 0 && next == qp_state::sqd && cur != qp_state::sqd)
+    qp->sqd_notify = (mask & m_sqd_notify) != 0 && a.en_sqd_async_notify;
   if (qp->type == qp_type::ud && (mask & m_qkey) == 0 && cur == qp_state::reset) qp->qkey = 0;
 
   // The source port follows the path as rxe computes it, at every modify
@@ -797,7 +801,8 @@ std::error_code device::bind_mw1(qp_t* qp, mw_t* mw, std::uint64_t wr_id, std::u
   const qp_state s = qp->state;
   if (s == qp_state::reset || s == qp_state::init || s == qp_state::rtr) return err(errc::invalid_state);
   if (qp->type == qp_type::ud) return err(errc::invalid_argument);
-  if (qp->sq.count() >= std::max<std::uint32_t>(qp->cap.max_send_wr, 1)) return err(errc::queue_full);
+  if (qp->sq.count() >= std::max<std::uint32_t>(qp->cap.max_send_wr, 1) || qp->cap.max_send_wr == 0)
+    return err(errc::queue_full);  // as post_one_send: the ring has one slot at least
   // The new key is known at once (libibverbs returns it from ibv_bind_mw);
   // the window changes when the bind WQE executes, in order.
   // Each posted bind takes the next key after the last one posted, not

@@ -82,6 +82,21 @@ TEST_F(events_test, no_sq_drained_without_en_sqd_async_notify) {
   EXPECT_EQ(count_events(event_type::sq_drained), 0u);
 }
 
+TEST_F(events_test, the_sq_drained_request_belongs_to_one_move_to_sqd) {
+  // IBTA 11.2.5: the event is requested with the RTS -> SQD move; a later
+  // drain that does not ask gets none.
+  auto p = connected_pair();
+  qp_attr a = state_attr(qp_state::sqd);
+  a.en_sqd_async_notify = true;
+  p.a.modify(a, qp_attr_state | qp_attr_en_sqd_async_notify);
+  EXPECT_EQ(count_events(event_type::sq_drained, p.a.num()), 1u);
+  p.a.modify(state_attr(qp_state::rts), qp_attr_state);
+  p.a.modify(state_attr(qp_state::sqd), qp_attr_state);
+  EXPECT_EQ(query_state(p.a), qp_state::sqd);
+  EXPECT_EQ(count_events(event_type::sq_drained), 1u) << "the second drain did not ask";
+  EXPECT_FALSE(p.a.query().en_sqd_async_notify);
+}
+
 TEST_F(events_test, sq_drained_waits_for_the_outstanding_send_to_complete) {
   // A SEND held back by RNR NAKs is still in flight when the QP moves to
   // SQD; the drain ends when it completes (IBTA 10.3.1: SQD finishes the

@@ -422,6 +422,24 @@ TEST_F(mw_test, type2_bind_beyond_the_region_is_mw_bind_err) {
   EXPECT_EQ(query_state(p.b), qp_state::err);
 }
 
+TEST_F(mw_test, type2_zero_length_bind_is_mw_bind_err_and_leaves_the_region_free) {
+  // o10-37.2.40, as rxe: a type-2 window is invalidated, not bound to
+  // nothing (which would pin its region with no range to grant).
+  auto p = connected_pair();
+  auto region = make_buffer(4096, region_access);
+  mw w = pd_.alloc_mw(mw_type::type2);
+  send_wr bw = make_wr(wr_opcode::bind_mw, {}, 13);
+  bw.bind_mw = &w;
+  bw.bind_rkey = inc_rkey(w.rkey());
+  bw.bind_info = {region.m.lkey(), region.addr(), 0, access_remote_write};
+  ASSERT_FALSE(p.b.post_send(bw));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_b), 13, wc_status::mw_bind_err));
+  EXPECT_EQ(query_state(p.b), qp_state::err);
+  std::error_code ec;
+  region.m.dereg(ec);
+  EXPECT_FALSE(ec) << ec.message();
+}
+
 TEST_F(mw_test, bind_granting_remote_write_on_a_region_without_local_write_is_mw_bind_err) {
   auto p = connected_pair();
   auto region = make_buffer(4096, access_remote_read | access_mw_bind);

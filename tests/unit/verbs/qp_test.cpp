@@ -502,6 +502,13 @@ TEST_F(qp_test, sqd_while_draining_accepts_only_err_or_reset_bad_flow) {
   EXPECT_TRUE(q.query().sq_draining);
   EXPECT_EQ(modify(q, good(qp_state::rts, qp_state::sqd), qp_attr_state), errc::invalid_state);
   EXPECT_EQ(modify(q, good(qp_state::sqd, qp_state::sqd), qp_attr_state), errc::invalid_state);
+  // Nor an attribute without the state in the mask: a new timeout or
+  // peer would apply to packets the drain is still waiting on.
+  const std::uint8_t timeout = q.query().timeout;
+  qp_attr t = good(qp_state::sqd, qp_state::sqd);
+  t.timeout = timeout == 20 ? 21 : 20;
+  EXPECT_EQ(modify(q, t, qp_attr_timeout), errc::invalid_state);
+  EXPECT_EQ(q.query().timeout, timeout);
   EXPECT_EQ(q.query().state, qp_state::sqd);
   EXPECT_EQ(modify(q, good(qp_state::err, qp_state::sqd), qp_attr_state), std::error_code{});
   EXPECT_EQ(q.query().state, qp_state::err);
@@ -1689,6 +1696,10 @@ TEST_F(qp_test, qp_with_zero_depth_queues_is_always_full_bad_flow) {
   const sge g = buf.whole();
   EXPECT_EQ(q.post_recv(recv_of(1, &g)), errc::queue_full);
   EXPECT_EQ(q.post_send(send_of(1, &g)), errc::queue_full);
+  // A type-1 bind is a send-queue work request too.
+  auto region = make_buffer(64, access_local_write | access_mw_bind);
+  mw w = pd_.alloc_mw(mw_type::type1);
+  EXPECT_EQ(q.bind_mw(w, 2, 0, {region.m.lkey(), region.addr(), 64, access_remote_read}), errc::queue_full);
 }
 
 TEST_F(qp_test, work_posted_in_sqd_starts_only_after_rts) {

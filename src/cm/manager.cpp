@@ -251,8 +251,8 @@ void manager::end_connection(conn& c, const std::error_code& why) noexcept {
 std::chrono::nanoseconds manager::timewait_time(const conn& c) const noexcept {
   // IBTA 12.9.8: long enough for packets of the old connection to die out:
   // the ACK timeout its QP ran with (on the passive side, the one the REQ
-  // asked for), and never under a millisecond.
-  const std::uint8_t t = c.passive ? c.peer_ack_timeout : c.params.ack_timeout;
+  // asked for, capped as every peer timeout), and never under a millisecond.
+  const std::uint8_t t = c.passive ? peer_timeout(c.peer_ack_timeout) : c.params.ack_timeout;
   return std::max<std::chrono::nanoseconds>(wcm::cm_timeout(t), std::chrono::milliseconds(1));
 }
 
@@ -294,11 +294,12 @@ void manager::on_timer(std::uint32_t id, std::uint64_t gen) noexcept {
     case state::sidr_sent:
     case state::rep_sent:
     case state::dreq_sent:
-      if ((c.st == state::req_sent || c.st == state::rep_sent) && op_cancelled(c)) {
-        // Abandoned by its caller: no more resends.
+      if (c.st != state::dreq_sent && op_cancelled(c)) {
+        // Abandoned by its caller: no more resends.  (SIDR has no REJ.)
         if (c.st == state::rep_sent) qp_to_error(c);
-        send_rej(c, c.st == state::req_sent ? wcm::msg_ref::req : wcm::msg_ref::rep,
-                 c.st == state::req_sent ? wcm::rej_reason::timeout : wcm::rej_reason::consumer_defined);
+        if (c.st != state::sidr_sent)
+          send_rej(c, c.st == state::req_sent ? wcm::msg_ref::req : wcm::msg_ref::rep,
+                   c.st == state::req_sent ? wcm::rej_reason::timeout : wcm::rej_reason::consumer_defined);
         fail_op(c, err(errc::operation_aborted));
         close_conn(c);
         return;
@@ -851,15 +852,18 @@ void manager::on_rtu(const soft::mad_in& m) noexcept {
     if (c.st == state::established) ++stats_.duplicates;
     return;
   }
-  if (op_cancelled(c)) {
-    // The peer is connected now: it hears a DREQ, as after a disconnect.
-    (void)disconnect(&c);
-    return;
-  }
   c.st = state::established;
   c.was_connected = true;
   c.mad.reset();
   disarm(c);
+  if (op_cancelled(c)) {
+    // The peer is connected now: it hears a DREQ, as after a disconnect
+    // (a REJ, which disconnect() sends before the RTU, would reach an
+    // established requester as a reset).
+    fail_op(c, err(errc::operation_aborted));
+    (void)disconnect(&c);
+    return;
+  }
   complete(c.op, {});
 }
 
@@ -969,9 +973,13 @@ void manager::on_dreq(const soft::mad_in& m, const wcm::mad_header& h) noexcept 
   wcm::dreq r;
   if (!decoded(m, r)) return;
   conn* cp = find(r.remote_comm_id);
-  if (cp == nullptr || cp->remote_id != r.local_comm_id) {
-    // For no connection we know: answer anyway, so the peer can finish
-    // (ib_cm does the same).
+  // For no connection we know: answer anyway, so the peer can finish
+  // (ib_cm does the same).  A UD QP bound by SIDR has no connection to
+  // end (its remote ID is 0, which a forged DREQ could name), and one
+  // closed already -- its timewait over, its DREP lost -- has nothing
+  // left to end either.
+  if (cp == nullptr || cp->type == qp_type::ud || cp->st == state::closed ||
+      cp->remote_id != r.local_comm_id) {
     wcm::drep d;
     d.remote_comm_id = r.local_comm_id;
     d.local_comm_id = r.remote_comm_id;
@@ -1099,6 +1107,12 @@ void manager::on_sidr_rep(const soft::mad_in& m) noexcept {
     return;
   }
   conn& c = *cp;
+  if (op_cancelled(c)) {
+    // Nobody waits for it: the QP stays free for another connect.
+    fail_op(c, err(errc::operation_aborted));
+    close_conn(c);
+    return;
+  }
   try {
     c.pdata = bytes_of(r.private_data);
   } catch (...) {
@@ -1447,7 +1461,11 @@ void manager::accept(conn* cp, soft::qp_t* qp, std::span<const std::byte> pdata,
     send_sidr_rep(c, wcm::sidr_status::ok, pdata);
     c.st = state::timewait;  // answers duplicates for a while, then closes
     detach(c);
-    arm(c, wcm::cm_timeout(c.params.cm_response_timeout) * (c.params.max_cm_retries + 1));
+    // As long as an untaken SIDR_REQ is kept (on_sidr_req): the requester
+    // resends at its own pace (rdma_cm: every 4.3 s), which SIDR_REQ does
+    // not tell; our own retry budget is shorter than one such interval.
+    arm(c, std::max(wcm::cm_timeout(c.params.cm_response_timeout) * (c.params.max_cm_retries + 1),
+                    wcm::cm_timeout(mra_service_timeout) * 4));
     averbs::detail::complete_request(*w.ctx, w.id, {}, nullptr);
     return;
   }

@@ -42,6 +42,7 @@ class cm_udp : public ::testing::Test {
     o.port = test_port();
     o.faults = faults;
     o.check_icrc = check_icrc;
+    if (manual_time) o.clock = &clock;
     s.sdev = std::make_unique<soft_device>(o);
     s.dev = open_device(in != nullptr ? *in : ctx, o.name);
     s.p = s.dev.alloc_pd();
@@ -82,6 +83,10 @@ class cm_udp : public ::testing::Test {
     a.sdev.reset();
     return qpn;
   }
+  /// Set before make(): the devices' timers follow `clock`, which moves
+  /// only when a test advances it.
+  bool manual_time = false;
+  manual_clock clock;  // outlives the devices (declared before them in each test)
   /// The devices' first QP number; 0 draws one at random (the default).
   /// Fixed here so that a device brought back reuses its QP numbers, as a
   /// peer that numbers QPs from a fixed start would.
@@ -678,6 +683,25 @@ class cm_udp_fake_peer : public cm_udp {
     return r;
   }
 
+  /// A UD QP on `s`.
+  qp make_ud_qp(side& s) {
+    qp_init_attr ia;
+    ia.send_cq = ia.recv_cq = s.c;
+    ia.cap = {4, 4, 1, 1, 0};
+    ia.type = qp_type::ud;
+    return s.p.create_qp(ia);
+  }
+  /// The fake peer's SIDR_REP accepting `r`: QP 0x99, Q_Key 0x1234.
+  static wire::cm::sidr_rep sidr_ok(const wire::cm::sidr_req& r) {
+    wire::cm::sidr_rep rep;
+    rep.request_id = r.request_id;
+    rep.status = wire::cm::sidr_status::ok;
+    rep.qpn = 0x99;
+    rep.qkey = 0x1234;
+    rep.service_id = r.service_id;
+    return rep;
+  }
+
   /// For tests where the fake peer is the requester: the device under test
   /// `b`, listening on port 7471, and the peer's address.
   void listen_on_b() {
@@ -922,6 +946,136 @@ TEST_F(cm_udp_fake_peer, passive_timewait_lasts_the_ack_timeout_the_req_asked_fo
   EXPECT_EQ(passive->state(), cm::conn_state::timewait) << "timewait ended before the QP's ACK timeout";
 }
 
+// The passive side's timewait lasts the ACK timeout the REQ asked for,
+// capped as every peer timeout (about 69 s), not the 2.4 hours a
+// LocalAckTimeout of 31 would give; a DREQ resent after it ended (our DREP
+// was lost) is still answered.
+TEST_F(cm_udp_fake_peer, passive_timewait_is_capped_and_a_dreq_after_it_is_answered) {
+  ASSERT_TRUE(peer.bound());
+  manual_time = true;
+  listen_on_b();
+  namespace wcm = wire::cm;
+  wcm::req r = req_to(b, peer_ip, 64);
+  r.primary.local_ack_timeout = 31;
+  std::optional<cm::connector> passive = request(r);
+  ASSERT_TRUE(passive.has_value());
+  qp qb = make_qp(b);
+  auto acc = passive->async_accept(qb, {}, fast(), use_request);
+  const auto rep = peer.next<wcm::rep>(ctx);
+  ASSERT_TRUE(rep.has_value());
+  wcm::rtu u;
+  u.local_comm_id = 64;
+  u.remote_comm_id = rep->local_comm_id;
+  peer.send(u);
+  ASSERT_TRUE(poll_until([&] { return acc.ready(); }));
+  acc.get();
+  wcm::dreq d;
+  d.local_comm_id = 64;
+  d.remote_comm_id = rep->local_comm_id;
+  d.remote_qpn = qb.num();
+  peer.send(d);
+  ASSERT_TRUE(peer.next<wcm::drep>(ctx).has_value());
+  ASSERT_EQ(passive->state(), cm::conn_state::timewait);
+  clock.advance(60s);
+  run_for(20ms);
+  EXPECT_EQ(passive->state(), cm::conn_state::timewait);
+  clock.advance(10s);
+  EXPECT_TRUE(poll_until([&] { return passive->state() == cm::conn_state::closed; }, 2s))
+      << "timewait outlasted the cap";
+  peer.send(d);
+  EXPECT_TRUE(peer.next<wcm::drep>(ctx, 2s).has_value()) << "a DREQ after timewait went unanswered";
+}
+
+// A UD QP bound by SIDR has no connection to end: a DREQ naming it -- the
+// request ID as the comm ID, remote ID 0, its QP number, all of which the
+// SIDR responder knows -- leaves the QP and the connector as they were,
+// and is answered as one for no connection.
+TEST_F(cm_udp_fake_peer, a_dreq_naming_a_sidr_bound_ud_qp_ends_nothing) {
+  ASSERT_TRUE(peer.bound());
+  make(a, 1, "", nullptr, false);
+  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
+  qp u = make_ud_qp(a);
+  c = cm::connector(a.dev);
+  auto conn = c.async_connect(u, {peer_ip, 7471}, {}, fast(), use_request);
+  const auto sreq = peer.next<wire::cm::sidr_req>(ctx);
+  ASSERT_TRUE(sreq.has_value());
+  peer.send(sidr_ok(*sreq));
+  ASSERT_TRUE(poll_until([&] { return conn.ready(); }));
+  conn.get();
+  ASSERT_EQ(u.state(), qp_state::rts);
+  wire::cm::dreq d;
+  d.remote_comm_id = sreq->request_id;
+  d.remote_qpn = u.num();
+  peer.send(d);
+  EXPECT_TRUE(peer.next<wire::cm::drep>(ctx, 2s).has_value());
+  EXPECT_EQ(u.state(), qp_state::rts);
+  EXPECT_EQ(c.state(), cm::conn_state::established);
+}
+
+// A SIDR connect cancelled before its answer stops resending, and a late
+// SIDR_REP does not bind the QP: another connect may use it.
+TEST_F(cm_udp_fake_peer, a_cancelled_sidr_connect_stops_and_leaves_its_qp_free) {
+  ASSERT_TRUE(peer.bound());
+  make(a, 1, "", nullptr, false);
+  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
+  qp u = make_ud_qp(a);
+  c = cm::connector(a.dev);
+  auto conn = c.async_connect(u, {peer_ip, 7471}, {}, fast(), use_request);
+  const auto sreq = peer.next<wire::cm::sidr_req>(ctx);
+  ASSERT_TRUE(sreq.has_value());
+  conn.cancel();
+  peer.send(sidr_ok(*sreq));
+  run_for(300ms);  // 17 resend periods
+  std::error_code ec;
+  conn.get(ec);
+  EXPECT_EQ(ec, errc::operation_aborted);
+  EXPECT_NE(c.state(), cm::conn_state::established);
+  int resent = 0;
+  while (auto again = peer.next<wire::cm::sidr_req>(ctx, 100ms))
+    resent += again->request_id == sreq->request_id;
+  EXPECT_LE(resent, 1) << "the cancelled connect kept resending";
+
+  cm::connector c2(a.dev);
+  auto next = c2.async_connect(u, {peer_ip, 7471}, {}, fast(), use_request);
+  const auto sreq2 = peer.next<wire::cm::sidr_req>(ctx, 2s);
+  EXPECT_TRUE(sreq2.has_value()) << "the QP stayed bound to the cancelled connect";
+  next.cancel();
+}
+
+// A SIDR responder keeps its answer while the requester may resend
+// (rdma_cm: every 4.3 s), not only for its own, shorter retry budget.
+TEST_F(cm_udp_fake_peer, a_sidr_answer_is_kept_for_the_requesters_resend) {
+  ASSERT_TRUE(peer.bound());
+  manual_time = true;
+  make(b, 1, "", nullptr, false);
+  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
+  l = cm::listen(b.dev, {b.ip, 7471}, 16, cm::port_space::udp);
+  namespace wcm = wire::cm;
+  wcm::sidr_req s;
+  s.request_id = 77;
+  s.service_id = wcm::service_id(wcm::port_space::udp, 7471);
+  wcm::ip_header ip;
+  ip.src_port = 40000;
+  std::memcpy(ip.src_ip.data(), peer_ip.raw.data(), 16);
+  std::memcpy(ip.dst_ip.data(), b.ip.raw.data(), 16);
+  ASSERT_EQ(wcm::encode(ip, s.private_data), wcm::ip_header_size);
+  auto got = l.async_get_request(use_request);
+  peer.send(s);
+  ASSERT_TRUE(poll_until([&] { return got.ready(); }));
+  qp u = make_ud_qp(b);
+  got.get().conn.accept(u, {}, fast());
+  ASSERT_TRUE(peer.next<wcm::sidr_rep>(ctx).has_value());
+  clock.advance(5s);
+  run_for(20ms);
+  auto again = l.async_get_request(use_request);
+  peer.send(s);  // our SIDR_REP was lost
+  const auto rep = peer.next<wcm::sidr_rep>(ctx, 2s);
+  ASSERT_TRUE(rep.has_value()) << "the answer was forgotten before the requester resent";
+  EXPECT_EQ(rep->qpn, u.num());
+  EXPECT_FALSE(again.ready()) << "the resend became a new request";
+  again.cancel();
+}
+
 // An accept cancelled after its REP went out: when the RTU comes the
 // passive side does not come up; it tells the requester, which did come up,
 // with a DREQ, as a disconnect would.
@@ -934,7 +1088,11 @@ TEST_F(cm_udp, a_cancelled_accept_does_not_bring_the_connection_up) {
   qp qa = make_qp(a), qb = make_qp(b);
   cm::connector c(a.dev);
   auto got = l.async_get_request(use_request);
-  auto conn = c.async_connect(qa, {b.ip, 7471}, {}, fast(), use_request);
+  // The REP waits 4 s before a resend: the RTU, not the resend timer, meets
+  // the cancelled accept.
+  cm::conn_params slow_rep = fast();
+  slow_rep.cm_response_timeout = 20;
+  auto conn = c.async_connect(qa, {b.ip, 7471}, {}, slow_rep, use_request);
   cm::connector passive = got.get().conn;
   auto accepted = passive.async_accept(qb, {}, fast(), use_request);
   ctx.poll();
@@ -948,8 +1106,15 @@ TEST_F(cm_udp, a_cancelled_accept_does_not_bring_the_connection_up) {
     ctx_a.poll();
   }
   ASSERT_TRUE(notified.ready()) << "the passive side came up for an accept nobody waits for";
+  // The requester was disconnected (DREQ), not reset (REJ).
+  std::error_code ec;
+  notified.get(ec);
+  EXPECT_FALSE(ec) << ec.message();
   EXPECT_NE(qb.state(), qp_state::rts);
   EXPECT_NE(passive.state(), cm::conn_state::established);
+  std::error_code aec;
+  accepted.get(aec);
+  EXPECT_EQ(aec, errc::operation_aborted);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include "soft/links.hpp"
 
 #include <charconv>
+#include <cmath>
 #include <cstring>
 #include <string_view>
 
@@ -22,9 +23,25 @@ bool parse_faults(const std::string& text, fault_config& out, std::string& error
     }
     const std::string key(item.substr(0, eq));
     const std::string value(item.substr(eq + 1));
+    if (key == "seed" || key == "delay_us") {
+      // Whole numbers: a seed as given; a delay up to a minute.
+      std::uint64_t n = 0;
+      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+      if (value.empty() || ec != std::errc{} || end != value.data() + value.size() ||
+          (key == "delay_us" && n > 60'000'000)) {
+        error = "bad value for " + key + ": '" + value + "' (" +
+                (key == "seed" ? "a whole number" : "whole microseconds, at most 60000000") + ")";
+        return false;
+      }
+      if (key == "seed")
+        f.seed = n;
+      else
+        f.delay_time = std::chrono::microseconds(n);
+      continue;
+    }
     char* end = nullptr;
     const double v = std::strtod(value.c_str(), &end);
-    if (end == value.c_str() || *end != '\0' || v < 0) {
+    if (end == value.c_str() || *end != '\0' || !std::isfinite(v) || v < 0) {
       error = "bad value for " + key + ": '" + value + "'";
       return false;
     }
@@ -38,9 +55,8 @@ bool parse_faults(const std::string& text, fault_config& out, std::string& error
     else if (key == "dup" || key == "duplicate") f.duplicate = v;
     else if (key == "reorder") f.reorder = v;
     else if (key == "corrupt") f.corrupt = v;
-    else if (key == "delay") f.delay = v;
-    else if (key == "delay_us") f.delay_time = std::chrono::microseconds(static_cast<long long>(v));
-    else if (key == "seed") f.seed = static_cast<std::uint64_t>(v);
+    else if (key == "delay")
+      f.delay = v;
     else {
       error = "unknown fault '" + key + "' (drop, dup, reorder, corrupt, delay, delay_us, seed)";
       return false;

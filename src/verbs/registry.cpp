@@ -76,6 +76,9 @@ void split_address(const std::string& text, soft_device_options& o, const std::s
     port = parse_port(addr.substr(addr.find(':') + 1));
     addr = addr.substr(0, addr.find(':'));
   }
+  // An empty address would make an in-process loopback device of a name
+  // meant for the network.
+  if (addr.empty()) bad_option(where + ": '" + text + "' has no address");
   o.address = addr;
   o.port = port;
 }
@@ -105,7 +108,10 @@ bool from_config_file(const std::string& name, soft_device_options& o, std::vect
     std::string dev, addr;
     if (!(words >> dev)) continue;
     const std::string where = path + ":" + std::to_string(n);
-    if (!(words >> addr)) bad_option(where + ": '" + dev + "' needs an address");
+    if (!(words >> addr)) {
+      if (names != nullptr) continue;  // listed without it; opening it says why
+      bad_option(where + ": '" + dev + "' needs an address");
+    }
     if (names != nullptr) {
       names->push_back(dev);
       continue;
@@ -127,6 +133,16 @@ bool from_config_file(const std::string& name, soft_device_options& o, std::vect
   return false;
 }
 
+// An on/off environment variable: 0 or 1, else an error (a "no" read as
+// "on" would keep ICRC checks against a peer that cannot pass them).
+bool switch_from_environment(const char* var, bool otherwise) {
+  const char* v = std::getenv(var);
+  if (v == nullptr) return otherwise;
+  const std::string_view s = v;
+  if (s != "0" && s != "1") bad_option(std::string(var) + ": '" + v + "' is neither 0 nor 1");
+  return s == "1";
+}
+
 // AVERBS_DEVICES="name@address[:port],...": devices a program finds by name
 // without creating them itself (the tools, unmodified applications).
 // AVERBS_FAULTS and AVERBS_ICRC=0 apply to all of them.
@@ -143,8 +159,8 @@ bool from_environment(const std::string& name, soft_device_options& o) {
     o.name = name;
     split_address(std::string(item.substr(at + 1)), o, "AVERBS_DEVICES");
     if (const char* f = std::getenv("AVERBS_FAULTS")) o.faults = f;
-    if (const char* c = std::getenv("AVERBS_ICRC")) o.check_icrc = std::string(c) != "0";
-    if (const char* g = std::getenv("AVERBS_GSO")) o.gso = std::string(g) != "0";
+    o.check_icrc = switch_from_environment("AVERBS_ICRC", o.check_icrc);
+    o.gso = switch_from_environment("AVERBS_GSO", o.gso);
     return true;
   }
   return false;

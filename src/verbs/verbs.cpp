@@ -487,6 +487,10 @@ std::size_t device::cancel_events() const noexcept {
 }
 
 device open_device(context& ctx, std::string_view name) {
+  // A device named wrongly by the environment or the configuration file
+  // throws here with the reason (which line, which value); the request
+  // below carries only the error code.
+  (void)detail::find_device(std::string(name));
   return detail::sync_call<device>([&](auto t) { return async_open_device(ctx, name, t); }, "averbs::open_device");
 }
 

@@ -385,6 +385,20 @@ TEST(perf_two_processes, a_connect_server_that_accepted_too_few_fails) {
       << server.output();
 }
 
+// A client of another test (its first word is its greeting's magic) is
+// not taken for a count of connections.
+TEST(perf_two_processes, a_connect_server_tells_a_client_of_another_test) {
+  const std::uint16_t port = test_port();
+  child server({AVERBS_CLI, "perf", "--test", "connect", "--addr",
+                test_address(0) + ":" + std::to_string(port), "-p", std::to_string(port)},
+               true);
+  oob client = oob::connect(test_address(0), port, 30s);
+  EXPECT_EQ(client.recv_word(), 1u);
+  client.send_word(0x4156455242535046ull);  // eight bytes of a greeting
+  EXPECT_EQ(server.wait(60s), 1) << server.output();
+  EXPECT_NE(server.output().find("is it running --test connect?"), std::string::npos) << server.output();
+}
+
 // A server name with two addresses, the first refusing: the client goes on
 // to the second (it tried the first alone until its 30 s were up).  The
 // name exists only in a network namespace of the test's own: `ip netns
@@ -480,13 +494,47 @@ TEST(perf_loopback, a_timed_run_counts_what_it_sent) {
 
 // --- options -----------------------------------------------------------------
 
+TEST(perf_options, the_last_test_named_counts) {
+  // As every other option: `--test connect --test send_lat` runs send_lat.
+  child c({AVERBS_CLI, "perf", "--test", "connect", "--test", "send_lat", "-n", "5"}, true);
+  EXPECT_EQ(c.wait(30s), 0) << c.output();
+  EXPECT_NE(c.output().find("Send Latency Test"), std::string::npos) << c.output();
+}
+
+TEST(cli_options, bad_numbers_are_usage_errors_in_every_command) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"nop", "--delay-us", "5ms"}, "--delay-us: '5ms' is not a number"},
+      {{"nop", "--value", "-1"}, "--value: '-1' is not an unsigned 64-bit number"},
+      {{"nop", "--delay-us", "10000000000000000"}, "is not a number from 0 to 3600000000"},
+      {{"devices", "-i", "0"}, "--ib-port: '0' is not a port number"},
+      {{"devices", "-i", "abc"}, "--ib-port: 'abc' is not a port number"},
+      {{"devices", "--ib-device=x"}, "unknown option '--ib-device=x'"},
+  };
+  for (const auto& [args, message] : cases) {
+    std::vector<std::string> argv{AVERBS_CLI};
+    argv.insert(argv.end(), args.begin(), args.end());
+    child c(argv, true);
+    EXPECT_EQ(c.wait(30s), 2) << args.back() << ": " << c.output();
+    EXPECT_NE(c.output().find(message), std::string::npos) << c.output();
+  }
+}
+
+TEST(cli_options, a_device_named_wrongly_by_the_environment_says_why) {
+  ::setenv("AVERBS_DEVICES", "envbad@127.0.0.2:70000", 1);
+  child c({AVERBS_CLI, "devices", "-d", "envbad"}, true);
+  ::unsetenv("AVERBS_DEVICES");
+  EXPECT_EQ(c.wait(30s), 255) << c.output();
+  EXPECT_NE(c.output().find("bad port '70000'"), std::string::npos) << c.output();
+}
+
 TEST(perf_options, out_of_range_values_are_usage_errors) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--test", "write_bw", "-t", "0"}, "-t: '0' is not a number from 1 to 15000"},
       {{"--test", "write_bw", "-t", "15001"}, "-t: '15001' is not a number from 1 to 15000"},
       {{"--test", "write_bw", "-r", "0"}, "-r: '0' is not a number from 1 to 15000"},
       {{"--test", "write_bw", "-Q", "2000"}, "-Q: '2000' is not a number from 1 to 1024"},
-      {{"--test", "write_bw", "-I", "4096"}, "-I: '4096' is not a number from 0 to 1024"},
+      {{"--test", "write_bw", "-I", "600"}, "-I: '600' is not a number from 0 to 512"},
+      {{"--test", "write_bw", "--addr", "127.0.0.2:0"}, "--addr '127.0.0.2:0' is not an address[:port]"},
       {{"--test", "write_bw", "-n", "99999999999999999999"}, "-n: '99999999999999999999' is not a number"},
       {{"--test", "write_bw", "-s", "1x"}, "-s: '1x' is not a number"},
       {{"--test", "atomic_bw", "-s", "64"}, "atomic tests move 8 bytes"},

@@ -793,6 +793,13 @@ TEST(device_config, devices_come_from_the_configuration_file) {
   std::error_code ec;
   open_device(ctx, "cfg_bad", ec);
   EXPECT_EQ(ec, errc::invalid_argument) << ec.message();
+  // The throwing form names the line and the value.
+  try {
+    (void)open_device(ctx, "cfg_bad");
+    ADD_FAILURE() << "cfg_bad opened";
+  } catch (const std::system_error& e) {
+    EXPECT_NE(std::string(e.what()).find(":4: unknown option 'colour=red'"), std::string::npos) << e.what();
+  }
   open_device(ctx, "cfg_noaddr", ec);
   EXPECT_EQ(ec, errc::invalid_argument) << ec.message();
   open_device(ctx, "cfg_unknown", ec);
@@ -802,6 +809,62 @@ TEST(device_config, devices_come_from_the_configuration_file) {
   EXPECT_EQ(ec, errc::invalid_argument) << "an AVERBS_CONFIG that cannot be read is an error";
   ::unsetenv("AVERBS_CONFIG");
   std::remove(path.c_str());
+}
+
+// AVERBS_DEVICES: a bad entry is an error naming it (when the device is
+// opened), not a device made of what could be read.
+TEST(device_config, bad_environment_entries_are_errors_that_say_why) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"env_port@127.0.0.2:70000", "bad port '70000'"},
+      {"env_empty@", "has no address"},
+      {"env_empty_port@:4792", "has no address"},
+      {"env_word@localhost", "is not an IPv4 or IPv6 address"},
+  };
+  context ctx;
+  for (const auto& [entry, reason] : cases) {
+    ::setenv("AVERBS_DEVICES", entry.c_str(), 1);
+    const std::string name = entry.substr(0, entry.find('@'));
+    try {
+      (void)open_device(ctx, name);
+      ADD_FAILURE() << entry << " opened";
+    } catch (const std::system_error& e) {
+      EXPECT_EQ(e.code(), errc::invalid_argument) << entry;
+      EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << entry << ": " << e.what();
+    }
+  }
+  // On/off switches take 0 or 1 only: "no" is not "on".
+  ::setenv("AVERBS_DEVICES", ("env_icrc@" + test_address(0) + ":" + std::to_string(test_port())).c_str(), 1);
+  ::setenv("AVERBS_ICRC", "no", 1);
+  std::error_code ec;
+  open_device(ctx, "env_icrc", ec);
+  EXPECT_EQ(ec, errc::invalid_argument);
+  ::setenv("AVERBS_ICRC", "0", 1);
+  device d = open_device(ctx, "env_icrc", ec);
+  EXPECT_FALSE(ec) << ec.message();
+  ::unsetenv("AVERBS_ICRC");
+  ::unsetenv("AVERBS_DEVICES");
+}
+
+// Fault specifications: probabilities 0..1 and finite, whole numbers for a
+// seed and a delay, nothing silently read as something else.
+TEST(device_config, fault_specifications_are_checked) {
+  for (const char* bad :
+       {"drop=nan", "drop=inf", "drop=1.5", "drop=-0.1", "delay_us=1e16", "delay_us=inf", "delay_us=60000001",
+        "delay_us=3.5", "seed=1e20", "seed=3.7", "seed=-1", "colour=1", "drop"}) {
+    soft_device_options o;
+    o.name = std::string("faults_") + bad;
+    o.faults = bad;
+    try {
+      soft_device sd(o);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const std::system_error& e) {
+      EXPECT_EQ(e.code(), errc::invalid_argument) << bad;
+    }
+  }
+  soft_device_options o;
+  o.name = "faults_good";
+  o.faults = "drop=0.01,dup=0,reorder=0.5,corrupt=1,delay=0.1,delay_us=60000000,seed=18446744073709551615";
+  EXPECT_NO_THROW(soft_device sd(o));
 }
 
 }  // namespace

@@ -235,9 +235,20 @@ int cmd_devices(std::span<char* const> args) {
     if (a == "-h" || a == "--help") return help();
     if (a == "-v" || a == "--verbose") verbose = true;
     else if (a == "-l" || a == "--list") list = true;
-    else if (a == "-d" || a.rfind("--ib-dev", 0) == 0) only = value(a == "-d" ? "-d" : "--ib-dev");
-    else if (a == "-i" || a.rfind("--ib-port", 0) == 0) port = std::atoi(value(a == "-i" ? "-i" : "--ib-port").c_str());
-    else {
+    else if (a == "-d" || a == "--ib-dev" || a.rfind("--ib-dev=", 0) == 0)
+      only = value(a == "-d" ? "-d" : "--ib-dev");
+    else if (a == "-i" || a == "--ib-port" || a.rfind("--ib-port=", 0) == 0) {
+      // ibv_devinfo refuses a port under 1; one past the device's ports
+      // prints the device without ports, as ibv_devinfo does.
+      const std::string v = value(a == "-i" ? "-i" : "--ib-port");
+      std::int64_t n = 0;
+      if (!parse_number(v, 1, 255, n)) {
+        std::fprintf(stderr, "averbs devices: --ib-port: '%s' is not a port number from 1 to 255\n",
+                     v.c_str());
+        return 2;
+      }
+      port = static_cast<int>(n);
+    } else {
       std::fprintf(stderr, "averbs devices: unknown option '%s'\n", a.c_str());
       return 2;
     }
@@ -254,6 +265,16 @@ int cmd_devices(std::span<char* const> args) {
     bool found = false;
     for (const auto& n : names) found = found || n == only;
     if (!found) {
+      // Named by the environment or the configuration file, but wrongly:
+      // opening it says why.
+      try {
+        (void)open_device(ctx, only);
+      } catch (const std::system_error& e) {
+        if (e.code() != errc::not_found) {
+          std::fprintf(stderr, "averbs devices: %s\n", e.what());
+          return 255;
+        }
+      }
       std::fprintf(stderr, "IB device '%s' wasn't found\n", only.c_str());
       return 255;
     }

@@ -78,10 +78,23 @@ int cmd_nop(std::span<char* const> args) {
       return args[++i];
     };
     if (a == "-h" || a == "--help") return help();
-    if (a == "--delay-us") p.delay = std::chrono::microseconds(std::strtoll(next(), nullptr, 10));
-    else if (a == "--defer") p.defer = true;
-    else if (a == "--value") p.value = std::strtoull(next(), nullptr, 10);
-    else if (a == "--error") {
+    if (a == "--delay-us") {
+      const char* v = next();
+      std::int64_t us = 0;
+      if (!parse_number(v, 0, 3'600'000'000, us)) {  // an hour at most
+        std::fprintf(stderr, "averbs nop: --delay-us: '%s' is not a number from 0 to 3600000000\n", v);
+        return 2;
+      }
+      p.delay = std::chrono::microseconds(us);
+    } else if (a == "--defer") {
+      p.defer = true;
+    } else if (a == "--value") {
+      const char* v = next();
+      if (!parse_number(v, p.value)) {
+        std::fprintf(stderr, "averbs nop: --value: '%s' is not an unsigned 64-bit number\n", v);
+        return 2;
+      }
+    } else if (a == "--error") {
       const std::string e = next();
       if (e == "aborted") p.error = errc::operation_aborted;
       else if (e == "timeout") p.error = errc::timed_out;

@@ -38,7 +38,7 @@ int help() {
       "  -t, --tx-depth N   send queue depth, 1..15000 (default 1 latency, 128 bandwidth)\n"
       "  -r, --rx-depth N   receive queue depth, 1..15000 (default 512)\n"
       "  -Q, --cq-mod N     a signaled completion every N sends, 1..1024 (default 100)\n"
-      "  -I, --inline BYTES inline sends up to this size, 0..1024 (default 0)\n"
+      "  -I, --inline BYTES inline sends up to this size, 0..512 (default 0)\n"
       "  -o, --outs N       outstanding READs/atomics (default 16)\n"
       "  -x, --gid-index N  source GID index (default 0)\n"
       "  -i, --ib-port 1    the port (an averbs device has one)\n"
@@ -166,7 +166,7 @@ int run_connect(const perf::options& o, perf::connect_options co, const std::str
   }
   co.server = {server_ip, o.oob_port};
   perf::oob link = perf::oob::connect(host, o.oob_port, std::chrono::seconds(30));
-  (void)link.recv_word();  // the server listens
+  link.expect_word(1, "the server's greeting (is the server running --test connect?)");
   std::printf(" Client of %s\n", co.server.to_string().c_str());
   std::printf("---------------------------------------------------------------------------------------\n");
   const perf::connect_stats st = perf::run_connections(ctx, co);
@@ -221,6 +221,7 @@ int cmd_perf(std::span<char* const> args) {
         return 2;
       }
       have_test = true;
+      connect_test = false;  // the last --test counts, as every other option
     } else if (a == "-d" || a == "--ib-dev") {
       o.device = value();
       named_device = true;
@@ -258,7 +259,7 @@ int cmd_perf(std::span<char* const> args) {
     } else if (a == "--report_gbits" || a == "--report-gbits") {
       o.report_gbits = true;
     } else if (a == "-I" || a == "--inline") {
-      o.inline_size = static_cast<std::uint32_t>(number(0, 1024));
+      o.inline_size = static_cast<std::uint32_t>(number(0, 512));  // the device's max_inline_data
     } else if (a == "-D" || a == "--duration") {
       o.duration = static_cast<std::uint32_t>(number(1, 86400));
     } else if (a == "-i" || a == "--ib-port") {
@@ -310,8 +311,13 @@ int cmd_perf(std::span<char* const> args) {
       o.device = so.name;
       // "a.b.c.d[:port]", "[v6]:port" or a bare IPv6 address.
       cm::address a;
-      if (!cm::address::parse(addr, a) || a.is_any()) {
-        std::fprintf(stderr, "averbs perf: --addr '%s' is not an address[:port]\n", addr.c_str());
+      // A port given as 0 is refused, as AVERBS_DEVICES and the
+      // configuration file refuse it (parse() reads it as "no port").
+      const bool port_given = addr.front() == '[' ? addr.find("]:") != std::string::npos
+                                                  : std::count(addr.begin(), addr.end(), ':') == 1;
+      if (!cm::address::parse(addr, a) || a.is_any() || (port_given && a.port == 0)) {
+        std::fprintf(stderr, "averbs perf: --addr '%s' is not an address[:port] (port 1..65535)\n",
+                     addr.c_str());
         return 2;
       }
       so.address = perf::ip_text(a.ip);

@@ -2,6 +2,7 @@
 #include "averbs/commands.hpp"
 
 #include <array>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 
@@ -28,6 +29,26 @@ int usage(FILE* out) {
 }
 
 }  // namespace
+
+namespace averbs::cli {
+
+bool parse_number(std::string_view text, std::int64_t lo, std::int64_t hi, std::int64_t& out) noexcept {
+  std::int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc{} || end != text.data() + text.size() || v < lo || v > hi) return false;
+  out = v;
+  return true;
+}
+
+bool parse_number(std::string_view text, std::uint64_t& out) noexcept {
+  std::uint64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc{} || end != text.data() + text.size()) return false;
+  out = v;
+  return true;
+}
+
+}  // namespace averbs::cli
 
 int main(int argc, char** argv) {
   if (argc < 2) return usage(stderr);

@@ -22,6 +22,9 @@ constexpr std::uint64_t tag_get = 1ull << 62;
 constexpr std::uint64_t tag_accept = 2ull << 62;
 constexpr std::uint64_t tag_connect = 3ull << 62;
 constexpr std::uint64_t tag_mask = 3ull << 62;
+// What a client may report having established: -n and --sync, up to 100
+// million each (cmd_perf).
+constexpr std::uint64_t max_client_connections = 200'000'000;
 
 qp make_qp(const pd& p, const cq& c) {
   qp_init_attr ia;
@@ -69,6 +72,11 @@ std::size_t serve_connections(context& ctx, const connect_options& o, const std:
   std::size_t accepted = 0, got = 0;
   std::uint64_t expected = 0;
   auto finish_by = std::chrono::steady_clock::time_point::max();
+  // A client that goes silent (stopped, its host gone without a FIN, or
+  // not a client at all) ends the wait after a minute without a request,
+  // an accept or a word.
+  constexpr auto idle_limit = std::chrono::seconds(60);
+  auto idle_until = std::chrono::steady_clock::now() + idle_limit;
   completion_entry e[64];
   work_completion wc[64];
   for (;;) {
@@ -77,10 +85,17 @@ std::size_t serve_connections(context& ctx, const connect_options& o, const std:
       // The client is done: it says how many connections it established.
       // The last accepts complete when their RTUs arrive: wait for them.
       expected = oob_link->recv_word();
+      if (expected == 0 || expected > max_client_connections)
+        throw std::runtime_error("the client sent " + std::to_string(expected) +
+                                 " as its connection count: is it running --test connect?");
       finish_by = std::chrono::steady_clock::now() + std::chrono::seconds(5);
     }
     if (expected != 0 && (accepted >= expected || std::chrono::steady_clock::now() > finish_by)) break;
+    if (oob_link != nullptr && expected == 0 && std::chrono::steady_clock::now() > idle_until)
+      throw std::runtime_error("the client went silent: no connection and no word for " +
+                               std::to_string(idle_limit.count()) + " s");
     const std::size_t n = port.get(e, std::chrono::milliseconds(1));
+    if (n != 0) idle_until = std::chrono::steady_clock::now() + idle_limit;
     for (std::size_t i = 0; i < n; ++i) {
       const std::uint64_t key = e[i].key();
       if ((key & tag_mask) == tag_get) {

@@ -56,7 +56,8 @@ class oob {
 
   /// Server: listens on `port` (0: any; `bound_port()` tells) at `bind_addr`.
   static oob listen(const std::string& bind_addr, std::uint16_t port);
-  /// Accepts one client (the listening socket is closed).
+  /// Accepts one client.  The listening socket stays open: a second
+  /// client waits in the kernel's backlog until it is closed.
   oob accept(std::chrono::milliseconds timeout) const;
   /// Client: connects to the first of `host`'s addresses that answers,
   /// retrying until `timeout` (the server may still be starting).  No one

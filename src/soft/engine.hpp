@@ -303,6 +303,7 @@ struct qp_t {
     bool scheduled = false;
     qp_t* next_ready = nullptr;     // the device's run queue (intrusive)
     bool probing = false;           // send_probe() is sending its one packet
+    bool starved = false;           // stopped for want of a packet buffer (starve())
   } req;
 
   struct completer {
@@ -742,6 +743,8 @@ class device final : public progress_source, public clock_listener {
   void schedule_qp_timer(qp_t* qp, clock::time_point when, bool rnr) noexcept;
   void add_qp_timer(std::uint32_t qpn, std::uint64_t gen, clock::time_point when, bool rnr);
   void recover_lost_timers() noexcept;
+  bool starve(qp_t* qp) noexcept;
+  void recover_starved_requesters() noexcept;
   void flush_ack(qp_t* qp) noexcept;
   void flush_acks() noexcept;
   void list_ack(qp_t* qp) noexcept;
@@ -932,6 +935,8 @@ class device final : public progress_source, public clock_listener {
   // Timers.
   detail::timer_queue timers_;
   std::uint32_t lost_timers_ = 0;  // QPs with comp.timer_lost set
+  std::uint32_t starved_requesters_ = 0;  // QPs with req.starved set
+  std::uint64_t qp_generation_ = 0;       // QPs created: the high half of each one's first timer_gen
   int timer_fd_ = -1;
   clock::time_point armed_deadline_ = clock::time_point::max();
   void rearm_timer_fd() noexcept;

@@ -152,6 +152,9 @@ std::error_code device::create_qp(pd_t* pd, const qp_init& init, qp_t*& out) {
   lazy_acks_.reserve(live_qps_ + 1);
   auto qp = std::make_unique<qp_t>();
   qp->dev = this;
+  // Timer entries carry the QPN and this generation; a QP that reuses a
+  // destroyed one's number must not match the entries it left in the heap.
+  qp->comp.timer_gen = ++qp_generation_ << 32;
   qp->type = init.type;
   qp->pd = pd;
   qp->scq = init.send_cq;

@@ -395,6 +395,27 @@ void device::recover_lost_timers() noexcept {
   }
 }
 
+// No packet buffer for the requester's next packet (no memory): it stops,
+// and the next pass of run() lets it try again.  Nothing else would: a
+// WQE that has taken its PSNs but sent nothing has no retransmit timer,
+// and a UC or UD send queue has none at all.
+bool device::starve(qp_t* qp) noexcept {
+  if (!qp->req.starved) ++starved_requesters_;
+  qp->req.starved = true;
+  signal_pending();
+  return false;
+}
+
+void device::recover_starved_requesters() noexcept {
+  starved_requesters_ = 0;
+  for (const auto& slot : qps_) {
+    qp_t* qp = slot.get();
+    if (qp == nullptr || !qp->req.starved) continue;
+    qp->req.starved = false;
+    schedule_requester(qp);
+  }
+}
+
 void device::arm_retry_timer(qp_t* qp) noexcept {
   if (qp->type != qp_type::rc || qp->timeout == 0) return;  // timeout 0: no retransmission timer
   qp->comp.deadline = pass_now() + std::chrono::nanoseconds(wire::ack_timeout_ns(qp->timeout));
@@ -824,7 +845,7 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
     const std::uint32_t rem = w->length - st.read_done;
     const std::uint32_t n = packets_for(rem, qp->mtu_bytes);
     packet* p = new_packet(qp, opcode::rc_read_request, qp->req.psn);
-    if (p == nullptr) return false;
+    if (p == nullptr) return starve(qp);
     p->hdr.reth = {w->remote_addr + st.read_done, w->rkey, rem};
     p->hdr.bth.ack_req = true;
     qp->req.noack_pkts = 0;
@@ -840,7 +861,7 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
   if (is_atomic(w->opcode)) {
     const bool cas = op == wr_opcode::atomic_cmp_and_swp;
     packet* p = new_packet(qp, cas ? opcode::rc_compare_swap : opcode::rc_fetch_add, qp->req.psn);
-    if (p == nullptr) return false;
+    if (p == nullptr) return starve(qp);
     p->hdr.atomic = {w->remote_addr, w->rkey, cas ? w->swap : w->compare_add, cas ? w->compare_add : 0};
     p->hdr.bth.ack_req = true;
     qp->req.noack_pkts = 0;
@@ -874,7 +895,7 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
   if (qp->type == qp_type::ud) opc = static_cast<std::uint8_t>(op == wr_opcode::send_with_imm ? 0x65 : 0x64);
   else opc = data_opcode(qp->type, op, first, last);
   packet* p = new_packet(qp, static_cast<opcode>(opc), qp->req.psn);
-  if (p == nullptr) return false;
+  if (p == nullptr) return starve(qp);
   if (qp->type == qp_type::ud) {
     // The AH as posted: destroyed meanwhile, its slot may hold another
     // (rxe fails the send when its AH is gone, loc_qp_op_err).
@@ -1848,11 +1869,14 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
       // Repeats are bounded (limits::max_nak_retries): each resend moves
       // the retransmit deadline, so a peer that NAKs the same PSN forever
       // would otherwise never let the timer count it out.
+      // The count saturates: it must not wrap to zero under a flood.
       if (qp->comp.psn != before) {
         note_progress();
       } else if (qp->comp.retry_counted &&
-                 (resending(qp) || qp->comp.nak_retries++ >= limits::max_nak_retries)) {
+                 (resending(qp) || qp->comp.nak_retries >= limits::max_nak_retries)) {
         return;
+      } else if (qp->comp.retry_counted) {
+        ++qp->comp.nak_retries;
       }
       complete_wqes(qp);
       if (qp->state == qp_state::rts || qp->state == qp_state::sqd) retry(qp, !qp->comp.retry_counted);
@@ -1920,7 +1944,11 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
     // no timer would end it.
     const std::uint32_t left = w->length - st->read_done;
     const bool starts = (ops & wire::op_first) != 0, ends = (ops & wire::op_last) != 0;  // ONLY: both
-    const bool fits = ends ? p->payload_len == left : p->payload_len == qp->mtu_bytes && left > qp->mtu_bytes;
+    // And they end at the READ's last PSN: a LAST or ONLY that brings the
+    // whole rest in one packet longer than the path MTU (a peer of a
+    // larger MTU) would leave comp.psn inside a retired WQE's range.
+    const bool fits = ends ? p->payload_len == left && psn == st->last_psn
+                           : p->payload_len == qp->mtu_bytes && left > qp->mtu_bytes && psn != st->last_psn;
     if (!fits || (!starts && st->read_done == 0)) {
       fail_oldest(qp, wc_status::bad_resp_err);
       return;

@@ -550,6 +550,30 @@ class hostile_peer_still_clock : public hostile_peer {
   mr big_mr_;
 };
 
+// A peer that floods sequence NAKs for one PSN: past max_nak_retries the
+// repeats are ignored, and the count does not wrap round to allow more
+// (each resend moves the retransmit deadline, which would never fall
+// due): the timer still counts the peer out.  The clock stands still but
+// for 1 ms per round; each round brings 300 NAKs.
+TEST_F(hostile_peer_still_clock, a_flood_of_sequence_naks_still_ends_in_retry_exc_err) {
+  make_qp(qp_type::rc, nullptr, 14, 2);  // 67 ms timeout, two retries
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::send, 16, m);
+  ASSERT_TRUE(next_request().has_value());
+  std::vector<work_completion> wcs;
+  int round = 0;
+  for (; round < 400 && wcs.empty(); ++round) {
+    for (int k = 0; k < 300; ++k) respond(wire::opcode::rc_ack, 0, nak_psn_sequence);
+    clock_.advance(std::chrono::milliseconds(1));
+    settle();
+    (void)collect(std::chrono::milliseconds(1));  // the resends
+    wcs = drain(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(wcs.size(), 1u) << "still resending after " << round << " ms of NAKs";
+  EXPECT_EQ(wcs[0].wr_id, 42u);
+  EXPECT_EQ(wcs[0].status, wc_status::retry_exc_err);
+}
+
 TEST_F(hostile_peer_still_clock, a_nak_repeated_after_a_resend_overtaken_by_an_ack_is_answered_at_once) {
   make_qp(qp_type::rc);
   std::vector<std::byte> big(64 * 1024, std::byte{0x5A});
@@ -1358,6 +1382,20 @@ TEST_F(hostile_peer, a_read_response_stream_that_overruns_the_read_is_a_bad_resp
 TEST_F(hostile_peer, a_read_response_of_another_path_mtu_is_a_bad_response) {
   const auto wcs = read_answered_with(wire::opcode::rc_read_response_first, 512,
                                       wire::opcode::rc_read_response_middle, 512);
+  ASSERT_EQ(wcs.size(), 1u) << "the READ hangs";
+  EXPECT_EQ(wcs[0].status, wc_status::bad_resp_err);
+}
+
+// A READ of two packets answered by one ONLY of both packets' bytes (a
+// peer of a larger path MTU): a bad response, not a completion that
+// leaves the next PSN expected inside the finished READ.
+TEST_F(hostile_peer, a_read_answered_by_one_response_longer_than_the_path_mtu_is_a_bad_response) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::rdma_read, 2048, m, 0x1000, 0x77);
+  ASSERT_TRUE(next_request().has_value());
+  respond(wire::opcode::rc_read_response_only, 0, wire::aeth_ack_unlimited, filled(2048, 0xAA));
+  const auto wcs = drain(std::chrono::milliseconds(100));
   ASSERT_EQ(wcs.size(), 1u) << "the READ hangs";
   EXPECT_EQ(wcs[0].status, wc_status::bad_resp_err);
 }

@@ -292,5 +292,32 @@ TEST_F(control_memory, a_qp_move_short_of_memory_changes_nothing) {
   EXPECT_EQ(q.query().max_dest_rd_atomic, depth * 4);
 }
 
+// A requester with no packet buffer for its next packet (no memory) tries
+// again at the next pass: a WQE that took its PSNs and sent nothing has no
+// retransmit timer to rescue it, and a UC send queue has none at all.
+TEST_F(control_memory, a_send_short_of_a_packet_buffer_leaves_once_memory_returns) {
+  for (const qp_type t : {qp_type::rc, qp_type::uc}) {
+    qp_options o;
+    o.type = t;
+    auto p = connected_pair(o);  // a device that has sent nothing: no packet buffer yet
+    auto src = make_buffer(64), dst = make_buffer(64);
+    ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 1));
+    const sge g = src.whole();
+    send_wr w;  // built before memory runs out
+    w.wr_id = 2;
+    w.opcode = wr_opcode::send;
+    w.sg_list = &g;
+    w.num_sge = 1;
+    w.flags = send_signaled;
+    fail_allocations_on_this_thread(true);
+    const std::error_code ec = p.a.post_send(w);
+    fail_allocations_on_this_thread(false);
+    ASSERT_FALSE(ec) << ec.message();
+    const auto got = poll(p.cq_b, 1);
+    ASSERT_EQ(got.size(), 1u) << (t == qp_type::rc ? "RC" : "UC") << ": the send never left";
+    EXPECT_TRUE(wc_ok(got[0], 1, wc_opcode::recv));
+  }
+}
+
 }  // namespace
 }  // namespace averbs::test

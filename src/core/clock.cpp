@@ -36,7 +36,8 @@ void manual_clock::advance(duration d) {
   if (d <= duration::zero()) return;
   {
     std::lock_guard lock(mu_);
-    now_ += d;
+    // Saturates: the clock never runs backwards.
+    now_ = d > time_point::max() - now_ ? time_point::max() : now_ + d;
   }
   notify();
 }

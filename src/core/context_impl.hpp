@@ -319,6 +319,8 @@ class port_impl {
     std::error_code ec;
     std::uint32_t index;  // no_index for a user packet
   };
+  /// Fills `e` from an item taken off the ring (outside the lock).
+  void deliver_taken(const item& it, completion_entry& e) noexcept;
   /// A thread asleep in get(), in the port's LIFO list of sleepers.  A
   /// queued entry wakes one of them (the last to sleep: its cache is the
   /// warmest), not all, as a Windows completion port does.

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 
 namespace averbs {
@@ -110,6 +111,10 @@ void port_impl::reserve() {
   }
 }
 
+// The eventfd is written under the lock, with the flag it goes with: after
+// the lock a consumer may take the entry, free its slot (the port's last
+// reference) and destroy the port, or clear the flag before the write
+// lands (leaving the descriptor readable on an empty port).
 bool port_impl::push_request(std::uint32_t index) noexcept {
   bool need_write = false;
   thread_state* wake = nullptr;
@@ -117,8 +122,8 @@ bool port_impl::push_request(std::uint32_t index) noexcept {
     std::lock_guard lock(mu_);
     if (closed_) return false;
     wake = push_locked({0, 0, {}, index}, need_write);  // its reservation keeps the room
+    if (need_write) write_one(fd_);
   }
-  if (need_write) write_one(fd_);
   wake_chosen(wake);
   return true;
 }
@@ -138,44 +143,62 @@ void port_impl::post(std::uint64_t key, std::uint64_t value, const std::error_co
     }
     wake = push_locked({key, value, ec, no_index}, need_write);
     ++posts_;
+    if (need_write) write_one(fd_);
   }
-  if (need_write) write_one(fd_);
   wake_chosen(wake);
 }
 
+// Entries are taken under the lock and handed out after it, a chunk at a
+// time: resetting an entry of `out` destroys what it held, possibly the
+// last handle of an object whose teardown completes requests into this
+// port (push_request takes mu_) or takes a device lock that a thread
+// completing into this port holds.
 std::size_t port_impl::try_get(std::span<completion_entry> out) noexcept {
-  std::lock_guard lock(mu_);
-  const std::size_t n = std::min(out.size(), count_);
-  for (std::size_t i = 0; i < n; ++i) {
-    const item it = ring_[head_];
-    head_ = (head_ + 1) & (ring_.size() - 1);
-    completion_entry& e = out[i];
-    e.reset();
-    if (it.index == no_index) {
-      posts_seen_.store(--posts_, std::memory_order_relaxed);
-      e.key_ = it.key;
-      e.ec_ = it.ec;
-      e.user_ = true;
-      e.manage_ = &manage_result<std::uint64_t>;
-      e.type_ = &typeid(std::uint64_t);
-      ::new (e.storage_) std::uint64_t(it.value);
-      continue;
+  constexpr std::size_t chunk = 64;
+  std::array<item, chunk> taken;
+  std::size_t done = 0;
+  while (done < out.size()) {
+    std::size_t n = 0;
+    {
+      std::lock_guard lock(mu_);
+      n = std::min({out.size() - done, count_, chunk});
+      for (std::size_t i = 0; i < n; ++i) {
+        taken[i] = ring_[head_];
+        head_ = (head_ + 1) & (ring_.size() - 1);
+        if (taken[i].index == no_index) posts_seen_.store(--posts_, std::memory_order_relaxed);
+      }
+      count_ -= n;
+      size_.store(count_, std::memory_order_release);
+      clear_signal_locked();
     }
-    slot& s = ctx_.at(it.index);
-    e.key_ = s.key;
-    e.ec_ = s.ec;
-    e.user_ = false;
-    if (s.has_result) {
-      e.manage_ = s.manage;
-      e.type_ = s.result_type;
-      s.manage(result_op::move_construct, e.storage_, s.result);
-    }
-    ctx_.free_slot(it.index);
+    if (n == 0) break;
+    for (std::size_t i = 0; i < n; ++i) deliver_taken(taken[i], out[done + i]);
+    done += n;
   }
-  count_ -= n;
-  size_.store(count_, std::memory_order_release);
-  clear_signal_locked();
-  return n;
+  return done;
+}
+
+void port_impl::deliver_taken(const item& it, completion_entry& e) noexcept {
+  e.reset();
+  if (it.index == no_index) {
+    e.key_ = it.key;
+    e.ec_ = it.ec;
+    e.user_ = true;
+    e.manage_ = &manage_result<std::uint64_t>;
+    e.type_ = &typeid(std::uint64_t);
+    ::new (e.storage_) std::uint64_t(it.value);
+    return;
+  }
+  slot& s = ctx_.at(it.index);
+  e.key_ = s.key;
+  e.ec_ = s.ec;
+  e.user_ = false;
+  if (s.has_result) {
+    e.manage_ = s.manage;
+    e.type_ = s.result_type;
+    s.manage(result_op::move_construct, e.storage_, s.result);
+  }
+  ctx_.free_slot(it.index);
 }
 
 // Waits on the port.  While it sleeps the thread is on the port's list of
@@ -259,16 +282,12 @@ std::size_t port_impl::get(std::span<completion_entry> out, std::chrono::nanosec
 }
 
 int port_impl::native_handle() noexcept {
-  bool need_write = false;
-  {
-    std::lock_guard lock(mu_);
-    armed_ = true;
-    if (count_ != 0 && !signaled_) {
-      signaled_ = true;
-      need_write = true;
-    }
+  std::lock_guard lock(mu_);
+  armed_ = true;
+  if (count_ != 0 && !signaled_) {
+    signaled_ = true;
+    write_one(fd_);
   }
-  if (need_write) write_one(fd_);
   return fd_;
 }
 

@@ -182,14 +182,21 @@ bool thread_state::push(context_impl& ctx, std::uint32_t index) noexcept {
     ctx.add_ref();
     queued_.fetch_add(1, std::memory_order_release);
     signal_locked(need_write);
+    if (need_write) write_wake_locked();
     update_handle_locked();
   }
-  if (need_write) {
-    const std::uint64_t one = 1;
-    while (::write(wake_fd_, &one, sizeof one) < 0 && errno == EINTR) {
-    }
-  }
   return true;
+}
+
+// Under the lock, with the flag it goes with: after the lock the owner
+// may have run the handler, dropped its last reference and freed this
+// state (the descriptor closed, its number reused), or disarmed and
+// cleared the flag before the write landed (a count no one drains would
+// wake every later sleep at once).  A non-blocking eventfd write.
+void thread_state::write_wake_locked() noexcept {
+  const std::uint64_t one = 1;
+  while (::write(wake_fd_, &one, sizeof one) < 0 && errno == EINTR) {
+  }
 }
 
 std::size_t thread_state::run() {
@@ -231,16 +238,10 @@ void thread_state::disarm() noexcept {
 }
 
 void thread_state::wake() noexcept {
+  std::lock_guard lock(mu_);
   bool need_write = false;
-  {
-    std::lock_guard lock(mu_);
-    signal_locked(need_write);
-  }
-  if (need_write) {
-    const std::uint64_t one = 1;
-    while (::write(wake_fd_, &one, sizeof one) < 0 && errno == EINTR) {
-    }
-  }
+  signal_locked(need_write);
+  if (need_write) write_wake_locked();
 }
 
 void thread_state::retire() noexcept {

@@ -77,6 +77,7 @@ class thread_state {
   };
 
   void signal_locked(bool& need_write) noexcept;
+  void write_wake_locked() noexcept;
 
   void update_handle_locked() noexcept;
 

@@ -92,8 +92,8 @@ void construct_handler(void* storage, H&& h) {
 /// Starts an operation whose completion goes to a handler (thread or
 /// immediate delivery).
 template <class T, class Init, class H>
-void start_with_handler(context& ctx, request_group* group, delivery_kind kind, H&& h,
-                        Init& init) {
+void start_with_handler(context& ctx, request_group* group, delivery_kind kind, H&& h, Init& init,
+                        request_id* id_out = nullptr) {
   initiation in;
   in.kind = kind;
   in.result = result_manager<T>();
@@ -108,23 +108,35 @@ void start_with_handler(context& ctx, request_group* group, delivery_kind kind, 
     abandon_request(impl, s.id);
     throw;
   }
+  if (id_out != nullptr) *id_out = s.id;
   init(completer<T>(impl, s.id));
   finish_initiation(impl, s.id, nullptr, nullptr);
 }
 
 /// The awaitable returned for `use_awaitable`: the operation starts when the
 /// coroutine suspends on it, and the coroutine resumes in an alertable wait
-/// of the same thread.
+/// of the same thread.  A coroutine frame destroyed while suspended on it
+/// (a lazy task dropped) cancels the operation, and its completion resumes
+/// nothing: the awaitable and the handler in the request's slot know each
+/// other, and whichever goes first tells the other.
 template <class T, class Init>
 class awaitable_op {
  public:
   awaitable_op(context& ctx, request_group* group, Init init)
       : ctx_(&ctx), group_(group), init_(std::move(init)) {}
+  awaitable_op(const awaitable_op&) = delete;
+  awaitable_op& operator=(const awaitable_op&) = delete;
+  ~awaitable_op() {
+    if (handler_ == nullptr) return;  // not started, or resumed (or dropped)
+    handler_->self = nullptr;         // a completion already queued resumes nothing
+    handler_ = nullptr;
+    (void)cancel_request(ctx_->detail_impl(), id_);
+  }
 
   bool await_ready() const noexcept { return false; }
 
   void await_suspend(std::coroutine_handle<> h) {
-    start_with_handler<T>(*ctx_, group_, delivery_kind::thread, resumer{this, h}, init_);
+    start_with_handler<T>(*ctx_, group_, delivery_kind::thread, resumer{this, h}, init_, &id_);
   }
 
   T await_resume() {
@@ -136,22 +148,45 @@ class awaitable_op {
   struct resumer {
     awaitable_op* self;
     std::coroutine_handle<> h;
+    resumer(awaitable_op* s, std::coroutine_handle<> c) noexcept : self(s), h(c) {}
+    // Each move tells the awaitable where the handler now lives (its last
+    // home is the request's slot).
+    resumer(resumer&& o) noexcept : self(std::exchange(o.self, nullptr)), h(o.h) {
+      if (self != nullptr) self->handler_ = this;
+    }
+    resumer& operator=(resumer&&) = delete;
+    ~resumer() {
+      if (self != nullptr && self->handler_ == this) self->handler_ = nullptr;  // dropped unrun
+    }
     void operator()(std::error_code ec) {
-      self->ec_ = ec;
-      h.resume();
+      if (awaitable_op* a = release()) {
+        a->ec_ = ec;
+        h.resume();
+      }
     }
     template <class U = T>
       requires(!std::is_void_v<U>)
     void operator()(std::error_code ec, U v) {
-      self->ec_ = ec;
-      self->value_.emplace(std::move(v));
-      h.resume();
-    }
+        if (awaitable_op* a = release()) {
+          a->ec_ = ec;
+          a->value_.emplace(std::move(v));
+          h.resume();
+        }
+      }
+      // The awaitable, now done with this handler (it may be destroyed
+      // during the resumption); null if its frame is gone.
+      awaitable_op* release() noexcept {
+        awaitable_op* a = std::exchange(self, nullptr);
+        if (a != nullptr) a->handler_ = nullptr;
+        return a;
+      }
   };
 
   context* ctx_;
   request_group* group_;
   Init init_;
+  resumer* handler_ = nullptr;  // the started operation's handler, until it runs
+  request_id id_{};
   std::error_code ec_;
   std::optional<std::conditional_t<std::is_void_v<T>, char, T>> value_;
 };

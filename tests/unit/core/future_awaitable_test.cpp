@@ -125,4 +125,62 @@ TEST(awaitable, cancellation_resumes_with_operation_aborted) {
   EXPECT_EQ(seen, errc::operation_aborted);
 }
 
+// A lazy coroutine type: its frame is destroyed with the task object.
+struct lazy_task {
+  struct promise_type {
+    lazy_task get_return_object() { return {std::coroutine_handle<promise_type>::from_promise(*this)}; }
+    std::suspend_never initial_suspend() noexcept { return {}; }  // runs to its first co_await
+    std::suspend_always final_suspend() noexcept { return {}; }
+    void return_void() {}
+    void unhandled_exception() { std::terminate(); }
+  };
+  std::coroutine_handle<promise_type> h;
+  lazy_task(std::coroutine_handle<promise_type> c) : h(c) {}
+  lazy_task(lazy_task&& o) noexcept : h(std::exchange(o.h, nullptr)) {}
+  ~lazy_task() {
+    if (h) h.destroy();
+  }
+};
+
+lazy_task wait_long(averbs::context* ctx, averbs::request_group* g, int* state) {
+  averbs::nop_params p;
+  p.delay = 1h;
+  p.group = g;
+  *state = 1;
+  co_await averbs::async_nop(*ctx, p, averbs::use_awaitable);
+  *state = 2;
+}
+
+// A frame destroyed while suspended cancels the operation and is not
+// resumed by its completion (which wrote into the destroyed frame and
+// resumed it).  ASan sees the old behaviour as a use after free.
+TEST(awaitable, a_frame_destroyed_while_suspended_cancels_and_is_not_resumed) {
+  averbs::context ctx;
+  averbs::request_group g(ctx);
+  int state = 0;
+  {
+    lazy_task t = wait_long(&ctx, &g, &state);
+    EXPECT_EQ(state, 1);
+  }
+  EXPECT_EQ(g.cancel(), 0u) << "the destroyed frame's operation was left pending";
+  ctx.alertable_wait(50ms);  // runs the cancelled operation's handler, which resumes nothing
+  EXPECT_EQ(state, 1) << "the destroyed frame was resumed";
+
+  // Completed but not yet resumed (queued for an alertable wait): the
+  // frame goes first, and the queued completion resumes nothing.
+  state = 0;
+  {
+    lazy_task t = [](averbs::context* c, int* st) -> lazy_task {
+      averbs::nop_params q;
+      q.value = 7;
+      *st = 1;
+      co_await averbs::async_nop(*c, q, averbs::use_awaitable);
+      *st = 2;
+    }(&ctx, &state);
+    EXPECT_EQ(state, 1);
+  }
+  ctx.alertable_wait(50ms);
+  EXPECT_EQ(state, 1) << "the destroyed frame was resumed";
+}
+
 }  // namespace

@@ -283,6 +283,35 @@ TEST(progress, manual_clock_fires_timers_only_when_advanced) {
   EXPECT_TRUE(r.ready());
 }
 
+TEST(progress, a_huge_advance_saturates_the_manual_clock) {
+  // It never runs backwards: a due timer still fires.
+  averbs::manual_clock clk;
+  averbs::context_options o;
+  o.clock = &clk;
+  averbs::context ctx(o);
+  averbs::nop_params p;
+  p.delay = 5s;
+  auto r = averbs::async_nop(ctx, p, averbs::use_request);
+  clk.advance(1s);
+  clk.advance(averbs::manual_clock::duration::max());
+  EXPECT_EQ(clk.now(), averbs::manual_clock::time_point::max());
+  ctx.poll();
+  EXPECT_TRUE(r.ready());
+}
+
+TEST(progress, an_endless_spin_setting_spins_instead_of_wrapping) {
+  // spin = nanoseconds::max() means "always spin"; start + spin used to
+  // overflow (undefined) and wrap to a deadline already past.
+  averbs::context_options o;
+  o.spin = std::chrono::nanoseconds::max();
+  averbs::context ctx(o);
+  averbs::nop_params p;
+  p.delay = 2ms;
+  auto r = averbs::async_nop(ctx, p, averbs::use_request);
+  std::error_code ec;
+  EXPECT_TRUE(r.wait_for(5s, averbs::wait_mode::normal, ec)) << ec.message();
+}
+
 TEST(progress, timers_fire_in_deadline_order) {
   averbs::manual_clock clk;
   averbs::context_options o;

@@ -546,7 +546,7 @@ std::error_code context_impl::wait(wait_target& t, std::chrono::nanoseconds time
   } sleeper{*this, ts};
   const auto start = real_now();
   const auto deadline = deadline_after(start, timeout);
-  const auto spin_until = deadline_after(start, spin_);  // saturates: a huge spin means "always
+  const auto spin_until = deadline_after(start, spin_);  // saturates: a huge spin means spin always
   for (;;) {
     if (t.ready()) return {};
     if (alertable && ts.has_work()) {

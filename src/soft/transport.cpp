@@ -338,18 +338,19 @@ bool device::copy_to_sges(pd_t* pd, wqe_sge* sges, std::uint32_t nsge, std::uint
 // deadline field, so the common path costs a clock read, not a syscall.
 
 namespace {
-struct timer_cookie {
-  static std::uint64_t pack(bool rnr, std::uint64_t gen) { return (gen << 1) | (rnr ? 1 : 0); }
-};
+// A QP timer's payload: the QPN and the kind in `a`, the whole 64-bit
+// generation in `b` (a QP's generations start at a per-device count << 32,
+// so no bit of it is spare).
+constexpr std::uint64_t rnr_timer_bit = std::uint64_t{1} << 32;
 }  // namespace
 
 void device::add_qp_timer(std::uint32_t qpn, std::uint64_t gen, clock::time_point when, bool rnr) {
   if (timers_.schedule(when,
                        [](void* arg, const detail::timer_payload& pl) noexcept {
-                         static_cast<device*>(arg)->on_qp_timer(static_cast<std::uint32_t>(pl.a), pl.b >> 1,
-                                                                (pl.b & 1) != 0);
+                         static_cast<device*>(arg)->on_qp_timer(static_cast<std::uint32_t>(pl.a), pl.b,
+                                                                (pl.a & rnr_timer_bit) != 0);
                        },
-                       this, {qpn, timer_cookie::pack(rnr, gen), {}}))
+                       this, {qpn | (rnr ? rnr_timer_bit : 0), gen, {}}))
     rearm_timer_fd();
 }
 

@@ -111,9 +111,11 @@ std::size_t serve_connections(context& ctx, const connect_options& o, const std:
         if (o.verify) conns[key & ~tag_mask].q.post_recv(recv_wr{key, &s, 1});
       }
     }
-    for (std::size_t k = c.poll(wc); k > 0; k = c.poll(wc))
+    for (std::size_t k = c.poll(wc); k > 0; k = c.poll(wc)) {
+      idle_until = std::chrono::steady_clock::now() + idle_limit;  // the client's SENDs: it is alive
       for (std::size_t j = 0; j < k; ++j)
         if (wc[j].status == wc_status::success) ++got;
+    }
   }
   if (received != nullptr) *received = got;
   if (expected_out != nullptr) *expected_out = static_cast<std::size_t>(expected);

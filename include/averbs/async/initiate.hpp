@@ -130,12 +130,15 @@ class awaitable_op {
     if (handler_ == nullptr) return;  // not started, or resumed (or dropped)
     handler_->self = nullptr;         // a completion already queued resumes nothing
     handler_ = nullptr;
-    (void)cancel_request(ctx_->detail_impl(), id_);
+    // Through the context's core, which the request's slot keeps alive
+    // (the public context may be gone: its shutdown queued the completion).
+    (void)cancel_request(*impl_, id_);
   }
 
   bool await_ready() const noexcept { return false; }
 
   void await_suspend(std::coroutine_handle<> h) {
+    impl_ = &ctx_->detail_impl();
     start_with_handler<T>(*ctx_, group_, delivery_kind::thread, resumer{this, h}, init_, &id_);
   }
 
@@ -186,6 +189,7 @@ class awaitable_op {
   request_group* group_;
   Init init_;
   resumer* handler_ = nullptr;  // the started operation's handler, until it runs
+  context_impl* impl_ = nullptr;
   request_id id_{};
   std::error_code ec_;
   std::optional<std::conditional_t<std::is_void_v<T>, char, T>> value_;

@@ -7,6 +7,7 @@
 #include <coroutine>
 #include <exception>
 #include <future>
+#include <optional>
 #include <thread>
 
 namespace {
@@ -180,6 +181,31 @@ TEST(awaitable, a_frame_destroyed_while_suspended_cancels_and_is_not_resumed) {
     EXPECT_EQ(state, 1);
   }
   ctx.alertable_wait(50ms);
+  EXPECT_EQ(state, 1) << "the destroyed frame was resumed";
+}
+
+lazy_task wait_long_alone(averbs::context* ctx, int* state) {
+  averbs::nop_params p;
+  p.delay = 1h;
+  *state = 1;
+  co_await averbs::async_nop(*ctx, p, averbs::use_awaitable);
+  *state = 2;
+}
+
+// The context goes first (its shutdown aborts the operation and queues the
+// completion for this thread), then the frame: destroying it touches
+// nothing of the dead context, and the queued completion resumes nothing.
+TEST(awaitable, a_frame_destroyed_after_its_context_touches_nothing_of_it) {
+  int state = 0;
+  std::optional<lazy_task> t;
+  {
+    averbs::context ctx;
+    t.emplace(wait_long_alone(&ctx, &state));
+    EXPECT_EQ(state, 1);
+  }
+  t.reset();
+  averbs::context other;
+  other.alertable_wait(10ms);  // runs what this thread has queued
   EXPECT_EQ(state, 1) << "the destroyed frame was resumed";
 }
 

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #include "soft/links.hpp"
 
+#include <atomic>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -66,12 +67,42 @@ bool parse_faults(const std::string& text, fault_config& out, std::string& error
   return true;
 }
 
+namespace {
+std::atomic<std::uint64_t> next_serial{1};
+}  // namespace
+
 fault_link::fault_link(device& d, link& inner, const fault_config& cfg)
-    : dev_(d), inner_(inner), cfg_(cfg), state_(cfg.seed * 0x9E3779B97F4A7C15ull + 1) {}
+    : dev_(d),
+      inner_(inner),
+      cfg_(cfg),
+      state_(cfg.seed * 0x9E3779B97F4A7C15ull + 1),
+      serial_(next_serial.fetch_add(1, std::memory_order_relaxed)) {}
 
 fault_link::~fault_link() {
-  if (held_ != nullptr) dev_.free_packet(held_);
-  for (auto& d : delayed_) dev_.free_packet(d.p);
+  // What it still holds is lost, as on a wire that was cut.
+  if (held_ != nullptr) {
+    ++dev_.counters_.dropped;
+    dev_.free_packet(held_);
+  }
+  for (auto& d : delayed_) {
+    ++dev_.counters_.dropped;
+    dev_.free_packet(d.p);
+  }
+}
+
+void fault_link::schedule_release(clock::time_point due) noexcept {
+  timer_pending_ = true;
+  try {
+    if (dev_.timers_.schedule(due,
+                              [](void* arg, const detail::timer_payload& pl) noexcept {
+                                // Only the link that scheduled it, if still in place.
+                                auto* f = static_cast<fault_link*>(static_cast<device*>(arg)->faults_.get());
+                                if (f != nullptr && f->serial_ == pl.a) f->release_delayed();
+                              },
+                              &dev_, {serial_, 0, {}}))
+      dev_.rearm_timer_fd();
+  } catch (...) {
+  }
 }
 
 // splitmix64: small, seedable and reproducible across platforms.
@@ -128,18 +159,7 @@ void fault_link::pass(packet* p, bool urgent) noexcept {
       dev_.free_packet(p);
       return;
     }
-    if (!timer_pending_) {
-      timer_pending_ = true;
-      try {
-        if (dev_.timers_.schedule(delayed_.back().due,
-                                  [](void* arg, const detail::timer_payload&) noexcept {
-                                    static_cast<fault_link*>(arg)->release_delayed();
-                                  },
-                                  this, {}))
-          dev_.rearm_timer_fd();
-      } catch (...) {
-      }
-    }
+    if (!timer_pending_) schedule_release(delayed_.back().due);
     return;
   }
   if (cfg_.reorder > 0 && held_ == nullptr && uniform() < cfg_.reorder) {
@@ -163,18 +183,7 @@ void fault_link::release_delayed() noexcept {
     else delayed_[kept++] = d;
   }
   delayed_.resize(kept);
-  if (!delayed_.empty()) {
-    timer_pending_ = true;
-    try {
-      if (dev_.timers_.schedule(delayed_.front().due,
-                                [](void* arg, const detail::timer_payload&) noexcept {
-                                  static_cast<fault_link*>(arg)->release_delayed();
-                                },
-                                this, {}))
-        dev_.rearm_timer_fd();
-    } catch (...) {
-    }
-  }
+  if (!delayed_.empty()) schedule_release(delayed_.front().due);
 }
 
 void fault_link::flush() noexcept {

@@ -37,6 +37,7 @@ class fault_link final : public link {
   // holds one packet: never a run.
   std::uint16_t max_run() const noexcept override { return 1; }
   std::size_t send_batch() const noexcept override { return inner_.send_batch(); }
+  bool peers_ack_unasked() const noexcept override { return inner_.peers_ack_unasked(); }
   bool management_active(std::chrono::steady_clock::time_point now) const noexcept override {
     return inner_.management_active(now);
   }
@@ -61,6 +62,11 @@ class fault_link final : public link {
   };
   std::vector<delayed> delayed_;
   bool timer_pending_ = false;
+  // The release timer names the device and this serial, not this object:
+  // the heap cannot cancel an entry, and set_faults() may replace the link
+  // before it fires.
+  const std::uint64_t serial_;
+  void schedule_release(clock::time_point due) noexcept;
 };
 
 /// RoCEv2 over UDP: sockets bound to the device's address and port

@@ -630,8 +630,10 @@ bool udp_link::learn_id(flow& f) noexcept {
   ::setsockopt(f.fd, SOL_SOCKET, SO_TIMESTAMPING, &ts, sizeof ts);
   while (read_error() >= 0) {
   }
+  // Bounded: the sink's port is reachable from outside, and a flood there
+  // would hold this loop (and the device lock) for as long as it lasts.
   std::uint8_t discard;
-  while (::recv(sink_fd_, &discard, 1, MSG_DONTWAIT) >= 0) {
+  for (int k = 0; k < 64 && ::recv(sink_fd_, &discard, 1, MSG_DONTWAIT) >= 0; ++k) {
   }
   if (!id) return false;
   f.next_id = static_cast<std::uint16_t>(*id + 1);

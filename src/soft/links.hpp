@@ -242,7 +242,14 @@ class udp_link final : public link {
   // UDP GSO: runs of equal-sized packets of one flow leave in one
   // sendmsg through a UDP socket bound to the flow's source port, so the
   // kernel routes and builds headers once per run, not per packet.
-  std::unordered_map<std::uint16_t, int> gso_fds_;  // -1: not available
+  // At most max_gso_fds; when full, the least recently used one that has
+  // been idle for flow_idle is closed for a new port.  A port that could
+  // not be bound (-1) is tried again after flow_idle.
+  struct gso_socket {
+    int fd = -1;
+    clock::time_point last_used{};
+  };
+  std::unordered_map<std::uint16_t, gso_socket> gso_fds_;
   static constexpr std::size_t max_gso_fds = 256;
   wire::ipv4_id_icrc id_icrc_;     // the ICRCs of numbered datagrams we send
   wire::ipv4_id_icrc rx_id_icrc_;  // and those we receive: what a peer sends cannot evict ours

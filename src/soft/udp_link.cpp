@@ -254,8 +254,8 @@ udp_link::~udp_link() {
   for (std::size_t i = 0; i < tx_count_; ++i) dev_.free_packet(tx_[i].p);
   for (packet* p : rx_)
     if (p != nullptr) dev_.free_packet(p);
-  for (auto& [sport, fd] : gso_fds_)
-    if (fd >= 0) ::close(fd);
+  for (auto& [sport, g] : gso_fds_)
+    if (g.fd >= 0) ::close(g.fd);
   for (auto& [key, f] : flows_)
     if (f.fd >= 0) ::close(f.fd);
   if (sink_fd_ >= 0) ::close(sink_fd_);
@@ -333,8 +333,24 @@ int udp_link::gso_fd(std::uint16_t sport) noexcept {
   // Without a raw socket every packet has the RoCE port as source port,
   // on the receiving socket, which rxe's checksum rule keeps from GSO.
   if (raw_fd_ < 0 || !gso_) return -1;
-  if (auto it = gso_fds_.find(sport); it != gso_fds_.end()) return it->second;
-  if (gso_fds_.size() >= max_gso_fds) return -1;
+  const clock::time_point now = dev_.pass_now();
+  if (auto it = gso_fds_.find(sport); it != gso_fds_.end()) {
+    if (it->second.fd >= 0) {
+      it->second.last_used = now;
+      return it->second.fd;
+    }
+    if (now - it->second.last_used < flow_idle) return -1;
+    gso_fds_.erase(it);  // the port may be free by now
+  }
+  if (gso_fds_.size() >= max_gso_fds) {
+    // A long-lived device meets many source ports (one per QP pair).
+    auto lru = gso_fds_.begin();
+    for (auto i = gso_fds_.begin(); i != gso_fds_.end(); ++i)
+      if (i->second.last_used < lru->second.last_used) lru = i;
+    if (now - lru->second.last_used < flow_idle) return -1;
+    if (lru->second.fd >= 0) ::close(lru->second.fd);
+    gso_fds_.erase(lru);
+  }
   const int af = v6_ ? AF_INET6 : AF_INET;
   int fd = ::socket(af, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd >= 0) {
@@ -360,7 +376,7 @@ int udp_link::gso_fd(std::uint16_t sport) noexcept {
     }
   }
   try {
-    gso_fds_.emplace(sport, fd);
+    gso_fds_.emplace(sport, gso_socket{fd, now});
   } catch (...) {
     if (fd >= 0) ::close(fd);
     return -1;

@@ -128,10 +128,10 @@ class udp_pair_test : public ::testing::Test {
   /// connected to QP `dest_qpn` at `dgid` unless it is UD: PSNs 0, path
   /// MTU 1024, every remote access, Q_Key 0x11111111 for UD, `rd_atomic`
   /// READs/atomics each way, ACK timeout `timeout`, `retry` retries and
-  /// RNR retries.
+  /// RNR retries; `flow_label` picks the UDP source port (rxe's rule).
   static void connect_qp(const qp& q, qp_type t, const gid& dgid, std::uint32_t dest_qpn,
                          std::uint8_t rd_atomic, std::uint8_t timeout, std::uint8_t retry,
-                         bool rtr_only = false) {
+                         bool rtr_only = false, std::uint32_t flow_label = 0) {
     qp_attr at;
     at.state = qp_state::init;
     at.port_num = 1;
@@ -150,6 +150,7 @@ class udp_pair_test : public ::testing::Test {
       at.min_rnr_timer = 1;
       at.ah.is_global = true;
       at.ah.grh.dgid = dgid;
+      at.ah.grh.flow_label = flow_label;
       mask |= qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn | qp_attr_rq_psn;
       if (t == qp_type::rc) mask |= qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer;
     }

@@ -489,6 +489,46 @@ TEST_F(udp, datagrams_dropped_on_a_full_receive_buffer_are_counted_under_fault_i
 // i.e. as root) and reach the receiver's UDP_GRO socket whole; it splits
 // them, checks every segment's ICRC, computed for the IPv4 ID the kernel
 // gives that segment, and gets every byte.
+// A long-lived device meets a new UDP source port with every QP pair; the
+// sockets its GSO runs leave through are recycled once idle (the map used
+// to fill at 256 ports for good: every later QP sent packet by packet).
+TEST_F(udp, gso_sockets_of_idle_source_ports_are_recycled) {
+  if (!can_send_raw()) GTEST_SKIP() << "GSO runs go through the raw-socket path, which needs CAP_NET_RAW";
+  make(a, 0);
+  make(b, 1);
+  constexpr std::uint32_t ports = 257;  // one more than a device keeps
+  std::vector<std::byte> src(8192, std::byte{0x3C}), dst(8192);
+  mr ms = a.p.reg_mr(src.data(), src.size(), access_local_write);
+  mr md = b.p.reg_mr(dst.data(), dst.size(), access_local_write | access_remote_write);
+  auto write_through_port = [&](std::uint32_t k) -> std::uint64_t {
+    qp_init_attr ia;
+    ia.send_cq = ia.recv_cq = a.c;
+    ia.cap = {4, 4, 1, 1, 0};
+    qp qa = a.p.create_qp(ia);
+    ia.send_cq = ia.recv_cq = b.c;
+    qp qb = b.p.create_qp(ia);
+    // Flow labels 1..257 give source ports 0xC001..0xC101, one each.
+    connect_qp(qa, qp_type::rc, b.g, qb.num(), 1, 14, 7, false, k);
+    connect_qp(qb, qp_type::rc, a.g, qa.num(), 1, 14, 7, false, k);
+    const std::uint64_t runs = a.dev.counters().gso_runs;
+    sge s{reinterpret_cast<std::uintptr_t>(src.data()), 8192, ms.lkey()};
+    send_wr w;
+    w.opcode = wr_opcode::rdma_write;
+    w.sg_list = &s;
+    w.num_sge = 1;
+    w.flags = send_signaled;
+    w.remote_addr = reinterpret_cast<std::uintptr_t>(dst.data());
+    w.rkey = md.rkey();
+    EXPECT_FALSE(qa.post_send(w));
+    const auto wc = poll(a.c, 1);
+    EXPECT_TRUE(wc.size() == 1 && wc[0].status == wc_status::success) << "port " << k;
+    return a.dev.counters().gso_runs - runs;
+  };
+  for (std::uint32_t k = 1; k < ports; ++k) ASSERT_GT(write_through_port(k), 0u) << "port " << k;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1100));  // the first ports fall idle
+  EXPECT_GT(write_through_port(ports), 0u) << "the 257th source port sent without GSO";
+}
+
 TEST_F(udp, gso_runs_arrive_whole_with_valid_icrcs) {
   if (!can_send_raw()) GTEST_SKIP() << "GSO runs go through the raw-socket path, which needs CAP_NET_RAW";
   make(a, 0);

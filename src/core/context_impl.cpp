@@ -393,7 +393,12 @@ void context_impl::deliver(slot& s, std::uint32_t index, std::uint64_t w) noexce
       } catch (...) {
         // A promise whose future is gone; nothing to deliver to.
       }
-      free_slot(index);
+      // Freeing may unload a client module (its static destructors may
+      // take locks this completing thread holds): that waits for a poll.
+      if (s.module != nullptr)
+        free_later(index);
+      else
+        free_slot(index);
       return;
     }
   }
@@ -688,17 +693,20 @@ void context_impl::run_timers() noexcept {
 
 void context_impl::on_clock_changed() noexcept { write_one(timer_fd_); }
 
+// The doorbell is written under deferred_mu_, with its flag: written
+// after, it could land after drain_deferred() cleared the flag, leaving a
+// count nobody drains (the context's descriptor readable for good, every
+// sleep returning at once).
 void context_impl::defer_completion(request_id id, const std::error_code& ec, std::uint64_t value) {
-  bool need_write = false;
-  {
-    std::lock_guard lock(deferred_mu_);
-    deferred_.push_back({id, ec, value});
-    if (!deferred_signaled_) {
-      deferred_signaled_ = true;
-      need_write = true;
-    }
-  }
-  if (need_write) write_one(deferred_fd_);
+  std::lock_guard lock(deferred_mu_);
+  deferred_.push_back({id, ec, value});
+  ring_deferred_locked();
+}
+
+void context_impl::ring_deferred_locked() noexcept {
+  if (deferred_signaled_) return;
+  deferred_signaled_ = true;
+  write_one(deferred_fd_);
 }
 
 void context_impl::free_later(std::uint32_t index) noexcept {
@@ -707,15 +715,8 @@ void context_impl::free_later(std::uint32_t index) noexcept {
     at(index).next_free.store(head, std::memory_order_relaxed);
   } while (!dropped_head_.compare_exchange_weak(head, index, std::memory_order_release, std::memory_order_relaxed));
   // The next poll frees it: ring the doorbell a sleeping waiter watches.
-  bool need_write = false;
-  {
-    std::lock_guard lock(deferred_mu_);
-    if (!deferred_signaled_) {
-      deferred_signaled_ = true;
-      need_write = true;
-    }
-  }
-  if (need_write) write_one(deferred_fd_);
+  std::lock_guard lock(deferred_mu_);
+  ring_deferred_locked();
 }
 
 void context_impl::free_dropped() noexcept {

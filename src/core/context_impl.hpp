@@ -229,6 +229,8 @@ class context_impl final : public clock_listener {
   /// reference on an object whose destructor takes the lock the completer
   /// holds (a verbs handle, under the device lock).
   void free_later(std::uint32_t index) noexcept;
+  /// Rings the deferred-work doorbell (once until drained); deferred_mu_ held.
+  void ring_deferred_locked() noexcept;
   /// Frees the slots free_later() queued.  Holds no lock of ours.
   void free_dropped() noexcept;
   void rearm_timer(clock::time_point deadline) noexcept;

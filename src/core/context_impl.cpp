@@ -393,12 +393,7 @@ void context_impl::deliver(slot& s, std::uint32_t index, std::uint64_t w) noexce
       } catch (...) {
         // A promise whose future is gone; nothing to deliver to.
       }
-      // Freeing may unload a client module (its static destructors may
-      // take locks this completing thread holds): that waits for a poll.
-      if (s.module != nullptr)
-        free_later(index);
-      else
-        free_slot(index);
+      free_slot(index);
       return;
     }
   }

@@ -102,6 +102,7 @@ void fault_link::schedule_release(clock::time_point due) noexcept {
                               &dev_, {serial_, 0, {}}))
       dev_.rearm_timer_fd();
   } catch (...) {
+    timer_pending_ = false;  // the next delayed packet tries again
   }
 }
 

@@ -251,6 +251,7 @@ class udp_link final : public link {
   };
   std::unordered_map<std::uint16_t, gso_socket> gso_fds_;
   static constexpr std::size_t max_gso_fds = 256;
+  clock::time_point gso_evict_after_{};  // full and nothing idle: no scan before this
   wire::ipv4_id_icrc id_icrc_;     // the ICRCs of numbered datagrams we send
   wire::ipv4_id_icrc rx_id_icrc_;  // and those we receive: what a peer sends cannot evict ours
   wire::icrc_prefix_cache rx_prefixes_;  // deliver()'s ICRC check

@@ -343,11 +343,17 @@ int udp_link::gso_fd(std::uint16_t sport) noexcept {
     gso_fds_.erase(it);  // the port may be free by now
   }
   if (gso_fds_.size() >= max_gso_fds) {
-    // A long-lived device meets many source ports (one per QP pair).
+    // A long-lived device meets many source ports (one per QP pair).  With
+    // all of them busy, the scan is not repeated for every run until the
+    // oldest may have fallen idle.
+    if (now < gso_evict_after_) return -1;
     auto lru = gso_fds_.begin();
     for (auto i = gso_fds_.begin(); i != gso_fds_.end(); ++i)
       if (i->second.last_used < lru->second.last_used) lru = i;
-    if (now - lru->second.last_used < flow_idle) return -1;
+    if (now - lru->second.last_used < flow_idle) {
+      gso_evict_after_ = lru->second.last_used + flow_idle;
+      return -1;
+    }
     if (lru->second.fd >= 0) ::close(lru->second.fd);
     gso_fds_.erase(lru);
   }

@@ -164,12 +164,12 @@ TEST(perf_oob, a_stranger_or_another_version_is_told_apart) {
   for (int i = 0; i < 6; ++i) p.client.send_word(0x474554202f204854ull);
   EXPECT_EQ(error_of([&] { (void)p.server.recv_params(); }),
             "the peer on the out-of-band port is not averbs perf (no greeting)");
-  // The magic, then version 2.
+  // The magic, then version 3.
   p.client.send_word(0x4156425045524600ull);
-  p.client.send_word(std::uint64_t{2} << 32);
+  p.client.send_word(std::uint64_t{3} << 32);
   for (int i = 0; i < 4; ++i) p.client.send_word(0);
   EXPECT_EQ(error_of([&] { (void)p.server.recv_params(); }),
-            "the peer speaks version 2 of averbs perf's exchange, this is version 1");
+            "the peer speaks version 3 of averbs perf's exchange, this is version 2");
 }
 
 TEST(perf_oob, a_greeting_arrives_as_sent) {
@@ -273,6 +273,20 @@ TEST(perf_two_processes, the_send_bw_receiver_reports_its_bandwidth) {
   EXPECT_EQ(peak, 0.0);
   EXPECT_GT(avg, 0.0);
   EXPECT_NE(r.client_out.find(" 65536      300 "), std::string::npos) << r.client_out;
+}
+
+TEST(perf_two_processes, the_write_bw_server_prints_the_clients_figures) {
+  // As perftest's server does (xchg_bw_reports): the same row as the client.
+  const std::vector<std::string> args{"--test", "write_bw", "-s", "65536", "-n", "300"};
+  const auto r = run_perf(args, args);
+  ASSERT_EQ(r.client, 0) << r.client_out;
+  ASSERT_EQ(r.server, 0) << r.server_out;
+  const auto crow = r.client_out.find(" 65536      300 ");
+  const auto srow = r.server_out.find(" 65536      300 ");
+  ASSERT_NE(crow, std::string::npos) << r.client_out;
+  ASSERT_NE(srow, std::string::npos) << r.server_out;
+  EXPECT_EQ(r.client_out.substr(crow, r.client_out.find('\n', crow) - crow),
+            r.server_out.substr(srow, r.server_out.find('\n', srow) - srow));
 }
 
 TEST(perf_two_processes, the_path_mtu_is_the_smaller_of_the_two_ends) {

@@ -228,7 +228,7 @@ void oob::send_word(std::uint64_t w) const {
 namespace {
 // "AVBPERF" and a NUL; then the version of this exchange.
 constexpr std::uint64_t params_magic = 0x4156425045524600ull;
-constexpr std::uint32_t params_version = 1;
+constexpr std::uint32_t params_version = 2;  // 2: a bandwidth client sends its figures to the server
 constexpr std::size_t params_bytes = 48;
 }  // namespace
 

@@ -2,6 +2,7 @@
 #include "perf/perf.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -163,6 +164,10 @@ bandwidth_result bandwidth_report(const options& o, const cycle_clock& clock, st
     if (cyc > 0) r.bw_peak = bw_units(static_cast<double>(size) * clock.per_second() / cyc, o);
   }
   return r;
+}
+
+std::uint32_t bandwidth_cq_mod(const options& o, std::size_t size) {
+  return !o.cq_mod_given && !o.all_sizes && size > 8192 ? 1 : o.cq_mod;
 }
 
 // How many messages a bandwidth sender posts: `iters`, or with -D as many
@@ -418,10 +423,12 @@ bandwidth_result loopback_run::bandwidth(std::size_t size, std::size_t iters) {
   side& a = *sides_[0];
   side& b = *sides_[1];
   const auto k = o_.test;
-  const std::uint32_t tx = o_.tx_depth != 0 ? o_.tx_depth : 128;
-  const std::uint32_t depth =
-      k == test_kind::read_bw || k == test_kind::atomic_bw ? std::min(tx, o_.outstanding_reads) : tx;
-  const std::uint32_t cq_mod = std::max<std::uint32_t>(1, std::min<std::uint32_t>(o_.cq_mod, depth));
+  // As perftest: READs and atomics beyond the initiator depth (-o) wait in
+  // the send queue, not in this loop; and without -Q, a size over 8 KiB
+  // (not in a sweep) signals every message.
+  const std::uint32_t depth = o_.tx_depth != 0 ? o_.tx_depth : 128;
+  const std::uint32_t cq_mod =
+      std::max<std::uint32_t>(1, std::min<std::uint32_t>(bandwidth_cq_mod(o_, size), depth));
   sge ga{reinterpret_cast<std::uintptr_t>(a.buf.data()), static_cast<std::uint32_t>(size), a.m.lkey()};
   sge gb{reinterpret_cast<std::uintptr_t>(b.buf.data()), static_cast<std::uint32_t>(size), b.m.lkey()};
   if (k == test_kind::atomic_bw) ga.length = 8;
@@ -569,6 +576,28 @@ void check(const work_completion& wc, const char* what) {
   if (wc.status != wc_status::success)
     throw std::runtime_error(std::string("completion error: ") + std::string(to_string(wc.status)) + " (" +
                              what + ")");
+}
+
+// A bandwidth sender's figures, for the server to print (perftest's
+// xchg_bw_reports): four words behind its end of the size.
+void send_bandwidth(const oob& link, const bandwidth_result& r) {
+  link.send_word(r.iters);
+  link.send_word(std::bit_cast<std::uint64_t>(r.bw_peak));
+  link.send_word(std::bit_cast<std::uint64_t>(r.bw_avg));
+  link.send_word(std::bit_cast<std::uint64_t>(r.msg_rate));
+}
+
+bandwidth_result recv_bandwidth(const oob& link) {
+  bandwidth_result r;
+  r.iters = static_cast<std::size_t>(link.recv_word());
+  r.bw_peak = std::bit_cast<double>(link.recv_word());
+  r.bw_avg = std::bit_cast<double>(link.recv_word());
+  r.msg_rate = std::bit_cast<double>(link.recv_word());
+  // Not a number, negative or absurd: a peer out of step, not figures.
+  for (double v : {r.bw_peak, r.bw_avg, r.msg_rate})
+    if (!std::isfinite(v) || v < 0 || v > 1e12)
+      throw std::runtime_error("the client's figures are not figures");
+  return r;
 }
 
 }  // namespace
@@ -831,10 +860,12 @@ latency_result remote_run::latency(std::size_t size, std::size_t iters) {
 bandwidth_result remote_run::bandwidth(std::size_t size, std::size_t iters) {
   state& s = *s_;
   const auto k = o_.test;
-  const std::uint32_t tx = o_.tx_depth != 0 ? o_.tx_depth : 128;
-  const std::uint32_t depth =
-      k == test_kind::read_bw || k == test_kind::atomic_bw ? std::min(tx, o_.outstanding_reads) : tx;
-  const std::uint32_t cq_mod = std::max<std::uint32_t>(1, std::min<std::uint32_t>(o_.cq_mod, depth));
+  // As perftest: READs and atomics beyond the initiator depth (-o) wait in
+  // the send queue, not in this loop; and without -Q, a size over 8 KiB
+  // (not in a sweep) signals every message.
+  const std::uint32_t depth = o_.tx_depth != 0 ? o_.tx_depth : 128;
+  const std::uint32_t cq_mod =
+      std::max<std::uint32_t>(1, std::min<std::uint32_t>(bandwidth_cq_mod(o_, size), depth));
   sge g{reinterpret_cast<std::uintptr_t>(s.buf.data()), static_cast<std::uint32_t>(size), s.m.lkey()};
   if (k == test_kind::atomic_bw) g.length = 8;
   const bool sends = k == test_kind::send_bw;
@@ -884,12 +915,19 @@ bandwidth_result remote_run::bandwidth(std::size_t size, std::size_t iters) {
           }
         }
       }
+      // All in one poll: the time it took is up to now.
+      if (last == first) last = clock_.now();
       r = bandwidth_report(o_, clock_, size, received, first, last, {}, {}, 1);
     } else {
       s.link.send_word(step_server_ready);
     }
     // One-sided tests: the responder runs while we wait for the client.
     s.await_word(step_client_done, "the end of a size");
+    const bandwidth_result client = recv_bandwidth(s.link);
+    if (!sends) {  // the server of a one-sided test reports the client's figures
+      r = client;
+      r.bytes = size;
+    }
     s.link.send_word(step_server_done);
     return r;
   }
@@ -936,10 +974,11 @@ bandwidth_result remote_run::bandwidth(std::size_t size, std::size_t iters) {
     budget.completed(completed);
   }
   const std::uint64_t end = clock_.now();
-  s.link.send_word(step_client_done);
-  s.await_word(step_server_done, "the end of a size");
   r = bandwidth_report(o_, clock_, size, completed, start, end, t_posted, t_completed, cq_mod);
   budget.apply(r, size, o_);
+  s.link.send_word(step_client_done);
+  send_bandwidth(s.link, r);
+  s.await_word(step_server_done, "the end of a size");
   return r;
 }
 

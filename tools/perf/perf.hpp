@@ -39,6 +39,7 @@ struct options {
   std::uint32_t tx_depth = 0;  // 0: 1 for latency, 128 for bandwidth
   std::uint32_t rx_depth = 512;
   std::uint32_t cq_mod = 100;  // -Q: a signaled completion every cq_mod sends
+  bool cq_mod_given = false;   // -Q given: else, as perftest, every send of a size over 8 KiB without -a
   bool report_gbits = false;   // --report_gbits: Gb/s instead of MB/s
   std::uint32_t inline_size = 0;
   std::uint32_t outstanding_reads = 16;

@@ -367,6 +367,12 @@ void start_connect(const std::shared_ptr<connector_obj>& o, const qp& q, const a
   soft::qp_t* qp = nullptr;
   if (auto ec = engine_qp(*o, q, qp)) return void(done.fail(ec));
   soft::device& d = engine(*o);
+  // Bad arguments first: an unroutable wildcard is a bad argument, not an
+  // unreachable address.
+  const std::size_t pdata_max =
+      qp->type == qp_type::ud ? max_ud_connect_private_data : max_connect_private_data;
+  if (to.port == 0 || to.is_any() || pdata.size() > pdata_max)
+    return void(done.fail(err(errc::invalid_argument)));
   // The host must route the peer from the device's address (a UDP device
   // reaching out of its own addresses).
   std::uint32_t idx;

@@ -237,7 +237,7 @@ void manager::fail_op(conn& c, const std::error_code& ec) noexcept { complete(c.
 // completed with operation_aborted without us).  The handshake stops at
 // its next step: a REP or RTU must not bring up a connection nobody waits
 // for.
-bool manager::op_cancelled(const conn& c) const noexcept {
+bool manager::op_cancelled(const conn& c) noexcept {
   return c.op && !averbs::detail::request_pending(*c.op.ctx, c.op.id);
 }
 
@@ -285,6 +285,23 @@ void manager::timer_thunk(void* arg, const averbs::detail::timer_payload& p) noe
   static_cast<manager*>(arg)->on_timer(static_cast<std::uint32_t>(p.a), p.b);
 }
 
+// A connect or accept whose request was cancelled ends at its next step:
+// its timer, or the next operation that meets it (a new connect with its
+// QP or connector, a disconnect), whichever comes first.  Its QP stays as
+// the handshake left it (INIT for a connect; ERR for an accept, whose REP
+// the peer may have taken), and is free again.  True if it ended here.
+bool manager::finish_if_cancelled(conn& c) noexcept {
+  if ((c.st != state::req_sent && c.st != state::sidr_sent && c.st != state::rep_sent) || !op_cancelled(c))
+    return false;
+  if (c.st == state::rep_sent) qp_to_error(c);
+  if (c.st != state::sidr_sent)  // SIDR has no REJ
+    send_rej(c, c.st == state::req_sent ? wcm::msg_ref::req : wcm::msg_ref::rep,
+             c.st == state::req_sent ? wcm::rej_reason::timeout : wcm::rej_reason::consumer_defined);
+  fail_op(c, err(errc::operation_aborted));
+  close_conn(c);
+  return true;
+}
+
 void manager::on_timer(std::uint32_t id, std::uint64_t gen) noexcept {
   conn* cp = find(id);
   if (cp == nullptr || cp->timer_gen != gen || fatal_) return;
@@ -294,16 +311,7 @@ void manager::on_timer(std::uint32_t id, std::uint64_t gen) noexcept {
     case state::sidr_sent:
     case state::rep_sent:
     case state::dreq_sent:
-      if (c.st != state::dreq_sent && op_cancelled(c)) {
-        // Abandoned by its caller: no more resends.  (SIDR has no REJ.)
-        if (c.st == state::rep_sent) qp_to_error(c);
-        if (c.st != state::sidr_sent)
-          send_rej(c, c.st == state::req_sent ? wcm::msg_ref::req : wcm::msg_ref::rep,
-                   c.st == state::req_sent ? wcm::rej_reason::timeout : wcm::rej_reason::consumer_defined);
-        fail_op(c, err(errc::operation_aborted));
-        close_conn(c);
-        return;
-      }
+      if (finish_if_cancelled(c)) return;  // abandoned by its caller: no more resends
       if (c.retries_left > 0) {
         --c.retries_left;
         ++stats_.retransmits;
@@ -1331,6 +1339,8 @@ void manager::connect(connector_obj& o, soft::qp_t* qp, const address& to, std::
   if (!params_valid(p) || to.port == 0 || to.is_any() ||
       pdata.size() > (ud ? max_ud_connect_private_data : max_connect_private_data))
     return fail(errc::invalid_argument);
+  if (qp->cm != nullptr) (void)finish_if_cancelled(*static_cast<conn*>(qp->cm));
+  if (o.c != nullptr) (void)finish_if_cancelled(*o.c);
   if (qp->cm != nullptr) return fail(errc::invalid_state);  // the QP has a connection
   if (o.c != nullptr && o.c->st != state::idle && o.c->st != state::closed) return fail(errc::invalid_state);
   if (o.c != nullptr && (o.c->passive || o.c->st == state::closed)) {
@@ -1518,6 +1528,7 @@ std::error_code manager::reject(conn* cp, std::span<const std::byte> pdata) noex
 std::error_code manager::disconnect(conn* cp) noexcept {
   if (fatal_) return err(errc::device_removed);
   conn& c = *cp;
+  if (finish_if_cancelled(c)) return {};  // a cancelled connect leaves its QP in INIT
   switch (c.st) {
     case state::req_sent:
       // Abandon the connect.
@@ -1598,7 +1609,8 @@ conn_state manager::public_state(const conn* c) noexcept {
   switch (c->st) {
     case state::idle: return conn_state::idle;
     case state::req_sent:
-    case state::sidr_sent: return conn_state::connecting;
+    case state::sidr_sent:
+      return op_cancelled(*c) ? conn_state::closed : conn_state::connecting;
     case state::req_rcvd:
     case state::sidr_rcvd: return conn_state::requested;
     case state::rep_sent: return conn_state::accepting;

@@ -226,7 +226,8 @@ class manager final : public soft::gsi_agent {
   void complete(waiter& w, const std::error_code& ec, void* result = nullptr) noexcept;
   void end_connection(conn& c, const std::error_code& why) noexcept;
   void fail_op(conn& c, const std::error_code& ec) noexcept;
-  bool op_cancelled(const conn& c) const noexcept;
+  bool finish_if_cancelled(conn& c) noexcept;
+  static bool op_cancelled(const conn& c) noexcept;
   void enter_timewait(conn& c) noexcept;
   /// A new connection's peer QP is one `old` is still connected to (the
   /// peer came back): `old` ends (QP to ERR, connection_reset) and the

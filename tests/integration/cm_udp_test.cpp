@@ -1076,6 +1076,23 @@ TEST_F(cm_udp_fake_peer, a_sidr_answer_is_kept_for_the_requesters_resend) {
   again.cancel();
 }
 
+// Bad arguments are invalid_argument on a network device too, not an
+// unreachable address: the wildcard, port 0 (the route to it is checked
+// only for well-formed destinations).
+TEST_F(cm_udp, a_connect_to_the_wildcard_or_port_0_is_a_bad_argument) {
+  side a;
+  make(a, 0);
+  qp q = make_qp(a);
+  cm::connector c(a.dev);
+  for (const char* to : {"0.0.0.0:7471", "10.98.0.1:0", "[::]:7471"}) {
+    cm::address x;
+    ASSERT_TRUE(cm::address::parse(to, x)) << to;
+    std::error_code ec;
+    c.connect(q, x, {}, {}, ec);
+    EXPECT_EQ(ec, errc::invalid_argument) << to << ": " << ec.message();
+  }
+}
+
 // An accept cancelled after its REP went out: when the RTU comes the
 // passive side does not come up; it tells the requester, which did come up,
 // with a DREQ, as a disconnect would.

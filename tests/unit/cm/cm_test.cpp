@@ -310,6 +310,33 @@ TEST_F(cm_test, a_cancelled_connect_refuses_the_late_reply) {
   EXPECT_NE(b.state(), qp_state::rts);
 }
 
+// A cancelled connect frees its QP and connector at once, not at its next
+// resend: connecting again works, through the same connector or another,
+// and the connector shows the connect ended.
+TEST_F(cm_test, a_cancelled_connect_frees_its_qp_for_the_next_connect_at_once) {
+  cm::listener l = cm::listen(dev, at(7000));
+  qp a = make_qp();
+  cm::connector c(dev);
+  auto conn = c.async_connect(a, at(7000), {}, fast(), use_request);
+  ctx->poll();
+  ASSERT_FALSE(conn.ready());
+  conn.cancel();
+  EXPECT_EQ(c.state(), cm::conn_state::closed);
+  // The error a connect failed with at once, if it did.
+  auto refused = [](request<cm::connect_result>& r) {
+    std::error_code ec;
+    if (r.ready()) (void)r.get(ec);
+    return ec;
+  };
+  cm::connector c2(dev);
+  auto again = c2.async_connect(a, at(7000), {}, fast(), use_request);  // no time has passed
+  EXPECT_NE(refused(again), errc::invalid_state) << "the QP stayed with the cancelled connect";
+  EXPECT_EQ(a.state(), qp_state::init);
+  qp other = make_qp();
+  auto third = c.async_connect(other, at(7000), {}, fast(), use_request);
+  EXPECT_NE(refused(third), errc::invalid_state) << "the connector stayed busy";
+}
+
 // An accept cancelled while its REP is lost: the next resend does not go
 // out; the requester hears a REJ instead.
 TEST_F(cm_test, a_cancelled_accept_stops_resending_its_reply) {

@@ -53,12 +53,15 @@ int help() {
       "      --no-icrc      do not check received ICRCs (peers whose IPv4 ID we\n"
       "                     cannot see: rxe, NICs)\n"
       "      --no-gso       send every packet on its own (no UDP GSO runs)\n"
+      "                     (these three with --addr; a device named by the\n"
+      "                     environment or the configuration file is set there)\n"
       "      --counters     print the device's packet counters at the end\n\n"
       "connect: -n N RC connections through the connection manager, pipelined\n"
       "(--window W in flight, default 256), then --sync S more one at a time\n"
-      "(default min(N, 10000)); prints conn/s for both and memory per QP.  Each\n"
-      "pipelined connection carries one SEND unless --no-verify.  The CM port is\n"
-      "the -p port.\n\n"
+      "(1 or more; default min(N, 10000)); prints conn/s for both and memory per\n"
+      "QP.  Each pipelined connection carries one SEND unless --no-verify.  The\n"
+      "CM port is the -p port; HOST must be an IP address; a server with no\n"
+      "connection and no word from its client for a minute gives up.\n\n"
       "Two processes, two devices (perftest's server/client): with a device bound\n"
       "to an address, `averbs perf --test T` waits for a client and\n"
       "`averbs perf --test T HOST` connects to the server at HOST.  The two must\n"
@@ -279,7 +282,7 @@ int cmd_perf(std::span<char* const> args) {
     } else if (a == "-w" || a == "--window") {
       co.window = static_cast<std::size_t>(number(1, 1'000'000));
     } else if (a == "--sync") {
-      co.sync_connections = static_cast<std::size_t>(number(0, 100'000'000));
+      co.sync_connections = static_cast<std::size_t>(number(1, 100'000'000));
     } else if (a == "--no-verify") {
       co.verify = false;
     } else if (!a.empty() && a[0] != '-' && host.empty()) {
@@ -330,6 +333,15 @@ int cmd_perf(std::span<char* const> args) {
       own = std::make_unique<soft_device>(so);
     } else if (!faults.empty()) {
       std::fprintf(stderr, "averbs perf: --faults needs --addr (or AVERBS_FAULTS with AVERBS_DEVICES)\n");
+      return 2;
+    } else if (!icrc || !gso) {
+      // They configure the device --addr creates; one named by the
+      // environment or the configuration file is configured there.
+      std::fprintf(
+          stderr,
+          "averbs perf: %s needs --addr (or AVERBS_%s=0 with AVERBS_DEVICES, %s=0 in the configuration "
+          "file)\n",
+          !icrc ? "--no-icrc" : "--no-gso", !icrc ? "ICRC" : "GSO", !icrc ? "icrc" : "gso");
       return 2;
     }
     if (connect_test) {

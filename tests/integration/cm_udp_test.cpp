@@ -683,6 +683,35 @@ class cm_udp_fake_peer : public cm_udp {
     return r;
   }
 
+  /// The fake peer connects to `b` listening (a REQ whose LocalAckTimeout
+  /// is `ack_timeout`), is accepted on `qb` and disconnects with `d`: the
+  /// passive connector, answered with a DREP, is in timewait.
+  void disconnect_into_timewait(std::uint8_t ack_timeout, std::optional<cm::connector>& passive, qp& qb,
+                                wire::cm::dreq& d) {
+    listen_on_b();
+    namespace wcm = wire::cm;
+    wcm::req r = req_to(b, peer_ip, 64);
+    r.primary.local_ack_timeout = ack_timeout;
+    passive = request(r);
+    ASSERT_TRUE(passive.has_value());
+    qb = make_qp(b);
+    auto acc = passive->async_accept(qb, {}, fast(), use_request);
+    const auto rep = peer.next<wcm::rep>(ctx);
+    ASSERT_TRUE(rep.has_value());
+    wcm::rtu u;
+    u.local_comm_id = 64;
+    u.remote_comm_id = rep->local_comm_id;
+    peer.send(u);
+    ASSERT_TRUE(poll_until([&] { return acc.ready(); }));
+    acc.get();
+    d.local_comm_id = 64;
+    d.remote_comm_id = rep->local_comm_id;
+    d.remote_qpn = qb.num();
+    peer.send(d);
+    ASSERT_TRUE(peer.next<wcm::drep>(ctx).has_value());
+    ASSERT_EQ(passive->state(), cm::conn_state::timewait);
+  }
+
   /// A UD QP on `s`.
   qp make_ud_qp(side& s) {
     qp_init_attr ia;
@@ -919,29 +948,11 @@ TEST_F(cm_udp_fake_peer, a_req_resent_after_an_accept_timed_out_reaches_the_list
 // default (ib_cm times the wait from the path's timeout).
 TEST_F(cm_udp_fake_peer, passive_timewait_lasts_the_ack_timeout_the_req_asked_for) {
   ASSERT_TRUE(peer.bound());
-  listen_on_b();
-  namespace wcm = wire::cm;
-  wcm::req r = req_to(b, peer_ip, 64);
-  r.primary.local_ack_timeout = 19;  // 2.1 s; the passive side's own default is 67 ms
-  std::optional<cm::connector> passive = request(r);
-  ASSERT_TRUE(passive.has_value());
-  qp qb = make_qp(b);
-  auto acc = passive->async_accept(qb, {}, fast(), use_request);
-  const auto rep = peer.next<wcm::rep>(ctx);
-  ASSERT_TRUE(rep.has_value());
-  wcm::rtu u;
-  u.local_comm_id = 64;
-  u.remote_comm_id = rep->local_comm_id;
-  peer.send(u);
-  ASSERT_TRUE(poll_until([&] { return acc.ready(); }));
-  acc.get();
-  wcm::dreq d;
-  d.local_comm_id = 64;
-  d.remote_comm_id = rep->local_comm_id;
-  d.remote_qpn = qb.num();
-  peer.send(d);
-  ASSERT_TRUE(peer.next<wcm::drep>(ctx).has_value());
-  ASSERT_EQ(passive->state(), cm::conn_state::timewait);
+  std::optional<cm::connector> passive;
+  qp qb;
+  wire::cm::dreq d;
+  ASSERT_NO_FATAL_FAILURE(
+      disconnect_into_timewait(19, passive, qb, d));  // 2.1 s; the passive side's own: 67 ms
   run_for(500ms);
   EXPECT_EQ(passive->state(), cm::conn_state::timewait) << "timewait ended before the QP's ACK timeout";
 }
@@ -953,29 +964,10 @@ TEST_F(cm_udp_fake_peer, passive_timewait_lasts_the_ack_timeout_the_req_asked_fo
 TEST_F(cm_udp_fake_peer, passive_timewait_is_capped_and_a_dreq_after_it_is_answered) {
   ASSERT_TRUE(peer.bound());
   manual_time = true;
-  listen_on_b();
-  namespace wcm = wire::cm;
-  wcm::req r = req_to(b, peer_ip, 64);
-  r.primary.local_ack_timeout = 31;
-  std::optional<cm::connector> passive = request(r);
-  ASSERT_TRUE(passive.has_value());
-  qp qb = make_qp(b);
-  auto acc = passive->async_accept(qb, {}, fast(), use_request);
-  const auto rep = peer.next<wcm::rep>(ctx);
-  ASSERT_TRUE(rep.has_value());
-  wcm::rtu u;
-  u.local_comm_id = 64;
-  u.remote_comm_id = rep->local_comm_id;
-  peer.send(u);
-  ASSERT_TRUE(poll_until([&] { return acc.ready(); }));
-  acc.get();
-  wcm::dreq d;
-  d.local_comm_id = 64;
-  d.remote_comm_id = rep->local_comm_id;
-  d.remote_qpn = qb.num();
-  peer.send(d);
-  ASSERT_TRUE(peer.next<wcm::drep>(ctx).has_value());
-  ASSERT_EQ(passive->state(), cm::conn_state::timewait);
+  std::optional<cm::connector> passive;
+  qp qb;
+  wire::cm::dreq d;
+  ASSERT_NO_FATAL_FAILURE(disconnect_into_timewait(31, passive, qb, d));
   clock.advance(60s);
   run_for(20ms);
   EXPECT_EQ(passive->state(), cm::conn_state::timewait);
@@ -983,7 +975,7 @@ TEST_F(cm_udp_fake_peer, passive_timewait_is_capped_and_a_dreq_after_it_is_answe
   EXPECT_TRUE(poll_until([&] { return passive->state() == cm::conn_state::closed; }, 2s))
       << "timewait outlasted the cap";
   peer.send(d);
-  EXPECT_TRUE(peer.next<wcm::drep>(ctx, 2s).has_value()) << "a DREQ after timewait went unanswered";
+  EXPECT_TRUE(peer.next<wire::cm::drep>(ctx, 2s).has_value()) << "a DREQ after timewait went unanswered";
 }
 
 // A UD QP bound by SIDR has no connection to end: a DREQ naming it -- the

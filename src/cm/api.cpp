@@ -83,6 +83,9 @@ bool address::from_sockaddr(const sockaddr* sa, address& out) noexcept {
   }
   if (sa->sa_family == AF_INET6) {
     const auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
+    // A scope (a link-local address's interface) has no place in an
+    // address here, and dropped it would name another host.
+    if (in6->sin6_scope_id != 0) return false;
     std::memcpy(out.ip.raw.data(), &in6->sin6_addr, 16);
     out.port = ntohs(in6->sin6_port);
     return true;

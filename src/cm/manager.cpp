@@ -1248,11 +1248,16 @@ std::error_code manager::listen(const address& at, port_space ps, int backlog, l
   std::uint32_t idx;
   if (!at.is_any() && !dev_.find_gid(at.ip, idx)) return err(errc::address_unreachable);
   address a = at;
+  // The addresses a listener takes, as find_listener() hands them out: its
+  // own, or for 0.0.0.0 every IPv4 address, for :: every address.  Two
+  // listeners of one port clash when those overlap.
+  auto covers = [](const address& w, const address& x) {
+    if (!w.is_any()) return w.ip == x.ip;
+    return !w.is_ipv4() || x.is_ipv4();
+  };
   auto clash = [&](const address& x) {
     for (auto& l : listeners_)
-      if (l->ps == ps && l->at.port == x.port &&
-          (l->at.ip == x.ip || l->at.is_any() || x.is_any()))
-        return true;
+      if (l->ps == ps && l->at.port == x.port && (covers(l->at, x) || covers(x, l->at))) return true;
     return false;
   };
   if (a.port == 0) {

@@ -547,6 +547,17 @@ TEST_F(cm_test, listen_errors) {
   EXPECT_EQ(ec, errc::address_in_use);
   cm::listen(dev, at(7000), 16, cm::port_space::udp, ec);  // another port space
   EXPECT_FALSE(ec);
+  // 0.0.0.0 takes IPv4 addresses only: an IPv6 address of the same port is
+  // free beside it, and :: (which takes both) is not.
+  cm::address any4;
+  cm::address::parse("0.0.0.0:7002", any4);
+  cm::listener l4 = cm::listen(dev, any4);
+  cm::listener l6 = cm::listen(dev, at(7002, true), 16, cm::port_space::tcp, ec);
+  EXPECT_FALSE(ec) << ec.message();
+  cm::address any6;
+  cm::address::parse("[::]:7002", any6);
+  cm::listen(dev, any6, 16, cm::port_space::tcp, ec);
+  EXPECT_EQ(ec, errc::address_in_use);
   cm::address foreign;
   cm::address::parse("10.98.0.1:7000", foreign);
   cm::listen(dev, foreign, 16, cm::port_space::tcp, ec);
@@ -832,6 +843,12 @@ TEST_F(cm_test, address_text) {
   cm::address back;
   ASSERT_TRUE(cm::address::from_sockaddr(reinterpret_cast<sockaddr*>(&ss), back));
   EXPECT_EQ(back, a);
+  // A scoped (link-local) IPv6 address is refused, not taken without its
+  // scope, which would name another host.
+  ASSERT_TRUE(cm::address::parse("[fe80::1]:99", a));
+  a.to_sockaddr(ss);
+  reinterpret_cast<sockaddr_in6*>(&ss)->sin6_scope_id = 2;
+  EXPECT_FALSE(cm::address::from_sockaddr(reinterpret_cast<sockaddr*>(&ss), back));
 }
 
 }  // namespace

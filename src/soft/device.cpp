@@ -1585,8 +1585,7 @@ void device::on_ack_timer() noexcept {
 void device::run() noexcept {
   if (running_) return;
   running_ = true;
-  if (lost_timers_ != 0) recover_lost_timers();
-  if (starved_requesters_ != 0) recover_starved_requesters();
+  if (lost_timers_ != 0 || starved_requesters_ != 0) recover_stalled_qps();
   const bool held_before = acks_held_;
   const std::uint64_t sent_before = counters_.packets_sent;
   // The poll just before read the clock (pass_now_ too, if seeded);

@@ -339,7 +339,7 @@ struct qp_t {
     std::uint64_t timer_gen = 0;   // stale heap entries carry an older one
     clock::time_point deadline{};
     // A timer the heap had no memory for (schedule_qp_timer): what it was,
-    // for recover_lost_timers to schedule again.
+    // for recover_stalled_qps to schedule again.
     bool timer_lost = false;
     bool lost_rnr = false;
     std::uint64_t lost_gen = 0;
@@ -742,9 +742,8 @@ class device final : public progress_source, public clock_listener {
   void disarm_timers(qp_t* qp) noexcept;
   void schedule_qp_timer(qp_t* qp, clock::time_point when, bool rnr) noexcept;
   void add_qp_timer(std::uint32_t qpn, std::uint64_t gen, clock::time_point when, bool rnr);
-  void recover_lost_timers() noexcept;
+  void recover_stalled_qps() noexcept;
   bool starve(qp_t* qp) noexcept;
-  void recover_starved_requesters() noexcept;
   void flush_ack(qp_t* qp) noexcept;
   void flush_acks() noexcept;
   void list_ack(qp_t* qp) noexcept;

@@ -360,7 +360,7 @@ void device::schedule_qp_timer(qp_t* qp, clock::time_point when, bool rnr) noexc
   } catch (...) {
     // No memory for the heap entry.  Dropped, it would leave the QP waiting
     // for a retransmission or RNR retry that never comes; the next pass of
-    // run() schedules it again (recover_lost_timers).  One per QP is
+    // run() schedules it again (recover_stalled_qps).  One per QP is
     // enough: a QP has one live timer at a time (RNR waiting disarms the
     // retransmit timer), and a later one replaces an earlier.
     if (!qp->comp.timer_lost) ++lost_timers_;
@@ -372,16 +372,20 @@ void device::schedule_qp_timer(qp_t* qp, clock::time_point when, bool rnr) noexc
   }
 }
 
-// At the start of a pass, with no QP half-way through anything: a lost
-// timer gets a second chance at a heap entry; if there is still no memory
-// the QP cannot keep its retry promise and fails as a QP whose resources
-// ran out does: IBV_EVENT_QP_FATAL, the oldest WQE completes with
-// fatal_err, the rest are flushed.
-void device::recover_lost_timers() noexcept {
+// At the start of a pass, with no QP half-way through anything, the QPs a
+// shortage of memory stopped get a second chance.  A starved requester
+// (starve()) is scheduled again.  A lost timer gets a heap entry; if there
+// is still no memory the QP cannot keep its retry promise and fails as a
+// QP whose resources ran out does: IBV_EVENT_QP_FATAL, the oldest WQE
+// completes with fatal_err, the rest are flushed.
+void device::recover_stalled_qps() noexcept {
   lost_timers_ = 0;
+  starved_requesters_ = 0;
   for (const auto& slot : qps_) {
     qp_t* qp = slot.get();
-    if (qp == nullptr || !qp->comp.timer_lost) continue;
+    if (qp == nullptr) continue;
+    if (std::exchange(qp->req.starved, false)) schedule_requester(qp);
+    if (!qp->comp.timer_lost) continue;
     qp->comp.timer_lost = false;
     // Disarmed since (reset, error, progress that ended the RNR wait): the
     // lost entry would have been stale.
@@ -405,16 +409,6 @@ bool device::starve(qp_t* qp) noexcept {
   qp->req.starved = true;
   signal_pending();
   return false;
-}
-
-void device::recover_starved_requesters() noexcept {
-  starved_requesters_ = 0;
-  for (const auto& slot : qps_) {
-    qp_t* qp = slot.get();
-    if (qp == nullptr || !qp->req.starved) continue;
-    qp->req.starved = false;
-    schedule_requester(qp);
-  }
 }
 
 void device::arm_retry_timer(qp_t* qp) noexcept {

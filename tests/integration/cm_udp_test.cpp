@@ -91,10 +91,11 @@ class cm_udp : public ::testing::Test {
   /// Fixed here so that a device brought back reuses its QP numbers, as a
   /// peer that numbers QPs from a fixed start would.
   std::uint32_t first_qpn = 16;
-  qp make_qp(side& s) {
+  qp make_qp(side& s, qp_type t = qp_type::rc) {
     qp_init_attr ia;
     ia.send_cq = ia.recv_cq = s.c;
     ia.cap = {4, 4, 1, 1, 0};
+    ia.type = t;
     return s.p.create_qp(ia);
   }
   static cm::conn_params fast() {
@@ -712,13 +713,16 @@ class cm_udp_fake_peer : public cm_udp {
     ASSERT_EQ(passive->state(), cm::conn_state::timewait);
   }
 
-  /// A UD QP on `s`.
-  qp make_ud_qp(side& s) {
-    qp_init_attr ia;
-    ia.send_cq = ia.recv_cq = s.c;
-    ia.cap = {4, 4, 1, 1, 0};
-    ia.type = qp_type::ud;
-    return s.p.create_qp(ia);
+  /// Makes `a`, a UD QP `qa` and connector `c`, and starts a SIDR connect
+  /// to the fake peer, which reads the SIDR_REQ into `sreq`.
+  averbs::request<cm::connect_result> start_sidr(std::optional<wire::cm::sidr_req>& sreq) {
+    make(a, 1, "", nullptr, false);
+    EXPECT_TRUE(gid::parse(test_address(0), peer_ip));
+    qa = make_qp(a, qp_type::ud);
+    c = cm::connector(a.dev);
+    auto conn = c.async_connect(qa, {peer_ip, 7471}, {}, fast(), use_request);
+    sreq = peer.next<wire::cm::sidr_req>(ctx);
+    return conn;
   }
   /// The fake peer's SIDR_REP accepting `r`: QP 0x99, Q_Key 0x1234.
   static wire::cm::sidr_rep sidr_ok(const wire::cm::sidr_req& r) {
@@ -984,13 +988,10 @@ TEST_F(cm_udp_fake_peer, passive_timewait_is_capped_and_a_dreq_after_it_is_answe
 // and is answered as one for no connection.
 TEST_F(cm_udp_fake_peer, a_dreq_naming_a_sidr_bound_ud_qp_ends_nothing) {
   ASSERT_TRUE(peer.bound());
-  make(a, 1, "", nullptr, false);
-  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
-  qp u = make_ud_qp(a);
-  c = cm::connector(a.dev);
-  auto conn = c.async_connect(u, {peer_ip, 7471}, {}, fast(), use_request);
-  const auto sreq = peer.next<wire::cm::sidr_req>(ctx);
+  std::optional<wire::cm::sidr_req> sreq;
+  auto conn = start_sidr(sreq);
   ASSERT_TRUE(sreq.has_value());
+  const qp& u = qa;
   peer.send(sidr_ok(*sreq));
   ASSERT_TRUE(poll_until([&] { return conn.ready(); }));
   conn.get();
@@ -1008,13 +1009,10 @@ TEST_F(cm_udp_fake_peer, a_dreq_naming_a_sidr_bound_ud_qp_ends_nothing) {
 // SIDR_REP does not bind the QP: another connect may use it.
 TEST_F(cm_udp_fake_peer, a_cancelled_sidr_connect_stops_and_leaves_its_qp_free) {
   ASSERT_TRUE(peer.bound());
-  make(a, 1, "", nullptr, false);
-  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
-  qp u = make_ud_qp(a);
-  c = cm::connector(a.dev);
-  auto conn = c.async_connect(u, {peer_ip, 7471}, {}, fast(), use_request);
-  const auto sreq = peer.next<wire::cm::sidr_req>(ctx);
+  std::optional<wire::cm::sidr_req> sreq;
+  auto conn = start_sidr(sreq);
   ASSERT_TRUE(sreq.has_value());
+  const qp& u = qa;
   conn.cancel();
   peer.send(sidr_ok(*sreq));
   run_for(300ms);  // 17 resend periods
@@ -1054,7 +1052,7 @@ TEST_F(cm_udp_fake_peer, a_sidr_answer_is_kept_for_the_requesters_resend) {
   auto got = l.async_get_request(use_request);
   peer.send(s);
   ASSERT_TRUE(poll_until([&] { return got.ready(); }));
-  qp u = make_ud_qp(b);
+  qp u = make_qp(b, qp_type::ud);
   got.get().conn.accept(u, {}, fast());
   ASSERT_TRUE(peer.next<wcm::sidr_rep>(ctx).has_value());
   clock.advance(5s);

@@ -265,14 +265,23 @@ TEST(progress, program_event_loop_drives_progress_through_descriptors) {
   ctx.remove_source(dev);
 }
 
-TEST(progress, manual_clock_fires_timers_only_when_advanced) {
-  averbs::manual_clock clk;
+averbs::context_options on_clock(averbs::manual_clock& clk) {
   averbs::context_options o;
   o.clock = &clk;
-  averbs::context ctx(o);
-  averbs::nop_params p;
-  p.delay = 5s;
-  auto r = averbs::async_nop(ctx, p, averbs::use_request);
+  return o;
+}
+
+// A context whose timers follow a manual clock, and a no-op due in 5 s of it.
+struct nop_due_in_5s {
+  averbs::manual_clock clk;
+  averbs::context ctx{on_clock(clk)};
+  averbs::request<std::uint64_t> r =
+      averbs::async_nop(ctx, averbs::nop_params{.delay = 5s}, averbs::use_request);
+};
+
+TEST(progress, manual_clock_fires_timers_only_when_advanced) {
+  nop_due_in_5s t;
+  auto& [clk, ctx, r] = t;
   std::error_code ec;
   EXPECT_FALSE(r.wait_for(10ms, averbs::wait_mode::normal, ec)) << "no real time passes for it";
   clk.advance(4s);
@@ -285,13 +294,8 @@ TEST(progress, manual_clock_fires_timers_only_when_advanced) {
 
 TEST(progress, a_huge_advance_saturates_the_manual_clock) {
   // It never runs backwards: a due timer still fires.
-  averbs::manual_clock clk;
-  averbs::context_options o;
-  o.clock = &clk;
-  averbs::context ctx(o);
-  averbs::nop_params p;
-  p.delay = 5s;
-  auto r = averbs::async_nop(ctx, p, averbs::use_request);
+  nop_due_in_5s t;
+  auto& [clk, ctx, r] = t;
   clk.advance(1s);
   clk.advance(averbs::manual_clock::duration::max());
   EXPECT_EQ(clk.now(), averbs::manual_clock::time_point::max());

@@ -30,7 +30,7 @@ if ((sanitizers)); then
   stage "asan+ubsan: unit tests"
   ctest --preset asan
   stage "tsan build (stress tests)"
-  ./scripts/build.sh tsan --target core_stress_test
+  ./scripts/build.sh tsan --target core_stress_test verbs_stress_test cm_stress_test
   stage "tsan: stress tests"
   ctest --preset tsan
 fi

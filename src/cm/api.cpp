@@ -317,13 +317,13 @@ auto locked(soft::device& d, Fn&& fn) {
   return fn();
 }
 
-// The engine QP behind a handle, if it is usable on this connector's device.
-std::error_code engine_qp(const connector_obj& o, const qp& q, soft::qp_t*& out) {
+// The QP behind a handle, if it is one of this connector's device.  Its
+// engine object is read with live() while use_handles() is held.
+std::error_code qp_of(const connector_obj& o, const qp& q, const averbs::detail::qp_obj*& out) {
   const auto& qo = averbs::detail::handle_access::obj(q);
   if (qo == nullptr) return err(errc::invalid_argument);
-  if (qo->e == nullptr) return err(errc::stale_handle);
   if (qo->pd->dev->eng != o.dev->eng) return err(errc::invalid_argument);  // another device's QP
-  out = qo->e;
+  out = qo.get();
   return {};
 }
 
@@ -367,13 +367,13 @@ void start_connect(const std::shared_ptr<connector_obj>& o, const qp& q, const a
                    std::vector<std::byte> pdata, const conn_params& p,
                    averbs::detail::completer<connect_result> done) noexcept {
   if (auto ec = unusable(o)) return void(done.fail(ec));
-  soft::qp_t* qp = nullptr;
-  if (auto ec = engine_qp(*o, q, qp)) return void(done.fail(ec));
+  const averbs::detail::qp_obj* qo = nullptr;
+  if (auto ec = qp_of(*o, q, qo)) return void(done.fail(ec));
   soft::device& d = engine(*o);
   // Bad arguments first: an unroutable wildcard is a bad argument, not an
   // unreachable address.
   const std::size_t pdata_max =
-      qp->type == qp_type::ud ? max_ud_connect_private_data : max_connect_private_data;
+      qo->type == qp_type::ud ? max_ud_connect_private_data : max_connect_private_data;
   if (to.port == 0 || to.is_any() || pdata.size() > pdata_max)
     return void(done.fail(err(errc::invalid_argument)));
   // The host must route the peer from the device's address (a UDP device
@@ -385,6 +385,11 @@ void start_connect(const std::shared_ptr<connector_obj>& o, const qp& q, const a
       if (g.is_ipv4_mapped() == to.ip.is_ipv4_mapped() && host_routes(g, to.ip)) any = true;
     if (!any) return void(done.fail(err(errc::address_unreachable)));
   }
+  // A destroy of the QP on another thread comes before (stale_handle) or
+  // after: then the manager has it attached and aborts the connect.
+  const auto handles = averbs::detail::use_handles(*qo->pd->dev);
+  soft::qp_t* qp = averbs::detail::live(qo->e);
+  if (qp == nullptr) return void(done.fail(err(errc::stale_handle)));
   locked(d, [&] {
     o->m->connect(*o, qp, to, pdata, p, {&done.context(), done.id()});
     return 0;
@@ -394,8 +399,11 @@ void start_connect(const std::shared_ptr<connector_obj>& o, const qp& q, const a
 void start_accept(const std::shared_ptr<connector_obj>& o, const qp& q, std::vector<std::byte> pdata,
                   const conn_params& p, averbs::detail::completer<void> done) noexcept {
   if (auto ec = unusable(o)) return void(done.fail(ec));
-  soft::qp_t* qp = nullptr;
-  if (auto ec = engine_qp(*o, q, qp)) return void(done.fail(ec));
+  const averbs::detail::qp_obj* qo = nullptr;
+  if (auto ec = qp_of(*o, q, qo)) return void(done.fail(ec));
+  const auto handles = averbs::detail::use_handles(*qo->pd->dev);
+  soft::qp_t* qp = averbs::detail::live(qo->e);
+  if (qp == nullptr) return void(done.fail(err(errc::stale_handle)));
   locked(engine(*o), [&] {
     if (o->c == nullptr) done.fail(err(errc::invalid_state));  // not a passive connector
     else o->m->accept(o->c, qp, pdata, p, {&done.context(), done.id()});

@@ -1036,6 +1036,11 @@ void prune(V& v, Get get) {
 }
 }  // namespace
 
+std::uint32_t device::cqe_of(cq_t* cq) const {
+  std::lock_guard lock(lock_);
+  return cq->cqe;
+}
+
 std::error_code device::destroy_cq(cq_t* cq) {
   std::lock_guard lock(lock_);
   if (cq->users != 0) return err(errc::busy);

@@ -574,6 +574,8 @@ class device final : public progress_source, public clock_listener {
 
   std::error_code create_cq(std::uint32_t cqe, event_channel* events, cq_t*& out);
   std::error_code resize_cq(cq_t* cq, std::uint32_t cqe);
+  /// The capacity the user sees (resize_cq changes it).
+  std::uint32_t cqe_of(cq_t* cq) const;
   std::error_code destroy_cq(cq_t* cq);     ///< errc::busy while QPs use it
   void release_cq(cq_t* cq) noexcept;
 

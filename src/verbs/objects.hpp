@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <shared_mutex>
 #include <string>
 
 namespace averbs::detail {
@@ -25,6 +26,10 @@ struct device_entry {
   std::atomic<bool> removed{false};
   std::mutex mu;
   std::map<context_impl*, int> sources;  // contexts the engine drives; Must hold mu.
+  /// Held shared by a control verb while it uses a handle's engine object,
+  /// exclusively by a destroy while it empties the handle (use_handles(),
+  /// live()).
+  std::shared_mutex handles;
 };
 
 struct device_obj {
@@ -88,5 +93,23 @@ struct qp_obj {
 };
 
 inline soft::device& engine_of(const device_obj& d) { return *d.eng; }
+
+/// A control verb (modify, query, create with a parent, connect ...) holds
+/// this while it uses the engine objects of handles, which it reads with
+/// live().  A destroy empties the handle's slot under the exclusive lock
+/// and frees the object after: so a destroy on another thread comes wholly
+/// before the verb (which finds the slot empty: stale_handle) or after it,
+/// never while the verb dereferences the object.  The data path does not
+/// take it: destroying a QP or CQ another thread posts to or polls is the
+/// caller's race, as in libibverbs.
+inline std::shared_lock<std::shared_mutex> use_handles(const device_obj& d) {
+  return std::shared_lock<std::shared_mutex>(d.entry->handles);
+}
+
+/// The engine object in a handle's slot (null once destroyed).
+template <class E>
+E* live(E* const& slot) noexcept {
+  return std::atomic_ref<E*>(const_cast<E*&>(slot)).load(std::memory_order_acquire);
+}
 
 }  // namespace averbs::detail

@@ -33,10 +33,17 @@ std::error_code unusable(const O* o, const void* e, const device_obj& d) {
 // of one handle share it: of two threads destroying them at once, one takes the object
 // and the other finds none (stale_handle), instead of both freeing it.  A
 // refused destroy puts it back.
+// The slot is emptied under the device's handle lock, held exclusively:
+// control verbs still using the object (use_handles()) finish first, and
+// later ones find the slot empty.
 template <class E, class F>
 std::error_code destroy_once(E*& slot, const device_obj& d, F&& destroy) {
   if (d.removed()) return err(errc::device_removed);
-  E* e = std::atomic_ref<E*>(slot).exchange(nullptr, std::memory_order_acq_rel);
+  E* e = nullptr;
+  {
+    std::unique_lock lock(d.entry->handles);
+    e = std::atomic_ref<E*>(slot).exchange(nullptr, std::memory_order_acq_rel);
+  }
   if (e == nullptr) return err(errc::stale_handle);
   if (auto ec = destroy(e)) {
     std::atomic_ref<E*>(slot).store(e, std::memory_order_release);
@@ -244,13 +251,16 @@ void start_get_event(const std::shared_ptr<device_obj>& d, completer<async_event
 
 void start_reg_mr(const std::shared_ptr<pd_obj>& p, void* addr, std::size_t length, std::uint32_t access,
                   completer<mr> c) noexcept {
-  if (auto ec = unusable(p.get(), p ? p->e : nullptr, *p->dev)) return void(c.fail(ec));
+  if (p == nullptr) return void(c.fail(err(errc::invalid_argument)));
+  const auto handles = use_handles(*p->dev);
+  soft::pd_t* pe = live(p->e);
+  if (auto ec = unusable(p.get(), pe, *p->dev)) return void(c.fail(ec));
   try {
     auto obj = std::make_shared<mr_obj>();
     obj->pd = p;
     obj->addr = addr;
     obj->length = length;
-    if (auto ec = p->dev->eng->reg_mr(p->e, reinterpret_cast<std::uintptr_t>(addr), length, access, obj->e))
+    if (auto ec = p->dev->eng->reg_mr(pe, reinterpret_cast<std::uintptr_t>(addr), length, access, obj->e))
       return void(c.fail(ec));
     c.complete({}, handle_access::make<mr>(std::move(obj)));
   } catch (...) {
@@ -259,11 +269,14 @@ void start_reg_mr(const std::shared_ptr<pd_obj>& p, void* addr, std::size_t leng
 }
 
 void start_alloc_mw(const std::shared_ptr<pd_obj>& p, mw_type type, completer<mw> c) noexcept {
-  if (auto ec = unusable(p.get(), p ? p->e : nullptr, *p->dev)) return void(c.fail(ec));
+  if (p == nullptr) return void(c.fail(err(errc::invalid_argument)));
+  const auto handles = use_handles(*p->dev);
+  soft::pd_t* pe = live(p->e);
+  if (auto ec = unusable(p.get(), pe, *p->dev)) return void(c.fail(ec));
   try {
     auto obj = std::make_shared<mw_obj>();
     obj->pd = p;
-    if (auto ec = p->dev->eng->alloc_mw(p->e, type, obj->e)) return void(c.fail(ec));
+    if (auto ec = p->dev->eng->alloc_mw(pe, type, obj->e)) return void(c.fail(ec));
     c.complete({}, handle_access::make<mw>(std::move(obj)));
   } catch (...) {
     c.fail(err(errc::no_resources));
@@ -271,12 +284,15 @@ void start_alloc_mw(const std::shared_ptr<pd_obj>& p, mw_type type, completer<mw
 }
 
 void start_create_ah(const std::shared_ptr<pd_obj>& p, const ah_attr& attr, completer<ah> c) noexcept {
-  if (auto ec = unusable(p.get(), p ? p->e : nullptr, *p->dev)) return void(c.fail(ec));
+  if (p == nullptr) return void(c.fail(err(errc::invalid_argument)));
+  const auto handles = use_handles(*p->dev);
+  soft::pd_t* pe = live(p->e);
+  if (auto ec = unusable(p.get(), pe, *p->dev)) return void(c.fail(ec));
   try {
     auto obj = std::make_shared<ah_obj>();
     obj->pd = p;
     obj->attr = attr;
-    if (auto ec = p->dev->eng->create_ah(p->e, attr, obj->e)) return void(c.fail(ec));
+    if (auto ec = p->dev->eng->create_ah(pe, attr, obj->e)) return void(c.fail(ec));
     c.complete({}, handle_access::make<ah>(std::move(obj)));
   } catch (...) {
     c.fail(err(errc::no_resources));
@@ -284,11 +300,14 @@ void start_create_ah(const std::shared_ptr<pd_obj>& p, const ah_attr& attr, comp
 }
 
 void start_create_srq(const std::shared_ptr<pd_obj>& p, const srq_attr& attr, completer<srq> c) noexcept {
-  if (auto ec = unusable(p.get(), p ? p->e : nullptr, *p->dev)) return void(c.fail(ec));
+  if (p == nullptr) return void(c.fail(err(errc::invalid_argument)));
+  const auto handles = use_handles(*p->dev);
+  soft::pd_t* pe = live(p->e);
+  if (auto ec = unusable(p.get(), pe, *p->dev)) return void(c.fail(ec));
   try {
     auto obj = std::make_shared<srq_obj>();
     obj->pd = p;
-    if (auto ec = p->dev->eng->create_srq(p->e, attr, obj->e)) return void(c.fail(ec));
+    if (auto ec = p->dev->eng->create_srq(pe, attr, obj->e)) return void(c.fail(ec));
     c.complete({}, handle_access::make<srq>(std::move(obj)));
   } catch (...) {
     c.fail(err(errc::no_resources));
@@ -296,28 +315,34 @@ void start_create_srq(const std::shared_ptr<pd_obj>& p, const srq_attr& attr, co
 }
 
 void start_create_qp(const std::shared_ptr<pd_obj>& p, const qp_init_attr& attr, completer<qp> c) noexcept {
-  if (auto ec = unusable(p.get(), p ? p->e : nullptr, *p->dev)) return void(c.fail(ec));
+  if (p == nullptr) return void(c.fail(err(errc::invalid_argument)));
+  // One lock covers the PD, the CQs and the SRQ: objects of other devices
+  // are refused before any is used.
+  const auto handles = use_handles(*p->dev);
+  soft::pd_t* pe = live(p->e);
+  if (auto ec = unusable(p.get(), pe, *p->dev)) return void(c.fail(ec));
   try {
     auto obj = std::make_shared<qp_obj>();
     obj->pd = p;
     obj->scq = handle_access::obj(attr.send_cq);
     obj->rcq = handle_access::obj(attr.recv_cq);
     obj->srq = handle_access::obj(attr.srq);
-    if (obj->scq == nullptr || obj->scq->e == nullptr) return void(c.fail(err(errc::invalid_argument)));
-    if (obj->rcq == nullptr && obj->srq == nullptr) return void(c.fail(err(errc::invalid_argument)));
-    if (obj->rcq != nullptr && obj->rcq->e == nullptr) return void(c.fail(err(errc::invalid_argument)));
-    if (obj->srq != nullptr && obj->srq->e == nullptr) return void(c.fail(err(errc::invalid_argument)));
-    if (obj->scq->dev->eng != p->dev->eng || (obj->rcq && obj->rcq->dev->eng != p->dev->eng))
-      return void(c.fail(err(errc::invalid_argument)));  // a CQ of another device
+    if (obj->scq == nullptr || (obj->rcq == nullptr && obj->srq == nullptr))
+      return void(c.fail(err(errc::invalid_argument)));
+    if (obj->scq->dev->eng != p->dev->eng || (obj->rcq && obj->rcq->dev->eng != p->dev->eng) ||
+        (obj->srq && obj->srq->pd->dev->eng != p->dev->eng))
+      return void(c.fail(err(errc::invalid_argument)));  // a CQ or SRQ of another device
     if (obj->rcq == nullptr) obj->rcq = obj->scq;
     soft::device::qp_init init;
-    init.send_cq = obj->scq->e;
-    init.recv_cq = obj->rcq->e;
-    init.srq = obj->srq ? obj->srq->e : nullptr;
+    init.send_cq = live(obj->scq->e);
+    init.recv_cq = live(obj->rcq->e);
+    init.srq = obj->srq ? live(obj->srq->e) : nullptr;
+    if (init.send_cq == nullptr || init.recv_cq == nullptr || (obj->srq != nullptr && init.srq == nullptr))
+      return void(c.fail(err(errc::invalid_argument)));
     init.cap = attr.cap;
     init.type = attr.type;
     init.sq_sig_all = attr.sq_sig_all;
-    if (auto ec = p->dev->eng->create_qp(p->e, init, obj->e)) return void(c.fail(ec));
+    if (auto ec = p->dev->eng->create_qp(pe, init, obj->e)) return void(c.fail(ec));
     obj->qpn = obj->e->qpn;
     obj->type = attr.type;
     c.complete({}, handle_access::make<qp>(std::move(obj)));
@@ -344,11 +369,16 @@ void start_dereg_mr(const std::shared_ptr<mr_obj>& m, completer<void> c) noexcep
 
 void start_rereg_mr(const std::shared_ptr<mr_obj>& m, int flags, const std::shared_ptr<pd_obj>& pd, void* addr,
                     std::size_t length, std::uint32_t access, completer<void> c) noexcept {
-  if (auto ec = unusable(m.get(), m ? m->e : nullptr, *m->pd->dev)) return void(c.fail(ec));
-  if ((flags & rereg_change_pd) != 0 && (pd == nullptr || pd->e == nullptr || pd->dev->eng != m->pd->dev->eng))
+  if (m == nullptr) return void(c.fail(err(errc::invalid_argument)));
+  const auto handles = use_handles(*m->pd->dev);
+  soft::mr_t* me = live(m->e);
+  if (auto ec = unusable(m.get(), me, *m->pd->dev)) return void(c.fail(ec));
+  if ((flags & rereg_change_pd) != 0 &&
+      (pd == nullptr || live(pd->e) == nullptr || pd->dev->eng != m->pd->dev->eng))
     return void(c.fail(err(errc::invalid_argument)));
-  soft::pd_t* target = (flags & rereg_change_pd) != 0 ? pd->e : m->pd->e;
-  if (auto ec = m->pd->dev->eng->rereg_mr(m->e, flags, target, reinterpret_cast<std::uintptr_t>(addr), length,
+  soft::pd_t* target = live((flags & rereg_change_pd) != 0 ? pd->e : m->pd->e);
+  if (target == nullptr) return void(c.fail(err(errc::stale_handle)));
+  if (auto ec = m->pd->dev->eng->rereg_mr(me, flags, target, reinterpret_cast<std::uintptr_t>(addr), length,
                                           access))
     return void(c.fail(ec));
   if ((flags & rereg_change_translation) != 0) {
@@ -378,17 +408,23 @@ void start_destroy_ah(const std::shared_ptr<ah_obj>& a, completer<void> c) noexc
 // --- cq -------------------------------------------------------------------------
 
 void start_cq_notify(const std::shared_ptr<cq_obj>& q, bool solicited_only, completer<void> c) noexcept {
-  if (auto ec = unusable(q.get(), q ? q->e : nullptr, *q->dev)) return void(c.fail(ec));
+  if (q == nullptr) return void(c.fail(err(errc::invalid_argument)));
+  const auto handles = use_handles(*q->dev);
+  soft::cq_t* e = live(q->e);
+  if (auto ec = unusable(q.get(), e, *q->dev)) return void(c.fail(ec));
   try {
-    q->dev->eng->arm_cq(q->e, solicited_only, c.context(), c.id());
+    q->dev->eng->arm_cq(e, solicited_only, c.context(), c.id());
   } catch (...) {
     c.fail(err(errc::no_resources));
   }
 }
 
 void start_resize_cq(const std::shared_ptr<cq_obj>& q, std::uint32_t cqe, completer<void> c) noexcept {
-  if (auto ec = unusable(q.get(), q ? q->e : nullptr, *q->dev)) return void(c.fail(ec));
-  if (auto ec = q->dev->eng->resize_cq(q->e, cqe)) return void(c.fail(ec));
+  if (q == nullptr) return void(c.fail(err(errc::invalid_argument)));
+  const auto handles = use_handles(*q->dev);
+  soft::cq_t* e = live(q->e);
+  if (auto ec = unusable(q.get(), e, *q->dev)) return void(c.fail(ec));
+  if (auto ec = q->dev->eng->resize_cq(e, cqe)) return void(c.fail(ec));
   c.complete({});
 }
 
@@ -403,15 +439,21 @@ void start_destroy_cq(const std::shared_ptr<cq_obj>& q, completer<void> c) noexc
 
 void start_modify_srq(const std::shared_ptr<srq_obj>& s, srq_attr attr, std::uint32_t mask,
                       completer<void> c) noexcept {
-  if (auto ec = unusable(s.get(), s ? s->e : nullptr, *s->pd->dev)) return void(c.fail(ec));
-  if (auto ec = s->pd->dev->eng->modify_srq(s->e, attr, mask)) return void(c.fail(ec));
+  if (s == nullptr) return void(c.fail(err(errc::invalid_argument)));
+  const auto handles = use_handles(*s->pd->dev);
+  soft::srq_t* e = live(s->e);
+  if (auto ec = unusable(s.get(), e, *s->pd->dev)) return void(c.fail(ec));
+  if (auto ec = s->pd->dev->eng->modify_srq(e, attr, mask)) return void(c.fail(ec));
   c.complete({});
 }
 
 void start_query_srq(const std::shared_ptr<srq_obj>& s, completer<srq_attr> c) noexcept {
-  if (auto ec = unusable(s.get(), s ? s->e : nullptr, *s->pd->dev)) return void(c.fail(ec));
+  if (s == nullptr) return void(c.fail(err(errc::invalid_argument)));
+  const auto handles = use_handles(*s->pd->dev);
+  soft::srq_t* e = live(s->e);
+  if (auto ec = unusable(s.get(), e, *s->pd->dev)) return void(c.fail(ec));
   srq_attr a;
-  if (auto ec = s->pd->dev->eng->query_srq(s->e, a)) return void(c.fail(ec));
+  if (auto ec = s->pd->dev->eng->query_srq(e, a)) return void(c.fail(ec));
   c.complete({}, a);
 }
 
@@ -427,16 +469,22 @@ void start_destroy_srq(const std::shared_ptr<srq_obj>& s, completer<void> c) noe
 
 void start_modify_qp(const std::shared_ptr<qp_obj>& q, const qp_attr& attr, std::uint32_t mask,
                      completer<void> c) noexcept {
-  if (auto ec = unusable(q.get(), q ? q->e : nullptr, *q->pd->dev)) return void(c.fail(ec));
-  if (auto ec = q->pd->dev->eng->modify_qp(q->e, attr, mask)) return void(c.fail(ec));
+  if (q == nullptr) return void(c.fail(err(errc::invalid_argument)));
+  const auto handles = use_handles(*q->pd->dev);
+  soft::qp_t* e = live(q->e);
+  if (auto ec = unusable(q.get(), e, *q->pd->dev)) return void(c.fail(ec));
+  if (auto ec = q->pd->dev->eng->modify_qp(e, attr, mask)) return void(c.fail(ec));
   c.complete({});
 }
 
 void start_query_qp(const std::shared_ptr<qp_obj>& q, completer<qp_attr> c) noexcept {
-  if (auto ec = unusable(q.get(), q ? q->e : nullptr, *q->pd->dev)) return void(c.fail(ec));
+  if (q == nullptr) return void(c.fail(err(errc::invalid_argument)));
+  const auto handles = use_handles(*q->pd->dev);
+  soft::qp_t* e = live(q->e);
+  if (auto ec = unusable(q.get(), e, *q->pd->dev)) return void(c.fail(ec));
   qp_attr a;
   qp_cap cap;
-  if (auto ec = q->pd->dev->eng->query_qp(q->e, a, cap)) return void(c.fail(ec));
+  if (auto ec = q->pd->dev->eng->query_qp(e, a, cap)) return void(c.fail(ec));
   c.complete({}, a);
 }
 
@@ -498,17 +546,33 @@ device open_device(context& ctx, std::string_view name, std::error_code& ec) noe
   return detail::sync_call<device>([&](auto t) { return async_open_device(ctx, name, t); }, ec);
 }
 
-std::uint32_t mr::lkey() const noexcept { return obj_ && obj_->e ? obj_->e->lkey : 0; }
-std::uint32_t mr::rkey() const noexcept { return obj_ && obj_->e ? obj_->e->rkey : 0; }
+// The accessors read a handle's slot once: a destroy on another thread
+// makes them the caller's race (as the data path), never a null dereference.
+std::uint32_t mr::lkey() const noexcept {
+  const soft::mr_t* e = obj_ ? detail::live(obj_->e) : nullptr;
+  return e != nullptr ? e->lkey : 0;
+}
+std::uint32_t mr::rkey() const noexcept {
+  const soft::mr_t* e = obj_ ? detail::live(obj_->e) : nullptr;
+  return e != nullptr ? e->rkey : 0;
+}
 void* mr::addr() const noexcept { return obj_ ? obj_->addr : nullptr; }
 std::size_t mr::length() const noexcept { return obj_ ? obj_->length : 0; }
-std::uint32_t mr::access() const noexcept { return obj_ && obj_->e ? obj_->e->access : 0; }
+std::uint32_t mr::access() const noexcept {
+  const soft::mr_t* e = obj_ ? detail::live(obj_->e) : nullptr;
+  return e != nullptr ? e->access : 0;
+}
 
 std::uint32_t mw::rkey() const noexcept {
-  if (!obj_ || !obj_->e) return 0;
-  return obj_->pd->dev->eng->mw_rkey(obj_->e);
+  if (!obj_) return 0;
+  const auto handles = detail::use_handles(*obj_->pd->dev);
+  soft::mw_t* e = detail::live(obj_->e);
+  return e != nullptr ? obj_->pd->dev->eng->mw_rkey(e) : 0;
 }
-mw_type mw::type() const noexcept { return obj_ && obj_->e ? obj_->e->type : mw_type::type1; }
+mw_type mw::type() const noexcept {
+  const soft::mw_t* e = obj_ ? detail::live(obj_->e) : nullptr;
+  return e != nullptr ? e->type : mw_type::type1;
+}
 
 const ah_attr& ah::attr() const {
   if (!obj_) throw std::system_error(make_error_code(errc::invalid_argument), "empty ah");
@@ -516,47 +580,65 @@ const ah_attr& ah::attr() const {
 }
 
 std::size_t cq::poll(std::span<work_completion> out) const noexcept {
-  if (!obj_ || !obj_->e || obj_->dev->removed()) return 0;
-  return obj_->dev->eng->poll_cq(obj_->e, out);
+  soft::cq_t* e = obj_ ? detail::live(obj_->e) : nullptr;
+  if (e == nullptr || obj_->dev->removed()) return 0;
+  return obj_->dev->eng->poll_cq(e, out);
 }
 
-std::uint32_t cq::cqe() const noexcept { return obj_ && obj_->e ? obj_->e->cqe : 0; }
-std::uint32_t cq::handle() const noexcept { return obj_ && obj_->e ? obj_->e->event_id() : 0; }
-std::uint32_t srq::handle() const noexcept { return obj_ && obj_->e ? obj_->e->event_id() : 0; }
+std::uint32_t cq::cqe() const noexcept {
+  if (!obj_) return 0;
+  const auto handles = detail::use_handles(*obj_->dev);  // resize_cq changes it
+  soft::cq_t* e = detail::live(obj_->e);
+  return e != nullptr ? obj_->dev->eng->cqe_of(e) : 0;
+}
+std::uint32_t cq::handle() const noexcept {
+  const soft::cq_t* e = obj_ ? detail::live(obj_->e) : nullptr;
+  return e != nullptr ? e->event_id() : 0;
+}
+std::uint32_t srq::handle() const noexcept {
+  const soft::srq_t* e = obj_ ? detail::live(obj_->e) : nullptr;
+  return e != nullptr ? e->event_id() : 0;
+}
 
 std::size_t cq::cancel_notifies() const noexcept { return obj_ ? obj_->notifies->cancel() : 0; }
 
 std::error_code srq::post_recv(std::span<const recv_wr> wrs, std::size_t* bad) const noexcept {
-  if (auto ec = data_path_check(obj_.get(), obj_ ? obj_->e : nullptr, obj_ ? obj_->pd->dev.get() : nullptr)) return ec;
-  return obj_->pd->dev->eng->post_srq_recv(obj_->e, wrs.data(), wrs.size(), bad);
+  auto* e = obj_ ? detail::live(obj_->e) : nullptr;
+  if (auto ec = data_path_check(obj_.get(), e, obj_ ? obj_->pd->dev.get() : nullptr)) return ec;
+  return obj_->pd->dev->eng->post_srq_recv(e, wrs.data(), wrs.size(), bad);
 }
 
 std::uint32_t qp::num() const noexcept { return obj_ ? obj_->qpn : 0; }
 qp_type qp::type() const noexcept { return obj_ ? obj_->type : qp_type::rc; }
 
 qp_state qp::state() const noexcept {
-  if (!obj_ || !obj_->e) return qp_state::err;
-  return obj_->pd->dev->eng->state_of(obj_->e);
+  if (!obj_) return qp_state::err;
+  const auto handles = detail::use_handles(*obj_->pd->dev);
+  soft::qp_t* e = detail::live(obj_->e);
+  return e != nullptr ? obj_->pd->dev->eng->state_of(e) : qp_state::err;
 }
 
 std::error_code qp::post_send(std::span<const send_wr> wrs, std::size_t* bad) const noexcept {
-  if (auto ec = data_path_check(obj_.get(), obj_ ? obj_->e : nullptr, obj_ ? obj_->pd->dev.get() : nullptr)) return ec;
-  return obj_->pd->dev->eng->post_send(obj_->e, wrs.data(), wrs.size(), bad);
+  auto* e = obj_ ? detail::live(obj_->e) : nullptr;
+  if (auto ec = data_path_check(obj_.get(), e, obj_ ? obj_->pd->dev.get() : nullptr)) return ec;
+  return obj_->pd->dev->eng->post_send(e, wrs.data(), wrs.size(), bad);
 }
 
 std::error_code qp::post_recv(std::span<const recv_wr> wrs, std::size_t* bad) const noexcept {
-  if (auto ec = data_path_check(obj_.get(), obj_ ? obj_->e : nullptr, obj_ ? obj_->pd->dev.get() : nullptr)) return ec;
-  return obj_->pd->dev->eng->post_recv(obj_->e, wrs.data(), wrs.size(), bad);
+  auto* e = obj_ ? detail::live(obj_->e) : nullptr;
+  if (auto ec = data_path_check(obj_.get(), e, obj_ ? obj_->pd->dev.get() : nullptr)) return ec;
+  return obj_->pd->dev->eng->post_recv(e, wrs.data(), wrs.size(), bad);
 }
 
 std::error_code qp::bind_mw(const mw& w, std::uint64_t wr_id, std::uint32_t flags, const mw_bind_info& info,
                             std::uint32_t* new_rkey) const noexcept {
-  if (auto ec = data_path_check(obj_.get(), obj_ ? obj_->e : nullptr, obj_ ? obj_->pd->dev.get() : nullptr)) return ec;
+  auto* e = obj_ ? detail::live(obj_->e) : nullptr;
+  if (auto ec = data_path_check(obj_.get(), e, obj_ ? obj_->pd->dev.get() : nullptr)) return ec;
   soft::mw_t* m = soft::engine_object(const_cast<mw*>(&w));
   if (m == nullptr) return make_error_code(errc::invalid_argument);
   // libibverbs: the window and the region must share a PD (EPERM).
   std::uint32_t key = 0;
-  if (auto ec = obj_->pd->dev->eng->bind_mw1(obj_->e, m, wr_id, flags, info, key)) return ec;
+  if (auto ec = obj_->pd->dev->eng->bind_mw1(e, m, wr_id, flags, info, key)) return ec;
   if (new_rkey != nullptr) *new_rkey = key;
   return {};
 }

@@ -366,7 +366,7 @@ struct qp_t {
     std::uint32_t rkey = 0;
     std::uint32_t length = 0;     // RETH length of the message
     std::uint32_t last_ack_psn = 0;
-    std::uint32_t newest_psn = 0;  // of the newest SEND, WRITE or atomic taken in sequence
+    std::uint32_t newest_psn = 0;  // of the newest SEND or WRITE taken in sequence
     bool ack_pending = false;      // a coalesced ACK waits for the queue to drain
     bool ack_lazy = false;         // an ACK nobody asked for waits (queue_lazy_ack)
     bool lazy_listed = false;      // in the device's lazy_acks_ (until its timer drains it)
@@ -382,7 +382,7 @@ struct qp_t {
     // behind the READ cannot change what the READ returns).
     struct read_reply {
       bool active = false;
-      bool replay = false;          // a duplicate's: a failure ends it silently
+      bool continues = false;       // a duplicate's from past the READ's first PSN (MIDDLE/LAST)
       std::uint32_t first_psn = 0;  // of its first response
       std::uint32_t packets = 0;
       std::uint32_t sent = 0;
@@ -780,7 +780,7 @@ class device final : public progress_source, public clock_listener {
   void send_ack(qp_t* qp, std::uint8_t syndrome, std::uint32_t psn) noexcept;
   void send_rnr_nak(qp_t* qp, std::uint32_t psn) noexcept;
   void send_atomic_ack(qp_t* qp, std::uint32_t psn, std::uint64_t orig) noexcept;
-  void start_read_reply(qp_t* qp, std::uint32_t psn, const wire::reth& t, bool replay) noexcept;
+  void start_read_reply(qp_t* qp, std::uint32_t psn, const wire::reth& t, bool continues) noexcept;
   bool pump_read_reply(qp_t* qp) noexcept;
   void responder_turn(qp_t* qp) noexcept;
   /// A READ is being answered, or requests wait behind one: new requests

@@ -1363,7 +1363,8 @@ void device::respond(qp_t* qp, packet* p) noexcept {
     r.psn = psn_add(psn, 1);
     r.last_opcode = p->hdr.bth.opcode;
     r.last_ack_psn = psn;
-    r.newest_psn = psn;
+    // newest_psn stays: an ACK at the atomic's PSN (for a duplicate SEND
+    // or WRITE) would complete it at an rxe requester without its result.
     return;
   }
 
@@ -1498,12 +1499,12 @@ void device::respond(qp_t* qp, packet* p) noexcept {
   }
 }
 
-void device::start_read_reply(qp_t* qp, std::uint32_t psn, const wire::reth& t, bool replay) noexcept {
+void device::start_read_reply(qp_t* qp, std::uint32_t psn, const wire::reth& t, bool continues) noexcept {
   flush_ack(qp);  // the requests before it are acknowledged first
   auto& rd = qp->resp.reading;
   rd = {};
   rd.active = true;
-  rd.replay = replay;
+  rd.continues = continues;
   rd.first_psn = psn;
   rd.packets = packets_for(t.length, qp->mtu_bytes);
   rd.va = t.va;
@@ -1520,9 +1521,10 @@ void device::start_read_reply(qp_t* qp, std::uint32_t psn, const wire::reth& t, 
 bool device::pump_read_reply(qp_t* qp) noexcept {
   auto& rd = qp->resp.reading;
   const std::uint32_t mtu = qp->mtu_bytes;
+  // A replay too (rxe rechecks the key of a duplicate READ): the region
+  // is gone, and the requester's READ cannot complete.
   auto fail = [&](wire::nak_code code) {
     rd.active = false;
-    if (rd.replay) return;  // the requester times out and asks again
     send_ack(qp, wire::aeth_nak(code), psn_add(rd.first_psn, rd.sent));
     raise_event(qp->pd->events, code == wire::nak_code::remote_access_error ? event_type::qp_access_err : event_type::qp_req_err,
                 qp->qpn);
@@ -1541,10 +1543,14 @@ bool device::pump_read_reply(qp_t* qp) noexcept {
   for (; rd.sent < end; ++rd.sent) {
     const std::uint32_t k = rd.sent;
     const std::uint32_t n = rd.packets;
-    const opcode op = n == 1 ? opcode::rc_read_response_only
-                      : k == 0 ? opcode::rc_read_response_first
-                      : k == n - 1 ? opcode::rc_read_response_last
-                                   : opcode::rc_read_response_middle;
+    // The rest of a READ answered in part goes on with MIDDLE and LAST, as
+    // rxe's replay does: its requester, holding the first part, refuses a
+    // FIRST or ONLY past the READ's first PSN.
+    const bool starts = k == 0 && !rd.continues;
+    const opcode op = starts && n == 1 ? opcode::rc_read_response_only
+                      : starts         ? opcode::rc_read_response_first
+                      : k == n - 1     ? opcode::rc_read_response_last
+                                       : opcode::rc_read_response_middle;
     const std::uint64_t at = std::uint64_t{k} * mtu - from;  // into this batch
     const auto len = static_cast<std::uint32_t>(std::min<std::uint64_t>(mtu, to - from - at));
     packet* p = new_packet(qp, op, psn_add(rd.first_psn, k));
@@ -1686,10 +1692,9 @@ void device::respond_duplicate(qp_t* qp, packet* p) noexcept {
       const wire::reth& t = p->hdr.reth;
       const std::uint64_t skip = std::uint64_t{(psn - res.first_psn) & wire::psn_mask} * qp->mtu_bytes;
       if (t.rkey != res.rkey || t.va != res.va + skip || std::uint64_t{t.length} + skip != res.length) return;
-      std::byte* host = nullptr;
-      std::uint64_t addr = 0;
-      if (t.length != 0 && !resolve_rkey(qp, t.rkey, t.va, t.length, access_remote_read, host, addr)) return;
-      start_read_reply(qp, psn, t, true);  // unreadable: the requester times out
+      // The key is resolved again as the responses go: a region gone since
+      // is a remote access error (rxe_recheck_mr).
+      start_read_reply(qp, psn, t, psn != res.first_psn);
       return;
     }
     return;  // unknown: silently dropped
@@ -1707,8 +1712,9 @@ void device::respond_duplicate(qp_t* qp, packet* p) noexcept {
   // SEND/WRITE: acknowledge again, asked or not: a duplicate means the
   // requester missed our ACK.  With the newest PSN taken in sequence, as
   // rxe (its ack_psn), whether or not that packet asked: a requester's
-  // tail probe learns where we are.  Never a READ's PSN: requests behind
-  // a READ wait until its responses are out.
+  // tail probe learns where we are.  Never a READ's PSN (requests behind
+  // a READ wait until its responses are out) nor an atomic's (only its
+  // ATOMIC ACKNOWLEDGE carries its result).
   send_ack(qp, wire::aeth_ack_unlimited, r.newest_psn);
 }
 

@@ -1124,13 +1124,84 @@ TEST_F(hostile_peer, a_duplicate_read_is_replayed_only_for_the_rest_from_its_psn
   send(wire::opcode::rc_read_request, 3, {}, h);
   EXPECT_TRUE(collect().empty());
 
+  // The rest goes on with MIDDLE and LAST, as rxe replays it: an rxe
+  // requester holding the first part refuses a FIRST or ONLY past the
+  // READ's first PSN (rxe_comp.c check_ack) and fails the READ.
   h.reth = {va(2048), m.rkey(), 2048};  // the rest from PSN 2
   send(wire::opcode::rc_read_request, 2, {}, h);
   out = collect();
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(out[0].bth.psn, 2u);
+  EXPECT_EQ(static_cast<wire::opcode>(out[0].bth.opcode), wire::opcode::rc_read_response_middle);
   EXPECT_EQ(out[1].bth.psn, 3u);
   EXPECT_EQ(static_cast<wire::opcode>(out[1].bth.opcode), wire::opcode::rc_read_response_last);
+
+  h.reth = {va(3072), m.rkey(), 1024};  // the last packet alone: LAST, not ONLY
+  send(wire::opcode::rc_read_request, 3, {}, h);
+  out = collect();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].bth.psn, 3u);
+  EXPECT_EQ(static_cast<wire::opcode>(out[0].bth.opcode), wire::opcode::rc_read_response_last);
+
+  h.reth = {va(), m.rkey(), 4096};  // the whole READ again: FIRST ... LAST
+  send(wire::opcode::rc_read_request, 0, {}, h);
+  out = collect();
+  ASSERT_EQ(out.size(), 4u);
+  EXPECT_EQ(static_cast<wire::opcode>(out[0].bth.opcode), wire::opcode::rc_read_response_first);
+  EXPECT_EQ(static_cast<wire::opcode>(out[3].bth.opcode), wire::opcode::rc_read_response_last);
+}
+
+// A duplicate READ is checked again against the region (rxe_recheck_mr):
+// one deregistered since is a remote access error at the duplicate's PSN,
+// not silence until the requester's retries run out.
+TEST_F(hostile_peer, a_duplicate_read_of_a_region_deregistered_since_is_a_remote_access_error) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write | access_remote_read);
+  wire::transport_headers h;
+  h.reth = {va(), m.rkey(), 2048};
+  send(wire::opcode::rc_read_request, 0, {}, h);  // 2 responses, PSNs 0-1
+  ASSERT_EQ(collect().size(), 2u);
+  m.dereg();
+  send(wire::opcode::rc_read_request, 0, {}, h);
+  const auto nak = next_ack();
+  ASSERT_TRUE(nak.has_value());
+  EXPECT_EQ(nak->aeth.syndrome, nak_remote_access);
+  EXPECT_EQ(nak->bth.psn, 0u);
+  EXPECT_EQ(qp_.query().state, qp_state::err);
+}
+
+// A duplicate SEND is acknowledged at the newest SEND or WRITE, never at
+// an atomic's PSN: a plain ACK there completes the atomic at an rxe
+// requester (its check_psn/check_ack) without the original value.
+TEST_F(hostile_peer, a_duplicate_send_is_never_acknowledged_at_an_atomics_psn) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write | access_remote_atomic);
+  post_recvs(m, 2, 64);
+  send(wire::opcode::rc_send_only, 0, filled(16, 0xAA));
+  const auto ack = next_ack();
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_EQ(ack->bth.psn, 0u);
+  wire::transport_headers h;
+  h.atomic = {va(2048), m.rkey(), 5, 0};
+  send(wire::opcode::rc_fetch_add, 1, {}, h);
+  const auto atomic_ack = next_ack();
+  ASSERT_TRUE(atomic_ack.has_value());
+  EXPECT_EQ(static_cast<wire::opcode>(atomic_ack->bth.opcode), wire::opcode::rc_atomic_ack);
+  EXPECT_EQ(atomic_ack->bth.psn, 1u);
+
+  send(wire::opcode::rc_send_only, 0, filled(16, 0xAA));  // both answers were lost
+  const auto again = next_ack();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(static_cast<wire::opcode>(again->bth.opcode), wire::opcode::rc_ack);
+  EXPECT_EQ(again->bth.psn, 0u);
+  send(wire::opcode::rc_fetch_add, 1, {}, h);  // the atomic's answer comes from the replay cache
+  const auto replayed = next_ack();
+  ASSERT_TRUE(replayed.has_value());
+  EXPECT_EQ(static_cast<wire::opcode>(replayed->bth.opcode), wire::opcode::rc_atomic_ack);
+  EXPECT_EQ(replayed->atomic_ack, 0u);  // the original value, executed once
+  std::uint64_t v = 0;
+  std::memcpy(&v, buf_.data() + 2048, 8);
+  EXPECT_EQ(v, 5u);
 }
 
 // The ACK held for a WRITE goes out ahead of a READ's or an atomic's

@@ -599,7 +599,7 @@ class device final : public progress_source, public clock_listener {
   std::error_code modify_qp_locked(qp_t* qp, const qp_attr& attr, std::uint32_t mask);
   std::error_code query_qp(qp_t* qp, qp_attr& out, qp_cap& init_cap);
   qp_state state_of(qp_t* qp) const;
-  /// Flushes the QP's work (wr_flush_err, once each) and frees it.
+  /// Discards the QP's work without completions (as RESET) and frees it.
   std::error_code destroy_qp(qp_t* qp);
 
   // --- data path ---------------------------------------------------------------

@@ -612,10 +612,17 @@ void device::destroy_qp_locked(qp_t* qp) noexcept {
     flush_ack(qp);
     link_->flush();
   }
-  if (qp->state != qp_state::reset) {
-    qp->state = qp_state::err;
-    flush_qp(qp);
-  }
+  // Outstanding work is discarded without completions, as a move to RESET
+  // does (mlx5 moves the QP to RESET first; rxe flushes without posting
+  // once the QP is invalid): a program that frees its WR contexts after
+  // the destroy must not meet them in a CQ later, and a QP torn down with
+  // a deep queue must not overrun a CQ other QPs share.  A receive taken
+  // from an SRQ for an unfinished message completes flushed, as on RESET.
+  flush_held_srq_recv(qp);
+  drop_held_requests(qp);
+  qp->sq.release(qp->sq.producer());
+  if (qp->srq == nullptr) qp->rq.release(qp->rq.producer());
+  qp->state = qp_state::err;
   disarm_timers(qp);
   if (qp->req.scheduled) {
     qp_t** link = &req_head_;

@@ -1154,7 +1154,10 @@ TEST_F(qp_test, err_flushes_outstanding_sends_exactly_once_each) {
   EXPECT_TRUE(drain().empty());
 }
 
-TEST_F(qp_test, destroy_flushes_posted_receives_exactly_once_each) {
+// Destroying discards the queues without completions, as RESET does (mlx5
+// goes through RESET; rxe posts nothing once the QP is invalid): the
+// program may free its WR contexts right after.
+TEST_F(qp_test, destroy_discards_posted_receives_without_completions) {
   qp q = fresh(qp_type::rc);
   ASSERT_TRUE(reach(q, qp_state::init));
   auto buf = make_buffer(64);
@@ -1162,12 +1165,7 @@ TEST_F(qp_test, destroy_flushes_posted_receives_exactly_once_each) {
   const std::array<recv_wr, 2> rs{recv_of(31, &g), recv_of(32, &g)};
   ASSERT_EQ(q.post_recv(rs), std::error_code{});
   q.destroy();
-  auto wcs = drain();
-  ASSERT_EQ(wcs.size(), 2u);
-  EXPECT_EQ(wcs[0].wr_id, 31u);
-  EXPECT_EQ(wcs[1].wr_id, 32u);
-  EXPECT_EQ(wcs[0].status, wc_status::wr_flush_err);
-  EXPECT_EQ(wcs[1].status, wc_status::wr_flush_err);
+  EXPECT_TRUE(drain().empty());
 }
 
 TEST_F(qp_test, destroyed_qp_rejects_every_call_bad_flow) {

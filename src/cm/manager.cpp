@@ -164,12 +164,13 @@ conn* manager::create() noexcept {
   }
 }
 
-void manager::complete(waiter& w, const std::error_code& ec, void* result) noexcept {
-  if (!w) return;
-  averbs::detail::complete_request(*w.ctx, w.id, ec, result);
+bool manager::complete(waiter& w, const std::error_code& ec, void* result) noexcept {
+  if (!w) return false;
+  const bool taken = averbs::detail::complete_request(*w.ctx, w.id, ec, result);
   context_release(*w.ctx);
   w = {};
   dev_.yield_pass();  // the waiter may be the thread running this pass
+  return taken;
 }
 
 void manager::index_qpn(conn& c) noexcept {
@@ -219,7 +220,10 @@ void manager::close_conn(conn& c) noexcept {
   // A closed connection is no one's: a REQ the peer resends is a new
   // request (ib_cm's cm_reset_to_idle()), not a duplicate to swallow.
   unindex_remote(c);
-  if (!c.ended && c.notify) complete(c.notify, err(c.was_connected ? errc::connection_reset : errc::not_connected));
+  // (A passive UD connection stays the application's when we stop
+  // answering duplicates of its SIDR_REQ: it ends with disconnect().)
+  if (!c.ended && c.notify && !c.ud_bound)
+    complete(c.notify, err(c.was_connected ? errc::connection_reset : errc::not_connected));
   c.st = state::closed;
   c.mad.reset();
   if (c.qpn_indexed) {
@@ -614,10 +618,17 @@ void manager::on_qp(soft::qp_t* qp, soft::qp_note n) noexcept {
 
 void manager::on_fatal() noexcept {
   fatal_ = true;
-  for (auto& [id, c] : conns_) {
-    complete(c->op, err(errc::device_removed));
-    complete(c->notify, err(errc::device_removed));
-    disarm(*c);
+  // Every connection ends with the device: its requests with
+  // device_removed, and it reads closed (not connecting or established
+  // for ever); those no connector holds are freed now (their timers never
+  // run again).  close_conn() erases only the one at hand.
+  for (auto it = conns_.begin(); it != conns_.end();) {
+    conn& c = *(it++)->second;
+    complete(c.op, err(errc::device_removed));
+    complete(c.notify, err(errc::device_removed));
+    c.ended = true;
+    c.ud_bound = false;
+    close_conn(c);
   }
   for (auto& l : listeners_) {
     for (auto& g : l->gets) {
@@ -844,7 +855,11 @@ void manager::on_rep(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
   res.responder_resources = r.responder_resources;
   res.initiator_depth = r.initiator_depth;
   res.remote_qpn = r.local_qpn;
-  complete(c.op, {}, &res);
+  if (!complete(c.op, {}, &res)) {
+    // Cancelled on another thread since op_cancelled() above: the peer
+    // has our RTU, so it hears a DREQ, as a cancelled accept's peer does.
+    (void)disconnect(&c);
+  }
 }
 
 void manager::on_rtu(const soft::mad_in& m) noexcept {
@@ -872,7 +887,7 @@ void manager::on_rtu(const soft::mad_in& m) noexcept {
     (void)disconnect(&c);
     return;
   }
-  complete(c.op, {});
+  if (!complete(c.op, {})) (void)disconnect(&c);  // cancelled on another thread meanwhile
 }
 
 void manager::on_rej(const soft::mad_in& m) noexcept {
@@ -1137,7 +1152,7 @@ void manager::on_sidr_rep(const soft::mad_in& m) noexcept {
       res.private_data = c.pdata;
       res.remote_qpn = r.qpn;
       res.remote_qkey = r.qkey;
-      complete(c.op, {}, &res);
+      if (!complete(c.op, {}, &res)) close_conn(c);  // cancelled on another thread meanwhile
       return;
     }
     case wcm::sidr_status::no_service:
@@ -1474,7 +1489,12 @@ void manager::accept(conn* cp, soft::qp_t* qp, std::span<const std::byte> pdata,
       return fail(ec);
     }
     send_sidr_rep(c, wcm::sidr_status::ok, pdata);
-    c.st = state::timewait;  // answers duplicates for a while, then closes
+    // Established for the application (state(), disconnect(),
+    // notify_disconnect()) until it disconnects; inside, it answers
+    // duplicate SIDR_REQs for a while (timewait), then closes.
+    c.st = state::timewait;
+    c.was_connected = true;
+    c.ud_bound = true;
     detach(c);
     // As long as an untaken SIDR_REQ is kept (on_sidr_req): the requester
     // resends at its own pace (rdma_cm: every 4.3 s), which SIDR_REQ does
@@ -1534,6 +1554,14 @@ std::error_code manager::disconnect(conn* cp) noexcept {
   if (fatal_) return err(errc::device_removed);
   conn& c = *cp;
   if (finish_if_cancelled(c)) return {};  // a cancelled connect leaves its QP in INIT
+  if (c.ud_bound) {
+    // A passive UD connection: nothing to tell the peer (SIDR has no
+    // disconnect); duplicates of its request are new requests from now.
+    c.ud_bound = false;
+    end_connection(c, {});
+    if (c.st == state::timewait) close_conn(c);
+    return {};
+  }
   switch (c.st) {
     case state::req_sent:
       // Abandon the connect.
@@ -1594,7 +1622,7 @@ void manager::notify_disconnect(conn* cp, waiter w) noexcept {
     return;
   }
   const bool live = c.st == state::established || c.st == state::rep_sent || c.st == state::req_sent ||
-                    c.st == state::req_rcvd;
+                    c.st == state::req_rcvd || c.ud_bound;
   if (c.notify && !averbs::detail::request_pending(*c.notify.ctx, c.notify.id)) {
     // The one parked before was cancelled: it no longer holds the place.
     context_release(*c.notify.ctx);
@@ -1611,6 +1639,7 @@ void manager::notify_disconnect(conn* cp, waiter w) noexcept {
 
 conn_state manager::public_state(const conn* c) noexcept {
   if (c == nullptr) return conn_state::idle;
+  if (c->ud_bound) return conn_state::established;
   switch (c->st) {
     case state::idle: return conn_state::idle;
     case state::req_sent:

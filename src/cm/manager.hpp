@@ -72,6 +72,7 @@ struct conn {
   bool ended = false;          // the connection ended; `end` says how
   bool qpn_indexed = false;    // in by_qpn_
   bool remote_indexed = false; // in by_remote_
+  bool ud_bound = false;       // a passive UD connection accepted: established until disconnect()
   std::error_code end{};
   soft::qp_t* qp = nullptr;
   qp_type type = qp_type::rc;
@@ -223,7 +224,9 @@ class manager final : public soft::gsi_agent {
   void detach(conn& c) noexcept;
 
   // Completion and bookkeeping.
-  void complete(waiter& w, const std::error_code& ec, void* result = nullptr) noexcept;
+  /// Whether the request took the result (false: none, or already
+  /// completed, i.e. cancelled by the application meanwhile).
+  bool complete(waiter& w, const std::error_code& ec, void* result = nullptr) noexcept;
   void end_connection(conn& c, const std::error_code& why) noexcept;
   void fail_op(conn& c, const std::error_code& ec) noexcept;
   bool finish_if_cancelled(conn& c) noexcept;

@@ -782,6 +782,56 @@ TEST_F(cm_test, ud_service_resolution) {
   EXPECT_EQ(ec, errc::connection_refused);
 }
 
+// The passive side of a UD service resolution is established for the
+// application until it disconnects, as the active side is: not in
+// timewait while it answers duplicate SIDR_REQs, and not closed (its
+// disconnect notification fired) when it stops answering them.
+TEST_F(cm_test, a_passive_ud_connection_is_established_until_it_disconnects) {
+  cm::listener l = cm::listen(dev, at(5000), 16, cm::port_space::udp);
+  qp a = make_qp(qp_type::ud), b = make_qp(qp_type::ud);
+  cm::connector c(dev);
+  auto got = l.async_get_request(use_request);
+  auto conn = c.async_connect(a, at(5000), {}, use_request);
+  cm::connection_request req = got.get();
+  req.conn.accept(b);
+  conn.get();
+  EXPECT_EQ(req.conn.state(), cm::conn_state::established);
+  auto down = req.conn.async_notify_disconnect(use_request);
+  advance(20s);  // past the time it answers duplicates
+  EXPECT_EQ(req.conn.state(), cm::conn_state::established);
+  EXPECT_FALSE(down.ready());
+  std::error_code ec;
+  req.conn.disconnect(ec);
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_EQ(req.conn.state(), cm::conn_state::closed);
+  down.get(ec);
+  EXPECT_FALSE(ec) << ec.message();  // ended by our own disconnect
+  req.conn.disconnect(ec);           // again: already disconnected
+  EXPECT_FALSE(ec) << ec.message();
+}
+
+// Removing the device ends every connection: requests complete with
+// device_removed, and state() reads closed instead of connecting or
+// established for ever.
+TEST_F(cm_test, device_removal_closes_every_connection) {
+  cm::listener l = cm::listen(dev, at(7471));
+  pair p = connect_pair(7471, l);
+  cm::connector pending(dev);
+  auto conn = pending.async_connect(make_qp(), at(7471), {}, use_request);  // nobody takes it
+  ctx->poll();
+  EXPECT_EQ(pending.state(), cm::conn_state::connecting);
+  auto down = p.active.async_notify_disconnect(use_request);
+  sdev.reset();
+  std::error_code ec;
+  conn.get(ec);
+  EXPECT_EQ(ec, errc::device_removed);
+  down.get(ec);
+  EXPECT_EQ(ec, errc::device_removed);
+  EXPECT_EQ(pending.state(), cm::conn_state::closed);
+  EXPECT_EQ(p.active.state(), cm::conn_state::closed);
+  EXPECT_EQ(p.passive.state(), cm::conn_state::closed);
+}
+
 TEST_F(cm_test, uc_connection) {
   cm::listener l = cm::listen(dev, at(7000));
   qp a = make_qp(qp_type::uc), b = make_qp(qp_type::uc);

@@ -1321,10 +1321,12 @@ void device::fatal() {
   fatal_ = true;
   port_state_ = port_state::down;
   gsi_->on_fatal();  // first: its requests end with device_removed, not a reset
-  for (auto& q : qps_)
-    if (q != nullptr && q->state != qp_state::reset && q->state != qp_state::err) qp_to_error(q.get());
+  // The notifications before the QPs flush: those completions can never be
+  // polled (the device is gone), and must not wake a waiter with success.
   for (auto& c : cqs_)
     if (c != nullptr) fail_all(c->notifies, err(errc::device_removed));
+  for (auto& q : qps_)
+    if (q != nullptr && q->state != qp_state::reset && q->state != qp_state::err) qp_to_error(q.get());
   broadcast_event(event_type::device_fatal, 0);
   for (auto& ch : channels_) fail_all(ch->waiters, err(errc::device_removed));
 }

@@ -798,7 +798,8 @@ class device final : public progress_source, public clock_listener {
   bool verify_icrc(const packet* p, std::uint16_t src_port, std::uint16_t dst_port) noexcept;
   bool next_recv(qp_t* qp) noexcept;
   /// Completes the receive in use in error (it is consumed) and posts it.
-  void fail_recv_wqe(qp_t* qp, wc_status status, std::uint32_t src_qp) noexcept;
+  /// Completes the receive in use with `status`; false if its CQ could not take it.
+  bool fail_recv_wqe(qp_t* qp, wc_status status, std::uint32_t src_qp) noexcept;
   void consume_recv(qp_t* qp) noexcept;
   void check_srq_limit(srq_t* srq) noexcept;
   std::error_code post_one_send(qp_t* qp, const send_wr& wr) noexcept;

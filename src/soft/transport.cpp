@@ -1030,7 +1030,7 @@ bool device::next_recv(qp_t* qp) noexcept {
   return true;
 }
 
-void device::fail_recv_wqe(qp_t* qp, wc_status status, std::uint32_t src_qp) noexcept {
+bool device::fail_recv_wqe(qp_t* qp, wc_status status, std::uint32_t src_qp) noexcept {
   work_completion wc;
   wc.wr_id = qp->resp.wqe->wr_id;
   wc.status = status;
@@ -1038,7 +1038,7 @@ void device::fail_recv_wqe(qp_t* qp, wc_status status, std::uint32_t src_qp) noe
   wc.qp_num = qp->qpn;
   wc.src_qp = src_qp;
   consume_recv(qp);
-  post_cqe(qp->rcq, wc, false);
+  return post_cqe(qp->rcq, wc, false);
 }
 
 void device::consume_recv(qp_t* qp) noexcept {
@@ -1070,7 +1070,8 @@ void device::respond_ud(qp_t* qp, packet* p) noexcept {
     // own stays for the next datagram (rxe's class D); one taken from an
     // SRQ has left it and completes in error, as for UC (class E).
     ++counters_.dropped;
-    if (qp->srq != nullptr) fail_recv_wqe(qp, wc_status::loc_len_err, p->hdr.deth.src_qp);
+    // A CQ that cannot take the completion stops the QP (rxe: class G).
+    if (qp->srq != nullptr && !fail_recv_wqe(qp, wc_status::loc_len_err, p->hdr.deth.src_qp)) qp_to_error(qp);
     return;
   }
   // The GRH area: the IPv6 header, or 20 zero bytes and the IPv4 header
@@ -1157,7 +1158,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
 
   // Errors: NAK (RC) and move the QP to error; the receive in use, if any,
   // completes with `wc` status (IBTA 9.7.5.2.8, 11.6.2).
-  auto fail_recv = [&](wc_status status) { fail_recv_wqe(qp, status, qp->dest_qpn); };
+  auto fail_recv = [&](wc_status status) { return fail_recv_wqe(qp, status, qp->dest_qpn); };
   auto error = [&](resp_error e, wc_status recv_status) {
     if (!rc && (recv_status == wc_status::success || recv_status == wc_status::loc_len_err)) {
       // UC has no NAK: the message is dropped and the QP carries on
@@ -1165,7 +1166,11 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       // receive completes that receive in error if it came from an SRQ
       // (class E); a receive of the QP's own stays for the next message
       // (class D).
-      if (recv_status != wc_status::success && r.have_wqe && qp->srq != nullptr) fail_recv(recv_status);
+      // A CQ that cannot take that completion stops the QP (rxe: class G).
+      if (recv_status != wc_status::success && r.have_wqe && qp->srq != nullptr && !fail_recv(recv_status)) {
+        qp_to_error(qp);
+        return;
+      }
       r.drop_msg = true;
       r.last_opcode = 0xFF;
       return;

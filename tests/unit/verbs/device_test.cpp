@@ -538,6 +538,22 @@ TEST_F(device_test, removal_completes_parked_cq_notifications_with_device_remove
   EXPECT_EQ(ec, errc::device_removed);
 }
 
+// Even when the removal flushes a QP's receives into that CQ: those
+// completions can never be polled (removed_device_cq_polls_nothing), so
+// they must not wake the notification with success first.
+TEST_F(device_test, removal_completes_cq_notifications_with_device_removed_though_it_flushes_into_the_cq) {
+  auto p = connected_pair();
+  auto buf = make_buffer(64);
+  ASSERT_FALSE(post_recv(p.b, {buf.whole()}, 1));
+  auto r = p.cq_b.async_notify(false, use_request);
+  ctx->poll();
+  EXPECT_FALSE(r.ready());
+  remove_device();
+  std::error_code ec;
+  r.get(ec);
+  EXPECT_EQ(ec, errc::device_removed);
+}
+
 TEST_F(device_test, removal_moves_queue_pairs_to_err) {
   auto p = connected_pair();
   qp_options ud;

@@ -251,6 +251,27 @@ TEST_F(srq_test, srq_receive_smaller_than_the_send_is_loc_len_err) {
   EXPECT_EQ(query_state(p.b), qp_state::err);
 }
 
+// A receive of an SRQ that a UD datagram does not fit completes in error
+// (class E); when its CQ cannot take that completion the QP moves to ERR
+// (rxe: CQ overflow is class G), instead of running on with it lost.
+TEST_F(srq_test, a_ud_receive_error_its_full_cq_cannot_take_moves_the_qp_to_err) {
+  srq s = make_srq(4);
+  qp_options o;
+  o.type = qp_type::ud;
+  auto p = connect(o, o, 256, 1, s);
+  auto h = make_ah();
+  auto src = make_buffer(64), dst = make_buffer(2 * 56);
+  post_srq_recvs(s, dst, 9, 2, 56);
+  ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.part(0, 16)}, 1));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 1, wc_opcode::send));
+  // The receiver's one-entry CQ is full now; 64 bytes do not fit a
+  // 56-byte receive behind the 40-byte GRH area.
+  ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.whole()}, 2));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 2, wc_opcode::send));
+  for (int i = 0; i < 10 && query_state(p.b) != qp_state::err; ++i) ctx->poll();
+  EXPECT_EQ(query_state(p.b), qp_state::err);
+}
+
 TEST_F(srq_test, ud_qp_receives_through_an_srq) {
   srq s = make_srq(4);
   qp_options o;

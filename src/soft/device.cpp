@@ -380,27 +380,33 @@ device::device(const device_config& cfg)
     } else {
       base_link_ = std::make_unique<loopback_link>(*this);
     }
+    link_ = base_link_.get();
+    if (cfg.faults.any()) set_faults(cfg.faults);
+    gsi_ = make_cm_agent(*this);
+    gsi_psn_ = static_cast<std::uint32_t>(node_guid_) & wire::psn_mask;
+    // Room in the timer heap for the device's own timers (held and lazy
+    // ACKs, delayed packets) and a few QPs' (retransmit, tail probe), so a
+    // small device schedules them without allocating.  It grows beyond;
+    // a schedule that finds no memory there is handled where it happens.
+    // (What may throw comes before the clock holds a pointer to us.)
+    timers_.reserve(timer_room);
+    keys_.resize(1);  // key index 0 is never used: lkey 0 is invalid
+    pds_.resize(1);
+    ahs_.resize(1);
+    cqs_.resize(1);
+    srqs_.resize(1);
   } catch (...) {
+    // Whatever failed, the descriptors go too (the links first: they
+    // may still name them).
+    gsi_.reset();
+    link_ = nullptr;
+    faults_.reset();
+    base_link_.reset();
     ::close(pending_fd_);
     ::close(timer_fd_);
     ::close(ep_);
     throw;
   }
-  link_ = base_link_.get();
-  if (cfg.faults.any()) set_faults(cfg.faults);
-  gsi_ = make_cm_agent(*this);
-  gsi_psn_ = static_cast<std::uint32_t>(node_guid_) & wire::psn_mask;
-  // Room in the timer heap for the device's own timers (held and lazy
-  // ACKs, delayed packets) and a few QPs' (retransmit, tail probe), so a
-  // small device schedules them without allocating.  It grows beyond;
-  // a schedule that finds no memory there is handled where it happens.
-  // (What may throw comes before the clock holds a pointer to us.)
-  timers_.reserve(timer_room);
-  keys_.resize(1);  // key index 0 is never used: lkey 0 is invalid
-  pds_.resize(1);
-  ahs_.resize(1);
-  cqs_.resize(1);
-  srqs_.resize(1);
   clock_->subscribe(*this);
 }
 

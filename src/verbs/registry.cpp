@@ -240,13 +240,10 @@ std::vector<std::string> device_names() {
   }
   registry& r = reg();
   std::lock_guard lock(r.mu);
-  std::vector<std::string> v;
-  bool have_embedded = false;
-  for (auto& [name, e] : r.devices) {
-    v.push_back(name);
-    have_embedded = have_embedded || name == "embedded";
-  }
-  if (!have_embedded) v.insert(v.begin(), "embedded");
+  // "embedded" first, opened or not; the others by name.
+  std::vector<std::string> v{"embedded"};
+  for (auto& [name, e] : r.devices)
+    if (name != "embedded") v.push_back(name);
   std::sort(v.begin() + 1, v.end());
   return v;
 }
@@ -259,8 +256,12 @@ struct soft_device::impl {
   std::shared_ptr<detail::device_entry> entry;
 };
 
-soft_device::soft_device(const soft_device_options& opts)
-    : impl_(std::make_unique<impl>(impl{detail::register_device(opts)})) {}
+// The holder first: registered and then short of memory for it, the
+// device would stay registered (its name taken, its descriptors open) with
+// no object to remove it.
+soft_device::soft_device(const soft_device_options& opts) : impl_(std::make_unique<impl>()) {
+  impl_->entry = detail::register_device(opts);
+}
 
 soft_device::~soft_device() { detail::unregister_device(impl_->entry); }
 

@@ -8,6 +8,8 @@
 #include "counting_new.hpp"
 #include "verbs_fixture.hpp"
 
+#include <filesystem>
+
 namespace averbs::test {
 namespace {
 
@@ -316,6 +318,42 @@ TEST_F(control_memory, a_send_short_of_a_packet_buffer_leaves_once_memory_return
     const auto got = poll(p.cq_b, 1);
     ASSERT_EQ(got.size(), 1u) << (t == qp_type::rc ? "RC" : "UC") << ": the send never left";
     EXPECT_TRUE(wc_ok(got[0], 1, wc_opcode::recv));
+  }
+}
+
+// A device whose construction runs out of memory releases what it had
+// opened (its epoll, timer and wake-up descriptors; the UDP socket of a
+// bound device): the allocations after the links were outside the part
+// that closed them.
+TEST(device_memory, a_device_short_of_memory_closes_its_descriptors) {
+  auto open_fds = [] {
+    return std::distance(std::filesystem::directory_iterator("/proc/self/fd"), std::filesystem::directory_iterator{});
+  };
+  for (const bool udp : {false, true}) {
+    const auto before = open_fds();
+    std::size_t failures = 0;
+    for (std::uint64_t k = 1; k < 1000; ++k) {
+      soft_device_options o{std::string("t_device_memory_") + (udp ? "udp" : "lo"), nullptr, {}};
+      if (udp) o.address = "127.0.77.1";
+      o.port = 48313;
+      o.faults = "drop=0.5";  // a fault link, allocated late
+      fail_nth_allocation_on_this_thread(k);
+      try {
+        soft_device d(o);
+        const bool failed = fail_nth_allocation_on_this_thread(0);
+        if (!failed) break;
+      } catch (const std::bad_alloc&) {
+        ++failures;
+      } catch (const std::system_error& e) {
+        fail_nth_allocation_on_this_thread(0);
+        EXPECT_EQ(e.code(), errc::no_resources) << e.what();
+        ++failures;
+      }
+      fail_nth_allocation_on_this_thread(0);
+      EXPECT_EQ(open_fds(), before) << "after failing allocation " << k << (udp ? " (UDP device)" : "");
+    }
+    EXPECT_GT(failures, 3u);
+    EXPECT_EQ(open_fds(), before);
   }
 }
 

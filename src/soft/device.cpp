@@ -694,15 +694,18 @@ namespace {
 // kernel's ib_check_mr_access() has them: bits it does not know are
 // invalid_argument; the optional range (bits 20-29, relaxed ordering among
 // them) and the huge-page hint are accepted and need nothing here; on-demand
-// paging is a real request we cannot honour.
+// paging and the FLUSH targets (bits 8-9, IBTA 1.5's persistent memory)
+// are real requests we cannot honour (EOPNOTSUPP, as the kernel answers a
+// device without flush support).
 std::error_code check_mr_access(std::uint32_t access) {
   // IBTA 10.6.3.1: remote write or atomic access needs local write.
   if ((access & (access_remote_write | access_remote_atomic)) != 0 && (access & access_local_write) == 0)
     return make_error_code(errc::invalid_argument);
   constexpr std::uint32_t optional_range = 0x3FF00000u;  // IBV_ACCESS_OPTIONAL_RANGE
-  constexpr std::uint32_t known = ((access_hugetlb << 1) - 1) | optional_range;
+  constexpr std::uint32_t flush = 3u << 8;  // IBV_ACCESS_FLUSH_GLOBAL, _PERSISTENT
+  constexpr std::uint32_t known = ((access_hugetlb << 1) - 1) | flush | optional_range;
   if ((access & ~known) != 0) return make_error_code(errc::invalid_argument);
-  if ((access & access_on_demand) != 0) return make_error_code(errc::not_supported);
+  if ((access & (access_on_demand | flush)) != 0) return make_error_code(errc::not_supported);
   return {};
 }
 
@@ -750,6 +753,10 @@ std::error_code device::rereg_mr(mr_t* mr, int flags, pd_t* pd, std::uint64_t ad
   constexpr int change_translation = 1, change_pd = 2, change_access = 4;
   if (flags == 0 || (flags & ~(change_translation | change_pd | change_access)) != 0)
     return err(errc::invalid_argument);
+  // libibverbs' ibv_rereg_mr(): access flags without CHANGE_ACCESS, or a
+  // new translation without an address, are EINVAL.
+  if ((flags & change_access) == 0 && access != 0) return err(errc::invalid_argument);
+  if ((flags & change_translation) != 0 && addr == 0) return err(errc::invalid_argument);
   const std::uint32_t new_access = (flags & change_access) != 0 ? access : mr->access;
   if (auto ec = check_mr_access(new_access)) return ec;
   if ((flags & change_translation) != 0 && (length == 0 || addr + length < addr))
@@ -782,7 +789,8 @@ std::error_code device::rereg_mr(mr_t* mr, int flags, pd_t* pd, std::uint64_t ad
   }
   mr->access = new_access;
   mr->iova = (mr->access & access_zero_based) != 0 ? 0 : mr->host_addr;
-  // A re-registered region gets new keys, as rxe does.
+  // A re-registered region gets new keys (the kernel's rereg may; mlx5
+  // does; rxe keeps them, supporting PD and access changes only).
   free_key(mr->lkey);
   if (index != old_index) mrs_[index] = std::move(mrs_[old_index]);
   mr->lkey = mr->rkey = key;

@@ -21,7 +21,9 @@ inline constexpr std::uint32_t max_sge = 32;
 inline constexpr std::uint32_t max_sge_rd = 32;
 inline constexpr std::uint32_t max_inline_data = 512;  // 32 SGEs worth, as rxe
 inline constexpr std::uint32_t max_cq = 1u << 20;
-inline constexpr std::uint32_t device_cap_flags = 0x01223c76;  // rxe: MW, type 2B, SRQ resize, ...
+// rxe's (MW, type 2B, SRQ resize, ...) but for AUTO_PATH_MIG (0x10): no
+// alternate path on RoCE, so nothing migrates.
+inline constexpr std::uint32_t device_cap_flags = 0x01223c66;
 inline constexpr std::uint32_t max_cqe = (1u << 15) - 1;
 inline constexpr std::uint32_t max_mr = 524287;
 inline constexpr std::uint32_t max_mw = 524287;

@@ -247,11 +247,10 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
     return !ah.is_global || ah.port_num != 1 || ah.grh.sgid_index >= gids_.size() || ah.grh.dgid.is_zero();
   };
   if ((mask & m_av) != 0 && bad_av(a.ah)) return err(errc::invalid_argument);
-  // The alternate path is checked as the primary one (rxe_qp_chk_attr);
-  // it is kept and reported, but a one-port soft device never migrates.
-  if ((mask & m_alt) != 0 && (bad_av(a.alt_ah) || a.alt_port_num != 1 ||
-                              a.alt_pkey_index >= limits::pkey_table_len || a.alt_timeout > 31))
-    return err(errc::invalid_argument);
+  // No alternate path on RoCE: the kernel refuses one for a RoCE port
+  // whatever the IBTA table allows (_ib_modify_qp: "Ban them in roce
+  // mode"), and nothing here would ever migrate to it.
+  if ((mask & m_alt) != 0) return err(errc::invalid_argument);
   if ((mask & m_mig) != 0 && static_cast<unsigned>(a.path_mig_state) > static_cast<unsigned>(mig_state::armed))
     return err(errc::invalid_argument);
   // A controlled Q_Key (high bit set, IBTA 10.2.4) needs CAP_NET_RAW, as
@@ -285,12 +284,6 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
   if ((mask & m_av) != 0) {
     qp->av = a.ah;
     qp->sgid = gids_[a.ah.grh.sgid_index];
-  }
-  if ((mask & m_alt) != 0) {
-    qp->alt_av = a.alt_ah;
-    qp->alt_pkey_index = a.alt_pkey_index;
-    qp->alt_port = a.alt_port_num;
-    qp->alt_timeout = a.alt_timeout;
   }
   if ((mask & m_mig) != 0) qp->path_mig_state = a.path_mig_state;
   if ((mask & m_mtu) != 0) {

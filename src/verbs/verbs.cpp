@@ -327,12 +327,12 @@ void start_create_qp(const std::shared_ptr<pd_obj>& p, const qp_init_attr& attr,
     obj->scq = handle_access::obj(attr.send_cq);
     obj->rcq = handle_access::obj(attr.recv_cq);
     obj->srq = handle_access::obj(attr.srq);
-    if (obj->scq == nullptr || (obj->rcq == nullptr && obj->srq == nullptr))
+    // Both CQs, with an SRQ too (rxe_qp_chk_init), and of this device
+    // handle: as in libibverbs, whose CQ handles belong to one context (a
+    // CQ of another opened handle would deliver its events elsewhere).
+    if (obj->scq == nullptr || obj->rcq == nullptr) return void(c.fail(err(errc::invalid_argument)));
+    if (obj->scq->dev != p->dev || obj->rcq->dev != p->dev || (obj->srq && obj->srq->pd->dev != p->dev))
       return void(c.fail(err(errc::invalid_argument)));
-    if (obj->scq->dev->eng != p->dev->eng || (obj->rcq && obj->rcq->dev->eng != p->dev->eng) ||
-        (obj->srq && obj->srq->pd->dev->eng != p->dev->eng))
-      return void(c.fail(err(errc::invalid_argument)));  // a CQ or SRQ of another device
-    if (obj->rcq == nullptr) obj->rcq = obj->scq;
     soft::device::qp_init init;
     init.send_cq = live(obj->scq->e);
     init.recv_cq = live(obj->rcq->e);

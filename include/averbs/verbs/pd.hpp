@@ -36,10 +36,12 @@ class pd {
   /// Registers [addr, addr + length) (`ibv_reg_mr`).  Errors:
   /// `invalid_argument` (remote write or atomic without local write, zero
   /// length, overflow, an unknown flag), `not_supported` (on-demand
-  /// paging), `bad_address` (the range is not all mapped, or not writable
+  /// paging, the FLUSH targets), `bad_address` (the range is not all mapped, or not writable
   /// where the access needs it: the kernel's EFAULT), `no_resources`.  The
   /// huge-page hint and the optional flags (bits 20-29, relaxed ordering)
-  /// are accepted, as the kernel does.  Unmapping a registered range is the
+  /// are accepted, as the kernel does.  `access_zero_based` makes the
+  /// region's remote addresses start at 0 (an extension: rxe refuses the
+  /// flag, libibverbs uses it for windows).  Unmapping a registered range is the
   /// program's error: the device may fault on it, as it would on any freed
   /// memory.
   template <completion_token<mr> Token>

@@ -19,7 +19,7 @@ void start_destroy_srq(const std::shared_ptr<srq_obj>& s, completer<void> c) noe
 }  // namespace detail
 
 /// A shared receive queue.  Arm the limit with `modify({.srq_limit = n},
-/// srq_attr_mask::limit)`; when fewer than n receives remain posted the
+/// static_cast<std::uint32_t>(srq_attr_mask::limit))`; when fewer than n receives remain posted the
 /// device raises `event_type::srq_limit_reached` once and disarms.
 class srq {
  public:

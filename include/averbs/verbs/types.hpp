@@ -243,6 +243,8 @@ struct qp_cap {
 /// `struct ibv_qp_attr`.
 struct qp_attr {
   qp_state state = qp_state::reset;
+  /// With qp_attr_cur_state: must be the QP's state, else invalid_argument
+  /// (rxe instead moves from the state named; docs/verbs.md).
   qp_state cur_state = qp_state::reset;
   mtu path_mtu = mtu::mtu_1024;
   mig_state path_mig_state = mig_state::migrated;

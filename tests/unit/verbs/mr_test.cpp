@@ -88,9 +88,21 @@ TEST_F(mr_test, reg_zero_length_bad_flow) {
 TEST_F(mr_test, reg_with_an_unknown_access_bit_bad_flow) {
   std::vector<std::byte> mem(64);
   std::error_code ec;
-  for (const std::uint32_t bit : {1u << 8, 1u << 12, 1u << 19, 1u << 30, 1u << 31}) {
+  for (const std::uint32_t bit : {1u << 10, 1u << 12, 1u << 19, 1u << 30, 1u << 31}) {
     mr m = pd_.reg_mr(mem.data(), mem.size(), lw | bit, ec);
     EXPECT_EQ(ec, make_error_code(errc::invalid_argument)) << bit;
+    EXPECT_FALSE(m);
+  }
+}
+
+// IBV_ACCESS_FLUSH_GLOBAL and _PERSISTENT (bits 8, 9) are known to the
+// kernel, which answers EOPNOTSUPP for a device without FLUSH.
+TEST_F(mr_test, reg_with_a_flush_access_bit_is_not_supported) {
+  std::vector<std::byte> mem(64);
+  std::error_code ec;
+  for (const std::uint32_t bit : {1u << 8, 1u << 9}) {
+    mr m = pd_.reg_mr(mem.data(), mem.size(), lw | bit, ec);
+    EXPECT_EQ(ec, make_error_code(errc::not_supported)) << bit;
     EXPECT_FALSE(m);
   }
 }
@@ -603,6 +615,20 @@ TEST_F(mr_test, rereg_translation_with_zero_length_bad_flow) {
   std::error_code ec;
   b.m.rereg(rereg_change_translation, nullptr, b.bytes.data(), 0, 0, ec);
   EXPECT_EQ(ec, make_error_code(errc::invalid_argument));
+}
+
+// libibverbs' ibv_rereg_mr(): a new translation needs an address, and
+// access flags need CHANGE_ACCESS (EINVAL, before the kernel is asked).
+TEST_F(mr_test, rereg_translation_without_an_address_or_access_without_its_flag_bad_flow) {
+  auto b = make_buffer(16);
+  const std::uint32_t key = b.m.rkey();
+  std::error_code ec;
+  b.m.rereg(rereg_change_translation, nullptr, nullptr, 16, 0, ec);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_argument));
+  pd other = dev.alloc_pd();
+  b.m.rereg(rereg_change_pd, &other, nullptr, 0, access_local_write, ec);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_argument));
+  EXPECT_EQ(b.m.rkey(), key) << "a refused rereg changed the region";
 }
 
 // ---------------------------------------------------------------------------

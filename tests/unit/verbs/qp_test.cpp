@@ -231,14 +231,18 @@ class qp_test : public verbs_test {
       SCOPED_TRACE("optional mask bit " + std::to_string(bit));
       qp q = fresh(t);
       ASSERT_TRUE(reach(q, from));
-      EXPECT_EQ(modify(q, good(to, from), qp_attr_state | r.req | bit), std::error_code{});
-      EXPECT_EQ(q.query().state, to);
+      // The IBTA allows an alternate path; RoCE does not (the kernel's
+      // _ib_modify_qp refuses one for a RoCE port).
+      const bool alt = bit == qp_attr_alt_path;
+      EXPECT_EQ(modify(q, good(to, from), qp_attr_state | r.req | bit),
+                alt ? make_error_code(errc::invalid_argument) : std::error_code{});
+      EXPECT_EQ(q.query().state, alt ? from : to);
     }
-    if (r.opt != 0) {
+    if ((r.opt & ~qp_attr_alt_path) != 0) {
       SCOPED_TRACE("all optional attributes");
       qp q = fresh(t);
       ASSERT_TRUE(reach(q, from));
-      EXPECT_EQ(modify(q, good(to, from), qp_attr_state | r.req | r.opt), std::error_code{});
+      EXPECT_EQ(modify(q, good(to, from), qp_attr_state | r.req | (r.opt & ~qp_attr_alt_path)), std::error_code{});
       EXPECT_EQ(q.query().state, to);
     }
   }
@@ -888,45 +892,29 @@ TEST_F(qp_test, sq_psn_is_masked_to_24_bits) {
 // ===========================================================================
 // 6. Query returns what was set.
 
-TEST_F(qp_test, alternate_path_is_checked_kept_and_reported) {
-  // rxe_qp_chk_attr checks the alternate path as the primary one; query
-  // reports what was set (ibv_query_qp), though one port never migrates.
+TEST_F(qp_test, alternate_path_is_refused_on_roce) {
+  // The kernel's _ib_modify_qp refuses an alternate path for a RoCE port
+  // ("Ban them in roce mode"), valid or not, so rdma-core programs on rxe
+  // get EINVAL; the device does not claim AUTO_PATH_MIG either.
   qp q = fresh(qp_type::rc);
   ASSERT_TRUE(reach(q, qp_state::rts));
-  const std::uint32_t mask = qp_attr_state | qp_attr_alt_path | qp_attr_path_mig_state;
-  auto with = [&](auto change) {
-    qp_attr a = good(qp_state::rts, qp_state::rts);
-    change(a);
-    return modify(q, a, mask);
-  };
-  EXPECT_EQ(with([](qp_attr& a) { a.alt_port_num = 2; }), errc::invalid_argument);
-  EXPECT_EQ(with([](qp_attr& a) { a.alt_pkey_index = 1; }), errc::invalid_argument);
-  EXPECT_EQ(with([](qp_attr& a) { a.alt_timeout = 32; }), errc::invalid_argument);
-  EXPECT_EQ(with([](qp_attr& a) { a.alt_ah.is_global = false; }), errc::invalid_argument);
-  EXPECT_EQ(with([](qp_attr& a) { a.alt_ah.grh.sgid_index = 200; }), errc::invalid_argument);
-  EXPECT_EQ(with([](qp_attr& a) { a.alt_ah.grh.dgid = gid{}; }), errc::invalid_argument);
-  EXPECT_EQ(with([](qp_attr& a) { a.path_mig_state = static_cast<mig_state>(3); }), errc::invalid_argument);
-  const qp_attr before = q.query();
-  EXPECT_EQ(before.alt_timeout, 0);  // nothing of the refused ones was kept
-  EXPECT_EQ(before.alt_port_num, 0);
-  EXPECT_EQ(before.path_mig_state, mig_state::migrated);
-
-  ASSERT_EQ(with([](qp_attr& a) {
-              a.alt_timeout = 9;
-              a.alt_ah.grh.dgid = gid::from_ipv4(0x7F000002);
-              a.alt_ah.grh.hop_limit = 7;
-              a.path_mig_state = mig_state::armed;
-            }),
-            std::error_code{});
+  qp_attr a = good(qp_state::rts, qp_state::rts);
+  a.alt_timeout = 9;
+  EXPECT_EQ(modify(q, a, qp_attr_state | qp_attr_alt_path), errc::invalid_argument);
+  EXPECT_EQ(modify(q, a, qp_attr_state | qp_attr_alt_path | qp_attr_path_mig_state), errc::invalid_argument);
   const qp_attr got = q.query();
-  EXPECT_EQ(got.alt_timeout, 9);
-  EXPECT_EQ(got.alt_port_num, 1);
-  EXPECT_EQ(got.alt_pkey_index, 0);
-  EXPECT_TRUE(got.alt_ah.is_global);
-  EXPECT_EQ(got.alt_ah.grh.dgid, gid::from_ipv4(0x7F000002));
-  EXPECT_EQ(got.alt_ah.grh.hop_limit, 7);
-  EXPECT_EQ(got.path_mig_state, mig_state::armed);
-  EXPECT_EQ(got.ah.grh.dgid, gid::from_ipv4(0x7F000001));  // the primary path is untouched
+  EXPECT_EQ(got.alt_timeout, 0);  // nothing was kept
+  EXPECT_EQ(got.alt_port_num, 0);
+  EXPECT_EQ(got.state, qp_state::rts);
+  EXPECT_EQ(dev.query().device_cap_flags & 0x10u, 0u);  // IBV_DEVICE_AUTO_PATH_MIG
+
+  // The migration state alone is accepted and reported (the kernel bans
+  // only the path), though nothing migrates.
+  a.path_mig_state = mig_state::armed;
+  EXPECT_EQ(modify(q, a, qp_attr_state | qp_attr_path_mig_state), std::error_code{});
+  EXPECT_EQ(q.query().path_mig_state, mig_state::armed);
+  a.path_mig_state = static_cast<mig_state>(3);
+  EXPECT_EQ(modify(q, a, qp_attr_state | qp_attr_path_mig_state), errc::invalid_argument);
 }
 
 TEST_F(qp_test, rc_query_returns_every_attribute_set) {
@@ -1264,6 +1252,40 @@ TEST_F(qp_create_test, missing_recv_cq_without_srq_bad_flow) {
   ia.send_cq = c;
   ia.cap = default_cap;
   std::error_code ec;
+  pd_.create_qp(ia, ec);
+  EXPECT_EQ(ec, errc::invalid_argument);
+}
+
+// An SRQ takes the receives, but the completions still need a receive CQ
+// (rxe_qp_chk_init: "missing cq").
+TEST_F(qp_create_test, missing_recv_cq_with_an_srq_bad_flow) {
+  cq c = dev.create_cq(16);
+  srq s = pd_.create_srq({16, 1, 0});
+  qp_init_attr ia;
+  ia.send_cq = c;
+  ia.srq = s;
+  ia.cap = default_cap;
+  std::error_code ec;
+  pd_.create_qp(ia, ec);
+  EXPECT_EQ(ec, errc::invalid_argument);
+}
+
+// A CQ belongs to the device handle it was created on, as a libibverbs CQ
+// to its context: another opened handle of the same device cannot use it
+// (its completion events would go to the other handle's channel).
+TEST_F(qp_create_test, cq_of_another_device_handle_bad_flow) {
+  device again = open_device(*ctx, dev.name());
+  cq theirs = again.create_cq(16);
+  cq ours = dev.create_cq(16);
+  qp_init_attr ia;
+  ia.send_cq = ours;
+  ia.recv_cq = theirs;
+  ia.cap = default_cap;
+  std::error_code ec;
+  pd_.create_qp(ia, ec);
+  EXPECT_EQ(ec, errc::invalid_argument);
+  ia.send_cq = theirs;
+  ia.recv_cq = ours;
   pd_.create_qp(ia, ec);
   EXPECT_EQ(ec, errc::invalid_argument);
 }

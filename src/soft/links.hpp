@@ -134,6 +134,12 @@ class udp_link final : public link {
   /// caller's).
   bool deliver(packet* p, const std::byte* data, std::size_t len, const gid& from, std::uint16_t from_port,
                bool front) noexcept;
+  /// Whether datagram `dgram` (its ICRC `icrc`) from `from`:`from_port`
+  /// passes the ICRC check, with an IPv4 ID we cannot see found from it
+  /// (icrc_matches_id).  The second form decodes it first.
+  bool icrc_ok(std::span<const std::byte> dgram, std::uint32_t icrc, const gid& from,
+               std::uint16_t from_port) noexcept;
+  bool icrc_ok(std::span<const std::byte> dgram, const gid& from, std::uint16_t from_port) noexcept;
   struct tx_slot {
     packet* p;
     std::array<std::byte, 48> ip_udp;  // raw sends only

@@ -1026,8 +1026,14 @@ std::size_t udp_link::receive_shared() noexcept {
         // its packets tell it (docs/wire.md).  While draining, any datagram
         // may be one; later only one longer than any packet (a ping-pong's
         // datagrams are not searched).
-        if (gro_state_ == gro_state::draining || len > packet::buffer_size) {
-          seg = wire::run_segment_size(std::span(base, len));
+        // One packet whose payload happens to hold what looks like the
+        // next packet's header (its P_Key, QP, PSN + 1) is no run: a
+        // datagram that passes the ICRC whole is taken whole.  (Without
+        // the ICRC check there is no telling, docs/wire.md.)
+        const std::span<const std::byte> whole(base, len);
+        if ((gro_state_ == gro_state::draining || len > packet::buffer_size) &&
+            !(len <= packet::buffer_size && check_icrc_ && icrc_ok(whole, from, from_port))) {
+          seg = wire::run_segment_size(whole);
           if (seg < len) ++dev_.counters_.gro_runs_unsized;
         }
         if (len > packet::buffer_size && seg == len) {  // longer than any packet, and no run
@@ -1099,6 +1105,22 @@ void udp_link::set_gro(bool on) noexcept {
   gro_drained_at_ = dev_.pass_now() + gro_drain_time;
 }
 
+bool udp_link::icrc_ok(std::span<const std::byte> dgram, std::uint32_t icrc, const gid& from,
+                       std::uint16_t from_port) noexcept {
+  const std::size_t len = dgram.size();
+  const std::optional<std::uint32_t> prefix = rx_prefixes_.get(std::as_bytes(std::span(from.raw)), std::as_bytes(std::span(local_.raw)), from_port, port_, len);
+  if (!prefix) return false;
+  auto b = wire::icrc_builder::after_prefix(*prefix);
+  b.add(dgram.first(len - wire::icrc_size));
+  const std::uint32_t with_id0 = b.value();
+  return with_id0 == icrc || (!v6_ && icrc_matches_id(from, from_port, len - wire::icrc_size, with_id0 ^ icrc));
+}
+
+bool udp_link::icrc_ok(std::span<const std::byte> dgram, const gid& from, std::uint16_t from_port) noexcept {
+  wire::packet_view v;
+  return wire::decode(dgram, true, v) == wire::decode_error::ok && icrc_ok(dgram, v.icrc, from, from_port);
+}
+
 bool udp_link::deliver(packet* p, const std::byte* data, std::size_t len, const gid& from, std::uint16_t from_port,
                        bool front) noexcept {
   const std::span<const std::byte> dgram(data, len);
@@ -1107,20 +1129,9 @@ bool udp_link::deliver(packet* p, const std::byte* data, std::size_t len, const 
     ++dev_.counters_.dropped;
     return false;
   }
-  if (check_icrc_) {
-    const std::optional<std::uint32_t> prefix = rx_prefixes_.get(std::as_bytes(std::span(from.raw)), std::as_bytes(std::span(local_.raw)), from_port, port_, len);
-    std::uint32_t with_id0 = ~v.icrc;
-    if (prefix) {
-      auto b = wire::icrc_builder::after_prefix(*prefix);
-      b.add(dgram.first(len - wire::icrc_size));
-      with_id0 = b.value();
-    }
-    if (with_id0 != v.icrc) {
-      if (!prefix || v6_ || !icrc_matches_id(from, from_port, len - wire::icrc_size, with_id0 ^ v.icrc)) {
-        ++dev_.counters_.icrc_errors;
-        return false;
-      }
-    }
+  if (check_icrc_ && !icrc_ok(dgram, v.icrc, from, from_port)) {
+    ++dev_.counters_.icrc_errors;
+    return false;
   }
   // decode_headers()' one check more: the pad run() would refuse.
   if (v.hdr.bth.pad != wire::pad_for(v.payload.size())) {

@@ -2046,6 +2046,40 @@ TEST_F(hostile_peer_icrc, a_datagram_of_more_segments_than_the_kernel_makes_is_d
   EXPECT_EQ(qp_.query().state, qp_state::rts);
 }
 
+// While UDP_GRO goes off, a datagram read without a segment size may be a
+// run and is split by its packets' PSNs; one packet whose payload holds
+// what looks like a next header (the P_Key, the QP, PSN + 1 at an offset
+// that splits it evenly) passes the ICRC whole, and is taken whole: split,
+// both halves failed the ICRC and the SEND was lost (with the check off,
+// two wrong SENDs were delivered).
+TEST_F(hostile_peer_icrc, a_packet_that_looks_like_a_run_is_not_split_while_gro_drains) {
+  make_qp(qp_type::uc);
+  mr m = pd_.reg_mr(buf_.data(), buf_.size(), access_local_write);
+  std::uint32_t psn = 0;
+  ASSERT_NO_FATAL_FAILURE(turn_gro_off(m, psn));  // draining now: the manual clock stands still
+  (void)drain();
+  post_recvs(m, 1, 64);
+  std::vector<std::byte> payload(40, std::byte{0});
+  const std::uint32_t qpn = qp_.num(), next = (psn + 1) & wire::psn_mask;
+  // At datagram offset 28 (payload offset 16): BTH bytes 2-3, 5-7, 9-11.
+  payload[16] = std::byte{0x04};
+  payload[18] = payload[19] = std::byte{0xFF};
+  payload[21] = std::byte(qpn >> 16);
+  payload[22] = std::byte(qpn >> 8);
+  payload[23] = std::byte(qpn);
+  payload[25] = std::byte(next >> 16);
+  payload[26] = std::byte(next >> 8);
+  payload[27] = std::byte(next);
+  const device_counters before = dev_.counters();
+  send(wire::opcode::uc_send_only, psn, payload, {}, std::uint16_t{0});
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+  EXPECT_EQ(wcs[0].byte_len, 40u);
+  EXPECT_EQ(dev_.counters().gro_runs_unsized, before.gro_runs_unsized);
+  EXPECT_EQ(dev_.counters().icrc_errors, before.icrc_errors);
+}
+
 // With UDP_GRO off, only datagrams that pass the checks switch it back on
 // (a burst of 8 in one read, or a run longer than any packet): junk sent
 // to the port -- long datagrams, a burst of short ones -- does not shape

@@ -1133,11 +1133,6 @@ bool udp_link::deliver(packet* p, const std::byte* data, std::size_t len, const 
     ++dev_.counters_.icrc_errors;
     return false;
   }
-  // decode_headers()' one check more: the pad run() would refuse.
-  if (v.hdr.bth.pad != wire::pad_for(v.payload.size())) {
-    ++dev_.counters_.dropped;
-    return false;
-  }
   const std::uint8_t hlen = v.op->length;
   std::memcpy(p->header.data(), data, hlen);
   p->header_len = hlen;

@@ -347,7 +347,9 @@ mad_error decode(std::span<const std::byte> mad, rej& out) noexcept {
   out.local_comm_id = get32(b + 0);
   out.remote_comm_id = get32(b + 4);
   out.message_rejected = static_cast<msg_ref>(get_bits(b + 8, 7, 2));
-  out.reject_info_length = get_bits(b + 9, 7, 7);
+  // A length past the 72-byte ARI (the field allows 127) is clamped: a
+  // reader indexing `ari` by it stays inside.
+  out.reject_info_length = std::min<std::uint8_t>(get_bits(b + 9, 7, 7), sizeof out.ari);
   out.reason = get16(b + 10);
   get_bytes(b + 12, out.ari);
   get_bytes(b + 84, out.private_data);
@@ -459,7 +461,8 @@ mad_error decode(std::span<const std::byte> mad, sidr_rep& out) noexcept {
   if (b == nullptr) return err;
   out.request_id = get32(b + 0);
   out.status = static_cast<sidr_status>(std::to_integer<std::uint8_t>(b[4]));
-  out.additional_info_length = std::to_integer<std::uint8_t>(b[5]);
+  out.additional_info_length =
+      std::min<std::uint8_t>(std::to_integer<std::uint8_t>(b[5]), sizeof out.class_port_info);
   out.qpn = get24(b + 8);
   out.service_id = get64(b + 12);
   out.qkey = get32(b + 20);

@@ -165,7 +165,7 @@ struct rej {
   std::uint32_t local_comm_id = 0;
   std::uint32_t remote_comm_id = 0;
   msg_ref message_rejected = msg_ref::req;
-  std::uint8_t reject_info_length = 0;  // 7 bits
+  std::uint8_t reject_info_length = 0;  // 7 bits; decoded at most ari's size (a larger one is clamped)
   std::uint16_t reason = 0;
   std::array<std::byte, 72> ari{};
   std::array<std::byte, 148> private_data{};
@@ -212,7 +212,7 @@ enum class sidr_status : std::uint8_t {
 struct sidr_rep {
   std::uint32_t request_id = 0;
   sidr_status status = sidr_status::ok;
-  std::uint8_t additional_info_length = 0;
+  std::uint8_t additional_info_length = 0;  // decoded at most class_port_info's size (clamped)
   std::uint32_t qpn = 0;              // 24 bits
   std::uint64_t service_id = 0;
   std::uint32_t qkey = 0;

@@ -363,6 +363,9 @@ decode_error decode(std::span<const std::byte> pkt, bool has_icrc, packet_view& 
   // Opcodes without payload (READ request, ACK, atomics, CNP) carry no pad
   // either: any byte after their headers is a length error.
   if (!(oi.ops & op_payload) && area != 0) return decode_error::bad_length;
+  // The pad aligns the payload to 4 bytes, no more and no less (as
+  // decode_headers() has it).
+  if (pad != pad_for(payload_len)) return decode_error::bad_pad;
 
   parse_headers(p, oi, pad, out.hdr);
   out.op = &oi;
@@ -385,7 +388,8 @@ decode_error decode_headers(std::span<const std::byte> headers, std::size_t payl
   if (!oi.valid) return decode_error::bad_opcode;
   const std::uint32_t b1 = u8(headers.data() + 1);
   if ((b1 & 0xF) != 0) return decode_error::bad_tver;
-  if (headers.size() != oi.length) return decode_error::too_short;
+  if (headers.size() < oi.length) return decode_error::too_short;
+  if (headers.size() > oi.length) return decode_error::bad_length;  // not this opcode's headers
   const auto pad = static_cast<std::uint8_t>((b1 >> 4) & 3);
   if (pad != pad_for(payload_len)) return decode_error::bad_pad;
   if (!(oi.ops & op_payload) && payload_len != 0) return decode_error::bad_length;
@@ -465,13 +469,15 @@ void icrc_builder::append(const std::byte* p, std::size_t n) noexcept {
 }
 
 void icrc_builder::add(std::span<const std::byte> bytes) noexcept {
-  if (!started_ && !bytes.empty()) {
-    started_ = true;
+  // The BTH's byte 4 is masked wherever the pieces cut the BTH.
+  if (bth_seen_ < bth_size && !bytes.empty()) {
     std::array<std::byte, bth_size> bth_copy{};
-    const std::size_t n = std::min(bytes.size(), bth_size);
+    const std::size_t n = std::min(bytes.size(), bth_size - bth_seen_);
     std::copy_n(bytes.begin(), n, bth_copy.begin());
-    if (n > bth_variant_byte) bth_copy[bth_variant_byte] = all_ones;
+    if (bth_seen_ <= bth_variant_byte && bth_variant_byte < bth_seen_ + n)
+      bth_copy[bth_variant_byte - bth_seen_] = all_ones;
     append(bth_copy.data(), n);
+    bth_seen_ += n;
     bytes = bytes.subspan(n);
   }
   if (!bytes.empty()) append(bytes.data(), bytes.size());

@@ -172,7 +172,8 @@ struct transport_headers {
   std::uint32_t ieth_rkey = 0;   ///< IETH: the R_Key to invalidate
 };
 
-/// Largest BTH + extension-header length of any opcode (CMP_SWAP: 40).
+/// Room for the BTH and extension headers of any opcode (the longest,
+/// CMP_SWAP, is 40 bytes), rounded up to 48 for the buffers that hold them.
 inline constexpr std::size_t max_header_size = 48;
 
 /// Serialises the headers for `h.bth.opcode` into `out`, which must hold
@@ -193,7 +194,7 @@ enum class decode_error {
   too_short,           ///< shorter than the BTH + its headers (+ ICRC)
   bad_opcode,          ///< unassigned opcode
   bad_tver,            ///< transport header version not 0
-  bad_pad,             ///< pad count longer than the payload area
+  bad_pad,             ///< pad count longer than the payload area, or not what aligns the payload
   bad_length,          ///< payload beyond what the opcode allows
 };
 const char* to_string(decode_error e) noexcept;
@@ -248,8 +249,8 @@ class icrc_builder {
   explicit icrc_builder(std::span<const std::byte> ip_udp) noexcept;
   /// Continues from `icrc_prefix()` of the packet's IP and UDP headers.
   static icrc_builder after_prefix(std::uint32_t prefix) noexcept;
-  /// Adds transport bytes.  The first call must start with the BTH (its
-  /// byte 4 is masked); later calls add what follows.
+  /// Adds transport bytes, from the BTH on, in as many pieces as the
+  /// caller has (the BTH's byte 4 is masked wherever they cut it).
   void add(std::span<const std::byte> bytes) noexcept;
   /// The ICRC value; store it with `store_icrc()`.
   std::uint32_t value() const noexcept;
@@ -265,7 +266,7 @@ class icrc_builder {
   std::array<std::byte, 192> buf_;
   std::size_t held_ = 0;
   std::uint32_t crc_ = 0;  // of what left buf_ already
-  bool started_ = false;
+  std::size_t bth_seen_ = 0;  // bytes of the BTH added so far
 };
 
 /// The CRC of the ICRC's masked LRH, IP and UDP headers (`ip_udp` as for

@@ -328,7 +328,7 @@ cm::rej sample_rej() {
   m.local_comm_id = 0x11223344;
   m.remote_comm_id = 0xC0FFEE01;
   m.message_rejected = cm::msg_ref::other;
-  m.reject_info_length = 0x7F;
+  m.reject_info_length = 72;  // all of the ARI (the 7-bit field's largest valid value)
   m.reason = static_cast<std::uint16_t>(cm::rej_reason::consumer_defined);
   m.ari = pattern<72>(0x74);
   m.private_data = pattern<148>(0x85);
@@ -495,8 +495,8 @@ TEST(cm_codec, five_bit_timeouts_and_small_fields_are_masked) {
   EXPECT_EQ(round_trip(a).service_timeout, 30);
 
   cm::rej j;
-  j.reject_info_length = 0xFF;  // -> 127
-  EXPECT_EQ(round_trip(j).reject_info_length, 127);
+  j.reject_info_length = 0xC8;  // 7 bits -> 72
+  EXPECT_EQ(round_trip(j).reject_info_length, 72);
 
   cm::dreq d;
   d.remote_qpn = 0xAB123456;
@@ -628,6 +628,22 @@ TEST(cm_codec, decode_ignores_reserved_bits) {
   cm::rep rout;
   ASSERT_EQ(cm::decode(rmad, rout), cm::mad_error::ok);
   expect_eq(rout, p);
+}
+
+// The REJ's 7-bit info length may say up to 127 and the SIDR_REP's 8-bit
+// one up to 255, but their arrays hold 72 bytes: a peer's larger value is
+// clamped, so a reader indexing the array by the length stays inside it.
+TEST(cm_codec, decode_clamps_info_lengths_to_their_arrays) {
+  mad_bytes mad = encoded(sample_rej());
+  mad[24 + 9] = std::byte{0xFE};  // REJ byte 9: info length 127 (bits 7:1)
+  cm::rej j;
+  ASSERT_EQ(cm::decode(mad, j), cm::mad_error::ok);
+  EXPECT_EQ(j.reject_info_length, 72);
+  mad_bytes smad = encoded(sample_sidr_rep());
+  smad[24 + 5] = std::byte{0xFF};  // SIDR_REP byte 5: additional info length
+  cm::sidr_rep r;
+  ASSERT_EQ(cm::decode(smad, r), cm::mad_error::ok);
+  EXPECT_EQ(r.additional_info_length, 72);
 }
 
 TEST(cm_codec, decode_accepts_a_longer_buffer_and_reads_only_the_first_256_bytes) {

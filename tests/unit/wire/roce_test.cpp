@@ -161,10 +161,12 @@ TEST(roce_vectors, ipv4_send_only_icrc_builder_in_pieces_matches_vector) {
   EXPECT_EQ(icrc_in_pieces(v4_send, {14, 17}), v4_send.wire_icrc());
   // Headers alone, payload, pad: the engine's zero-copy order.
   EXPECT_EQ(icrc_in_pieces(v4_send, {12, 17}), v4_send.wire_icrc());
-  // Every two-piece split whose first piece covers BTH byte 4.
-  for (std::size_t cut = 5; cut <= v4_send.transport().size(); ++cut) {
+  // Every two-piece split, including those that cut the BTH before or at
+  // its byte 4 (masked wherever it falls), and the BTH a byte at a time.
+  for (std::size_t cut = 1; cut <= v4_send.transport().size(); ++cut) {
     EXPECT_EQ(icrc_in_pieces(v4_send, {cut}), v4_send.wire_icrc()) << "cut at " << cut;
   }
+  EXPECT_EQ(icrc_in_pieces(v4_send, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}), v4_send.wire_icrc());
 }
 
 TEST(roce_vectors, ipv4_send_only_reencodes_byte_identical) {
@@ -692,16 +694,22 @@ TEST(roce_codec, decode_pad_longer_than_payload_area_is_bad_pad) {
   const bytes pkt = from_hex("0430ffff0000001180000064 6869 00000000");
   w::packet_view v;
   EXPECT_EQ(w::decode(pkt, true, v), w::decode_error::bad_pad);
-  // Without ICRC the same bytes hold 6 bytes of payload area.
-  EXPECT_EQ(w::decode(pkt, false, v), w::decode_error::ok);
-  EXPECT_EQ(v.payload.size(), 3u);
 }
 
-TEST(roce_codec, decode_pad_filling_the_whole_area_leaves_empty_payload) {
-  const bytes pkt = from_hex("0430ffff0000001180000064 000000 00000000");
+// The pad count is what aligns the payload to 4 bytes, exactly: 3 bytes
+// of pad behind 3 of payload, 3 behind none, or none behind 5 are
+// malformed (decode_headers() refused them already; decode() took them).
+TEST(roce_codec, decode_pad_not_aligning_the_payload_is_bad_pad) {
   w::packet_view v;
-  ASSERT_EQ(w::decode(pkt, true, v), w::decode_error::ok);
-  EXPECT_TRUE(v.payload.empty());
+  // Without ICRC: 6 bytes of area with pad 3 (3 + 3).
+  EXPECT_EQ(w::decode(from_hex("0430ffff0000001180000064 6869 00000000"), false, v), w::decode_error::bad_pad);
+  // Pad 3 filling the whole area: an empty payload takes no pad.
+  EXPECT_EQ(w::decode(from_hex("0430ffff0000001180000064 000000 00000000"), true, v), w::decode_error::bad_pad);
+  // Five bytes of payload and pad 0.
+  EXPECT_EQ(w::decode(from_hex("0400ffff0000001180000064 6869707172 00000000"), true, v), w::decode_error::bad_pad);
+  // Five bytes and pad 3: right.
+  ASSERT_EQ(w::decode(from_hex("0430ffff0000001180000064 6869707172 000000 00000000"), true, v), w::decode_error::ok);
+  EXPECT_EQ(v.payload.size(), 5u);
 }
 
 TEST(roce_codec, decode_pad_on_opcode_without_payload_is_bad_pad) {

@@ -36,12 +36,24 @@ std::uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
+// getifaddrs()' list, freed however the caller leaves (a vector growing
+// below may throw).
+struct ifaddrs_deleter {
+  void operator()(ifaddrs* p) const noexcept { ::freeifaddrs(p); }
+};
+using ifaddrs_list = std::unique_ptr<ifaddrs, ifaddrs_deleter>;
+
+ifaddrs_list host_ifaddrs() {
+  ifaddrs* ifa = nullptr;
+  if (::getifaddrs(&ifa) != 0) return nullptr;
+  return ifaddrs_list(ifa);
+}
+
 // The host's addresses as GIDs, IPv4 first (as IPv4-mapped), then IPv6.
 std::vector<gid> host_gids() {
   std::vector<gid> v4, v6;
-  ifaddrs* ifa = nullptr;
-  if (::getifaddrs(&ifa) == 0) {
-    for (ifaddrs* i = ifa; i != nullptr; i = i->ifa_next) {
+  if (const ifaddrs_list ifa = host_ifaddrs()) {
+    for (ifaddrs* i = ifa.get(); i != nullptr; i = i->ifa_next) {
       if (i->ifa_addr == nullptr) continue;
       gid g;
       if (i->ifa_addr->sa_family == AF_INET) {
@@ -52,7 +64,6 @@ std::vector<gid> host_gids() {
         if (std::find(v6.begin(), v6.end(), g) == v6.end()) v6.push_back(g);
       }
     }
-    ::freeifaddrs(ifa);
   }
   if (v4.empty()) v4.push_back(gid::from_ipv4(0x7F000001));
   v4.insert(v4.end(), v6.begin(), v6.end());
@@ -62,9 +73,8 @@ std::vector<gid> host_gids() {
 // The MTU of the interface that holds `addr`, or 0 if none does.
 unsigned interface_mtu(const gid& addr) {
   unsigned mtu = 0;
-  ifaddrs* ifa = nullptr;
-  if (::getifaddrs(&ifa) != 0) return 0;
-  for (ifaddrs* i = ifa; i != nullptr && mtu == 0; i = i->ifa_next) {
+  const ifaddrs_list ifa = host_ifaddrs();
+  for (ifaddrs* i = ifa.get(); i != nullptr && mtu == 0; i = i->ifa_next) {
     if (i->ifa_addr == nullptr) continue;
     gid g;
     if (i->ifa_addr->sa_family == AF_INET)
@@ -81,7 +91,6 @@ unsigned interface_mtu(const gid& addr) {
     if (::ioctl(fd, SIOCGIFMTU, &req) == 0 && req.ifr_mtu > 0) mtu = static_cast<unsigned>(req.ifr_mtu);
     ::close(fd);
   }
-  ::freeifaddrs(ifa);
   return mtu;
 }
 

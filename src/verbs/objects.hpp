@@ -7,6 +7,8 @@
 
 #include "soft/engine.hpp"
 
+#include <pthread.h>
+
 #include <averbs/async/request_group.hpp>
 #include <averbs/verbs/types.hpp>
 
@@ -19,6 +21,32 @@
 
 namespace averbs::detail {
 
+/// A shared lock that prefers writers (glibc's rwlock with
+/// PREFER_WRITER_NONRECURSIVE): a destroy waits only for the control
+/// verbs already running, not for a stream of new ones (std::shared_mutex
+/// prefers readers, so threads calling qp::state() in a loop could hold a
+/// destroy off for ever).  Not recursive: a thread never takes it twice.
+class handle_lock {
+ public:
+  handle_lock() noexcept {
+    pthread_rwlockattr_t a;
+    pthread_rwlockattr_init(&a);
+    pthread_rwlockattr_setkind_np(&a, PTHREAD_RWLOCK_PREFER_WRITER_NONRECURSIVE_NP);
+    pthread_rwlock_init(&rw_, &a);
+    pthread_rwlockattr_destroy(&a);
+  }
+  ~handle_lock() { pthread_rwlock_destroy(&rw_); }
+  handle_lock(const handle_lock&) = delete;
+  handle_lock& operator=(const handle_lock&) = delete;
+  void lock() noexcept { pthread_rwlock_wrlock(&rw_); }
+  void unlock() noexcept { pthread_rwlock_unlock(&rw_); }
+  void lock_shared() noexcept { pthread_rwlock_rdlock(&rw_); }
+  void unlock_shared() noexcept { pthread_rwlock_unlock(&rw_); }
+
+ private:
+  pthread_rwlock_t rw_;
+};
+
 /// A registered device: the engine and whether it is still present.
 struct device_entry {
   std::string name;
@@ -29,7 +57,7 @@ struct device_entry {
   /// Held shared by a control verb while it uses a handle's engine object,
   /// exclusively by a destroy while it empties the handle (use_handles(),
   /// live()).
-  std::shared_mutex handles;
+  handle_lock handles;
 };
 
 struct device_obj {
@@ -49,6 +77,7 @@ struct pd_obj {
 };
 
 struct mr_obj {
+  std::shared_ptr<device_obj> dev;  // fixed; `pd` changes with rereg (under the exclusive handle lock)
   std::shared_ptr<pd_obj> pd;
   soft::mr_t* e = nullptr;
   void* addr = nullptr;
@@ -102,8 +131,8 @@ inline soft::device& engine_of(const device_obj& d) { return *d.eng; }
 /// never while the verb dereferences the object.  The data path does not
 /// take it: destroying a QP or CQ another thread posts to or polls is the
 /// caller's race, as in libibverbs.
-inline std::shared_lock<std::shared_mutex> use_handles(const device_obj& d) {
-  return std::shared_lock<std::shared_mutex>(d.entry->handles);
+inline std::shared_lock<handle_lock> use_handles(const device_obj& d) {
+  return std::shared_lock<handle_lock>(d.entry->handles);
 }
 
 /// The engine object in a handle's slot (null once destroyed).

@@ -33,22 +33,19 @@ std::error_code unusable(const O* o, const void* e, const device_obj& d) {
 // of one handle share it: of two threads destroying them at once, one takes the object
 // and the other finds none (stale_handle), instead of both freeing it.  A
 // refused destroy puts it back.
-// The slot is emptied under the device's handle lock, held exclusively:
-// control verbs still using the object (use_handles()) finish first, and
-// later ones find the slot empty.
+// The whole destroy runs under the device's handle lock, held exclusively:
+// control verbs still using the object (use_handles()) finish first, later
+// ones find the slot empty -- and a destroy refused (busy) leaves the slot
+// as it was, so nobody meanwhile sees the live object as destroyed.
+// (Destroying takes the engine lock next, as control verbs do.)
 template <class E, class F>
 std::error_code destroy_once(E*& slot, const device_obj& d, F&& destroy) {
   if (d.removed()) return err(errc::device_removed);
-  E* e = nullptr;
-  {
-    std::unique_lock lock(d.entry->handles);
-    e = std::atomic_ref<E*>(slot).exchange(nullptr, std::memory_order_acq_rel);
-  }
+  std::unique_lock lock(d.entry->handles);
+  E* const e = std::atomic_ref<E*>(slot).load(std::memory_order_acquire);
   if (e == nullptr) return err(errc::stale_handle);
-  if (auto ec = destroy(e)) {
-    std::atomic_ref<E*>(slot).store(e, std::memory_order_release);
-    return ec;
-  }
+  if (auto ec = destroy(e)) return ec;
+  std::atomic_ref<E*>(slot).store(nullptr, std::memory_order_release);
   return {};
 }
 
@@ -84,7 +81,7 @@ context& context_of(const srq_obj* o) {
 }
 context& context_of(const mr_obj* o) {
   if (o == nullptr) empty_handle();
-  return *o->pd->dev->ctx;
+  return *o->dev->ctx;
 }
 context& context_of(const mw_obj* o) {
   if (o == nullptr) empty_handle();
@@ -116,7 +113,7 @@ pd_obj::~pd_obj() {
   if (e != nullptr) dev->eng->release_pd(e);
 }
 mr_obj::~mr_obj() {
-  if (e != nullptr) pd->dev->eng->release_mr(e);
+  if (e != nullptr) dev->eng->release_mr(e);
 }
 mw_obj::~mw_obj() {
   if (e != nullptr) pd->dev->eng->dealloc_mw(e);
@@ -257,6 +254,7 @@ void start_reg_mr(const std::shared_ptr<pd_obj>& p, void* addr, std::size_t leng
   if (auto ec = unusable(p.get(), pe, *p->dev)) return void(c.fail(ec));
   try {
     auto obj = std::make_shared<mr_obj>();
+    obj->dev = p->dev;
     obj->pd = p;
     obj->addr = addr;
     obj->length = length;
@@ -338,7 +336,7 @@ void start_create_qp(const std::shared_ptr<pd_obj>& p, const qp_init_attr& attr,
     init.recv_cq = live(obj->rcq->e);
     init.srq = obj->srq ? live(obj->srq->e) : nullptr;
     if (init.send_cq == nullptr || init.recv_cq == nullptr || (obj->srq != nullptr && init.srq == nullptr))
-      return void(c.fail(err(errc::invalid_argument)));
+      return void(c.fail(err(errc::stale_handle)));  // destroyed
     init.cap = attr.cap;
     init.type = attr.type;
     init.sq_sig_all = attr.sq_sig_all;
@@ -362,7 +360,7 @@ void start_dealloc_pd(const std::shared_ptr<pd_obj>& p, completer<void> c) noexc
 
 void start_dereg_mr(const std::shared_ptr<mr_obj>& m, completer<void> c) noexcept {
   if (m == nullptr) return void(c.fail(err(errc::invalid_argument)));
-  if (auto ec = destroy_once(m->e, *m->pd->dev, [&](soft::mr_t* e) { return m->pd->dev->eng->dereg_mr(e); }))
+  if (auto ec = destroy_once(m->e, *m->dev, [&](soft::mr_t* e) { return m->dev->eng->dereg_mr(e); }))
     return void(c.fail(ec));
   c.complete({});
 }
@@ -370,22 +368,23 @@ void start_dereg_mr(const std::shared_ptr<mr_obj>& m, completer<void> c) noexcep
 void start_rereg_mr(const std::shared_ptr<mr_obj>& m, int flags, const std::shared_ptr<pd_obj>& pd, void* addr,
                     std::size_t length, std::uint32_t access, completer<void> c) noexcept {
   if (m == nullptr) return void(c.fail(err(errc::invalid_argument)));
-  const auto handles = use_handles(*m->pd->dev);
+  // Exclusively: it changes the handle itself (its PD, address, length),
+  // which another rereg or a dereg must not see half done.
+  std::unique_lock handles(m->dev->entry->handles);
   soft::mr_t* me = live(m->e);
-  if (auto ec = unusable(m.get(), me, *m->pd->dev)) return void(c.fail(ec));
-  if ((flags & rereg_change_pd) != 0 &&
-      (pd == nullptr || live(pd->e) == nullptr || pd->dev->eng != m->pd->dev->eng))
-    return void(c.fail(err(errc::invalid_argument)));
-  soft::pd_t* target = live((flags & rereg_change_pd) != 0 ? pd->e : m->pd->e);
+  if (auto ec = unusable(m.get(), me, *m->dev)) return void(c.fail(ec));
+  const bool new_pd = (flags & rereg_change_pd) != 0;
+  if (new_pd && (pd == nullptr || pd->dev != m->dev))
+    return void(c.fail(err(errc::invalid_argument)));  // none, or another device handle's
+  soft::pd_t* target = live(new_pd ? pd->e : m->pd->e);
   if (target == nullptr) return void(c.fail(err(errc::stale_handle)));
-  if (auto ec = m->pd->dev->eng->rereg_mr(me, flags, target, reinterpret_cast<std::uintptr_t>(addr), length,
-                                          access))
+  if (auto ec = m->dev->eng->rereg_mr(me, flags, target, reinterpret_cast<std::uintptr_t>(addr), length, access))
     return void(c.fail(ec));
   if ((flags & rereg_change_translation) != 0) {
     m->addr = addr;
     m->length = length;
   }
-  if ((flags & rereg_change_pd) != 0) m->pd = pd;
+  if (new_pd) m->pd = pd;
   c.complete({});
 }
 

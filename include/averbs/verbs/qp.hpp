@@ -98,8 +98,10 @@ class qp {
   std::error_code bind_mw(const mw& w, std::uint64_t wr_id, std::uint32_t flags, const mw_bind_info& info,
                           std::uint32_t* new_rkey = nullptr) const noexcept;
 
-  /// Destroys (`ibv_destroy_qp`).  Outstanding work completes with
-  /// `wr_flush_err`, exactly once each, before the QP goes.
+  /// Destroys (`ibv_destroy_qp`).  Outstanding work is discarded without
+  /// completions, as a move to RESET (mlx5, rxe); move the QP to ERR and
+  /// drain its CQs first to see every request complete.  (A receive taken
+  /// from an SRQ for an unfinished message completes flushed.)
   template <completion_token<void> Token>
   auto async_destroy(Token&& token) const {
     return detail::initiate<void>(detail::context_of(obj_.get()), nullptr, std::forward<Token>(token),

@@ -1290,6 +1290,21 @@ TEST_F(qp_create_test, cq_of_another_device_handle_bad_flow) {
   EXPECT_EQ(ec, errc::invalid_argument);
 }
 
+// A CQ destroyed through another copy of its handle is a stale handle,
+// as every verb naming a destroyed object reports.
+TEST_F(qp_create_test, destroyed_cq_is_a_stale_handle) {
+  cq c = dev.create_cq(16);
+  const cq copy = c;
+  copy.destroy();
+  qp_init_attr ia;
+  ia.send_cq = c;
+  ia.recv_cq = c;
+  ia.cap = default_cap;
+  std::error_code ec;
+  pd_.create_qp(ia, ec);
+  EXPECT_EQ(ec, errc::stale_handle);
+}
+
 TEST_F(qp_create_test, srq_qp_ignores_recv_caps) {
   cq c = dev.create_cq(16);
   srq s = pd_.create_srq({16, 1, 0});

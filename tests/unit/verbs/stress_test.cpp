@@ -106,5 +106,60 @@ TEST_F(verbs_stress, resize_and_notify_racing_destroy_cq) {
   }
 }
 
+// A destroy refused (the SRQ is in use) leaves the object as it was for
+// every other thread: its receives post and a second destroy is refused
+// too, never stale_handle for a live object.
+TEST_F(verbs_stress, a_refused_destroy_leaves_the_srq_usable_meanwhile) {
+  cq c = dev.create_cq(64);
+  srq s = pd_.create_srq({20000, 1, 0});
+  qp_options o;
+  qp_init_attr ia;
+  ia.send_cq = c;
+  ia.recv_cq = c;
+  ia.srq = s;
+  ia.cap = o.cap;
+  qp user = pd_.create_qp(ia);  // keeps the SRQ busy
+  std::vector<std::byte> buf(64);
+  mr m = pd_.reg_mr(buf.data(), buf.size(), access_local_write);
+  const sge g{reinterpret_cast<std::uintptr_t>(buf.data()), 64, m.lkey()};
+  const srq other = s;
+  std::atomic<bool> go{false};
+  std::thread destroyer([&] {
+    go.store(true);
+    for (int i = 0; i < 20000; ++i) {
+      std::error_code ec;
+      other.destroy(ec);
+      ASSERT_EQ(ec, errc::busy) << ec.message();
+    }
+  });
+  while (!go.load()) std::this_thread::yield();
+  for (int i = 0; i < 20000; ++i) {
+    recv_wr r;
+    r.wr_id = static_cast<std::uint64_t>(i);
+    r.sg_list = &g;
+    r.num_sge = 1;
+    ASSERT_FALSE(s.post_recv(r)) << "receive " << i;
+  }
+  destroyer.join();
+}
+
+// Two rereg calls changing the PD of one region, on two threads: each
+// runs wholly (the handle's PD is not written by both at once).
+TEST_F(verbs_stress, rereg_racing_rereg_of_the_same_region) {
+  std::vector<std::byte> buf(4096);
+  pd a = dev.alloc_pd(), b = dev.alloc_pd();
+  mr m = a.reg_mr(buf.data(), buf.size(), access_local_write);
+  const mr other = m;
+  std::atomic<bool> go{false};
+  std::thread t([&] {
+    go.store(true);
+    for (int i = 0; i < rounds * 5; ++i) other.rereg(rereg_change_pd, i % 2 ? &a : &b, nullptr, 0, 0);
+  });
+  while (!go.load()) std::this_thread::yield();
+  for (int i = 0; i < rounds * 5; ++i) m.rereg(rereg_change_pd, i % 2 ? &b : &a, nullptr, 0, 0);
+  t.join();
+  m.dereg();
+}
+
 }  // namespace
 }  // namespace averbs::test

@@ -136,10 +136,15 @@ class udp_link final : public link {
                bool front) noexcept;
   /// Whether datagram `dgram` (its ICRC `icrc`) from `from`:`from_port`
   /// passes the ICRC check, with an IPv4 ID we cannot see found from it
-  /// (icrc_matches_id).  The second form decodes it first.
+  /// (icrc_matches_id, which learns the source's count).
   bool icrc_ok(std::span<const std::byte> dgram, std::uint32_t icrc, const gid& from,
                std::uint16_t from_port) noexcept;
-  bool icrc_ok(std::span<const std::byte> dgram, const gid& from, std::uint16_t from_port) noexcept;
+  /// Whether its ICRC matches as sent with IPv4 ID 0 (or over IPv6): no
+  /// ID solved for, no state changed.
+  bool icrc_exact(std::span<const std::byte> dgram, const gid& from, std::uint16_t from_port) noexcept;
+  /// The ICRC `dgram` would carry with IPv4 ID 0 (nullopt: no prefix).
+  std::optional<std::uint32_t> icrc_with_id0(std::span<const std::byte> dgram, const gid& from,
+                                             std::uint16_t from_port) noexcept;
   struct tx_slot {
     packet* p;
     std::array<std::byte, 48> ip_udp;  // raw sends only

@@ -1028,11 +1028,13 @@ std::size_t udp_link::receive_shared() noexcept {
         // datagrams are not searched).
         // One packet whose payload happens to hold what looks like the
         // next packet's header (its P_Key, QP, PSN + 1) is no run: a
-        // datagram that passes the ICRC whole is taken whole.  (Without
-        // the ICRC check there is no telling, docs/wire.md.)
+        // datagram whose ICRC matches whole, with IPv4 ID 0 (the IDs we
+        // cannot see are not solved for here: a run would pass one in
+        // 2^16), is taken whole.  (Without the ICRC check there is no
+        // telling, docs/wire.md.)
         const std::span<const std::byte> whole(base, len);
         if ((gro_state_ == gro_state::draining || len > packet::buffer_size) &&
-            !(len <= packet::buffer_size && check_icrc_ && icrc_ok(whole, from, from_port))) {
+            !(len <= packet::buffer_size && check_icrc_ && icrc_exact(whole, from, from_port))) {
           seg = wire::run_segment_size(whole);
           if (seg < len) ++dev_.counters_.gro_runs_unsized;
         }
@@ -1105,20 +1107,28 @@ void udp_link::set_gro(bool on) noexcept {
   gro_drained_at_ = dev_.pass_now() + gro_drain_time;
 }
 
-bool udp_link::icrc_ok(std::span<const std::byte> dgram, std::uint32_t icrc, const gid& from,
-                       std::uint16_t from_port) noexcept {
+std::optional<std::uint32_t> udp_link::icrc_with_id0(std::span<const std::byte> dgram, const gid& from,
+                                                     std::uint16_t from_port) noexcept {
   const std::size_t len = dgram.size();
   const std::optional<std::uint32_t> prefix = rx_prefixes_.get(std::as_bytes(std::span(from.raw)), std::as_bytes(std::span(local_.raw)), from_port, port_, len);
-  if (!prefix) return false;
+  if (!prefix) return std::nullopt;
   auto b = wire::icrc_builder::after_prefix(*prefix);
   b.add(dgram.first(len - wire::icrc_size));
-  const std::uint32_t with_id0 = b.value();
-  return with_id0 == icrc || (!v6_ && icrc_matches_id(from, from_port, len - wire::icrc_size, with_id0 ^ icrc));
+  return b.value();
 }
 
-bool udp_link::icrc_ok(std::span<const std::byte> dgram, const gid& from, std::uint16_t from_port) noexcept {
-  wire::packet_view v;
-  return wire::decode(dgram, true, v) == wire::decode_error::ok && icrc_ok(dgram, v.icrc, from, from_port);
+bool udp_link::icrc_ok(std::span<const std::byte> dgram, std::uint32_t icrc, const gid& from,
+                       std::uint16_t from_port) noexcept {
+  const std::optional<std::uint32_t> with_id0 = icrc_with_id0(dgram, from, from_port);
+  if (!with_id0) return false;
+  return *with_id0 == icrc ||
+         (!v6_ && icrc_matches_id(from, from_port, dgram.size() - wire::icrc_size, *with_id0 ^ icrc));
+}
+
+bool udp_link::icrc_exact(std::span<const std::byte> dgram, const gid& from, std::uint16_t from_port) noexcept {
+  if (dgram.size() < wire::bth_size + wire::icrc_size) return false;
+  const std::optional<std::uint32_t> with_id0 = icrc_with_id0(dgram, from, from_port);
+  return with_id0 && *with_id0 == wire::load_icrc(dgram.last<wire::icrc_size>());
 }
 
 bool udp_link::deliver(packet* p, const std::byte* data, std::size_t len, const gid& from, std::uint16_t from_port,

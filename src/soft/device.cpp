@@ -855,6 +855,7 @@ std::error_code device::alloc_mw(pd_t* pd, mw_type type, mw_t*& out) {
   mw->rkey = key;
   mw->posted_rkey = key;
   mw->handle = key >> 8;
+  mw->gen = ++mw_gen_;
   if (!make_room(mws_, mw->handle)) {
     free_key(key);
     return err(errc::no_resources);
@@ -890,6 +891,9 @@ std::error_code device::bind_mw(qp_t* qp, send_wqe* w) noexcept {
   const std::uint32_t index = w->mw;
   if (index >= mws_.size() || mws_[index] == nullptr) return make_error_code(wc_status::mw_bind_err);
   mw_t* mw = mws_[index].get();
+  // The window the bind was posted for: deallocated since, its slot may
+  // hold another (rxe compares the WQE's full key for the same reason).
+  if (mw->gen != w->mw_gen) return make_error_code(wc_status::mw_bind_err);
   const auto want = static_cast<mw_type>(w->mw_type);
   if (mw->type != want || mw->pd != qp->pd) return make_error_code(wc_status::mw_bind_err);
   if (want == mw_type::type1 && (w->bind_access & access_zero_based) != 0)

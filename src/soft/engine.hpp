@@ -89,6 +89,7 @@ struct send_wqe {
   std::uint64_t bind_length;
   std::uint32_t bind_access;
   std::uint32_t ah_gen;      // UD: the AH's generation (its slot may be reused)
+  std::uint32_t mw_gen;      // bind_mw: the window's generation (its slot may be reused)
   // followed by wqe_sge[num_sge], or by inline_len bytes
   wqe_sge* sges() noexcept { return reinterpret_cast<wqe_sge*>(this + 1); }
   std::byte* inline_data() noexcept { return reinterpret_cast<std::byte*>(this + 1); }
@@ -162,6 +163,7 @@ struct mw_t {
   pd_t* pd = nullptr;
   mw_type type = mw_type::type1;
   std::uint32_t handle = 0;
+  std::uint32_t gen = 0;          // which window in its slot: a bind queued for a freed one fails
   std::uint32_t rkey = 0;         // the key the window answers to now
   std::uint32_t posted_rkey = 0;  // type 1: the key of the last bind posted (what bind_mw returned)
   mw_state state = mw_state::free;
@@ -280,7 +282,8 @@ struct qp_t {
   std::uint32_t rq_psn = 0;
   bool sqd_notify = false;
   bool sq_draining = false;
-  // The alternate path: checked, kept and reported, never used (one port).
+  bool sq_error_completed = false;  // complete_wqes posted the error that moves it to ERR (flush_qp)
+  // The alternate path: never set (refused on RoCE), reported empty.
   ah_attr alt_av{};
   std::uint16_t alt_pkey_index = 0;
   std::uint8_t alt_port = 0;
@@ -928,6 +931,7 @@ class device final : public progress_source, public clock_listener {
   std::uint32_t first_qpn_ = limits::qpn_base;  // random; see limits::qpn_first_max
   std::deque<std::uint32_t> free_qps_;      // FIFO: a QPN is reused late
   std::uint32_t ah_gen_ = 0;  // the last AH generation given
+  std::uint32_t mw_gen_ = 0;  // the last MW generation given
   std::uint32_t live_pds_ = 0, live_mrs_ = 0, live_mws_ = 0, live_ahs_ = 0, live_cqs_ = 0,
                 live_srqs_ = 0, live_qps_ = 0;
 

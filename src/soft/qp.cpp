@@ -487,13 +487,19 @@ void device::flush_qp(qp_t* qp) noexcept {
   const std::uint32_t mask = qp->sq.size() - 1;
   std::uint32_t c = qp->sq.consumer();
   const std::uint32_t p = qp->sq.producer();
+  // Only the oldest failed WQE reports its own error (IBTA 10.8.3: one
+  // error completion, then flushes): a later one that failed locally while
+  // waiting to retire in order is flushed like the rest -- also when the
+  // error completion was just posted (complete_wqes).
+  bool error_reported = std::exchange(qp->sq_error_completed, false);
   for (; c != p; ++c) {
     auto* w = qp->sq.at<send_wqe>(c);
     send_state& st = qp->sq_state[c & mask];
     work_completion wc;
     wc.wr_id = w->wr_id;
-    wc.status = st.state == wqe_state::done && st.status != wc_status::success ? st.status
-                                                                                : wc_status::wr_flush_err;
+    const bool failed = st.state == wqe_state::done && st.status != wc_status::success;
+    wc.status = failed && !error_reported ? st.status : wc_status::wr_flush_err;
+    error_reported = error_reported || failed;
     wc.opcode = wc_opcode_of(w->opcode);
     wc.qp_num = qp->qpn;
     wc.byte_len = w->length;
@@ -577,6 +583,7 @@ void device::complete_wqes(qp_t* qp) noexcept {
     if (static_cast<std::int32_t>(c - qp->req.wqe_index) > 0) qp->req.wqe_index = c;
     if (static_cast<std::int32_t>(c - qp->req.start_index) > 0) qp->req.start_index = c;
     if (!ok || overflow) {
+      qp->sq_error_completed = !ok;  // that was the send queue's error completion
       qp_to_error(qp);
       return;
     }
@@ -743,6 +750,7 @@ std::error_code device::post_one_send(qp_t* qp, const send_wr& wr) noexcept {
   if (mw != nullptr) {
     w->mw_type = 2;
     w->mw = mw->handle;
+    w->mw_gen = mw->gen;
     w->bind_rkey = wr.bind_rkey;
     w->bind_lkey = wr.bind_info.mr_lkey;
     w->bind_addr = wr.bind_info.addr;
@@ -820,6 +828,7 @@ std::error_code device::bind_mw1(qp_t* qp, mw_t* mw, std::uint64_t wr_id, std::u
   w->mw_type = 1;
   w->flags = flags & (send_signaled | send_fence);
   w->mw = mw->handle;
+  w->mw_gen = mw->gen;
   w->bind_rkey = new_rkey;
   w->bind_lkey = info.mr_lkey;
   w->bind_addr = info.addr;

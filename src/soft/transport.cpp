@@ -215,6 +215,10 @@ bool device::copy_from_sges(pd_t* pd, wqe_sge* sges, std::uint32_t nsge, std::ui
   while (left > 0) {
     if (i >= nsge) return false;
     const wqe_sge& g = sges[i];
+    if (g.length == 0) {  // no memory named: its key is not looked at (rxe's copy_data)
+      ++i;
+      continue;
+    }
     const std::uint32_t take = std::min(left, g.length - offset);
     mr_t* mr = lookup_lkey(pd, g.lkey);
     if (mr == nullptr || g.addr < mr->iova || g.length > mr->length || g.addr - mr->iova > mr->length - g.length)
@@ -313,6 +317,10 @@ bool device::copy_to_sges(pd_t* pd, wqe_sge* sges, std::uint32_t nsge, std::uint
   while (len > 0) {
     if (i >= nsge) return false;
     const wqe_sge& g = sges[i];
+    if (g.length == 0) {  // no memory named: its key is not looked at (rxe's copy_data)
+      ++i;
+      continue;
+    }
     const std::uint32_t take = std::min(len, g.length - offset);
     mr_t* mr = lookup_lkey(pd, g.lkey);
     if (mr == nullptr || (mr->access & access_local_write) == 0 || g.addr < mr->iova || g.length > mr->length ||

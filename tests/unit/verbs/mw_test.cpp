@@ -108,6 +108,30 @@ TEST_F(mw_test, type1_binds_posted_behind_pending_work_get_distinct_keys) {
   EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 3, wc_opcode::rdma_write));
 }
 
+// A bind waits behind pending work; its window is deallocated and a new
+// one takes the slot meanwhile.  The bind fails (the window it named is
+// gone), as rxe's comparison of the WQE's full key makes it; it used to
+// bind the new window to a range nobody asked for.
+TEST_F(mw_test, a_bind_queued_for_a_window_deallocated_since_fails) {
+  auto p = connected_pair();
+  auto region = make_buffer(4096, region_access), src = make_buffer(64);
+  mw w1 = pd_.alloc_mw(mw_type::type1);
+  ASSERT_FALSE(post_send(p.b, wr_opcode::send, {src.whole()}, 9, send_signaled));  // no receive yet: RNR
+  std::uint32_t k1 = 0;
+  ASSERT_FALSE(p.b.bind_mw(w1, 1, send_signaled, {region.m.lkey(), region.addr(), 4096, access_remote_write}, &k1));
+  w1.dealloc();
+  mw w2 = pd_.alloc_mw(mw_type::type1);
+  const std::uint32_t w2_key = w2.rkey();
+  auto dst = make_buffer(64);
+  ASSERT_FALSE(post_recv(p.a, {dst.whole()}, 5));
+  const auto v = poll(p.cq_b, 2, std::chrono::milliseconds(1));
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_TRUE(wc_ok(v[0], 9, wc_opcode::send));
+  EXPECT_TRUE(wc_is(v[1], 1, wc_status::mw_bind_err));
+  EXPECT_EQ(w2.rkey(), w2_key);  // the new window is untouched
+  EXPECT_EQ(query_state(p.b), qp_state::err);  // a failed bind stops the QP (rxe)
+}
+
 TEST_F(mw_test, type1_zero_length_bind_invalidates_the_window) {
   auto p = connected_pair();
   auto region = make_buffer(4096, region_access), src = make_buffer(64);

@@ -1003,6 +1003,47 @@ TEST_F(traffic, retry_exhaustion_when_the_peer_is_in_err) {
   EXPECT_EQ(query_state(p.a), qp_state::err);
 }
 
+// A WQE that failed locally while an older one was still outstanding waits
+// to retire in order; when the older one then fails (retries exhausted),
+// that is the send queue's one error completion and the later WQE is
+// flushed (IBTA 10.8.3), not reported with its own error too.
+TEST_F(traffic, a_local_error_behind_a_failing_request_is_flushed) {
+  qp_options oa;
+  oa.retry_cnt = 2;
+  auto p = connect(oa, qp_options{});
+  qp_attr e;
+  e.state = qp_state::err;
+  p.b.modify(e, qp_attr_state);
+  auto src = make_buffer(16);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 70));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {sge{src.addr(), 16, 0x12345}}, 71));  // a bad lkey
+  const auto v = poll(p.cq_a, 2, 70ms);  // timeout 14: 67.1 ms
+  ASSERT_EQ(v.size(), 2u);
+  EXPECT_TRUE(wc_is(v[0], 70, wc_status::retry_exc_err));
+  EXPECT_TRUE(wc_is(v[1], 71, wc_status::wr_flush_err));
+}
+
+// A zero-length SGE names no memory: its key and address are not looked
+// at wherever it falls in the list (rxe's copy_data skips it; mlx5 drops
+// it at post).  In the middle of a gather list it failed the SEND with
+// loc_prot_err; on the receive side it failed the scatter.
+TEST_F(traffic, a_zero_length_sge_in_the_middle_of_a_list_is_skipped) {
+  qp_options o;
+  o.path_mtu = mtu::mtu_4096;
+  auto p = connect(o, o);
+  auto src = make_buffer(64), dst = make_buffer(64);
+  fill_pattern(src, 4);
+  dst.fill(0);
+  ASSERT_FALSE(post_recv(p.b, {dst.part(0, 8), sge{0, 0, 0}, dst.part(8, 56)}, 5));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.part(0, 8), sge{0, 0, 0}, src.part(8, 8)}, 1));
+  const auto s = poll_one(p.cq_a);
+  EXPECT_TRUE(wc_ok(s, 1, wc_opcode::send)) << to_string(s.status);
+  const auto r = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_ok(r, 5, wc_opcode::recv)) << to_string(r.status);
+  EXPECT_EQ(r.byte_len, 16u);
+  EXPECT_TRUE(has_pattern(dst, 4, 0, 16));
+}
+
 // The retransmit deadline runs from the last progress or send, read from
 // a clock cached per engine pass (device::pass_now): a request sent while
 // the timer of an earlier one is still scheduled is resent one timeout

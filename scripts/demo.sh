@@ -24,7 +24,12 @@ pair() {
     rm -f /tmp/averbs-demo-server.$$
     return 1
   fi
-  wait "$spid"
+  if ! wait "$spid"; then  # the server's own verdict (e.g. fewer connections than the client's)
+    echo "the server of: averbs perf $* failed:" >&2
+    cat /tmp/averbs-demo-server.$$ >&2
+    rm -f /tmp/averbs-demo-server.$$
+    return 1
+  fi
   rm -f /tmp/averbs-demo-server.$$
 }
 
@@ -46,7 +51,7 @@ echo
 echo "== RDMA WRITE bandwidth, 1 MiB messages, between two processes"
 pair --test write_bw -s 1048576 -n 2000
 echo
-echo "== 10,000 RC connections through the connection manager (REQ/REP/RTU over QP1)"
+echo "== 10,000 pipelined RC connections, then 10,000 one at a time, through the connection manager (REQ/REP/RTU over QP1)"
 pair --test connect -n 10000
 echo
 echo "== The asynchronous request core: one no-op operation through every completion token"

@@ -4,15 +4,15 @@
 set -euo pipefail
 
 packages=(
-  # build
+  # build (clang and its runtime: the libFuzzer stage of scripts/test.sh)
   build-essential cmake ninja-build pkg-config git clang clang-format libclang-rt-14-dev
   libdeflate-dev
-  # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev python3 zlib1g-dev
+  # tests
+  libgtest-dev libgmock-dev python3 zlib1g-dev
   # rdma-core 44 headers and tools: ABI reference and unmodified test programs
   libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest
   # wire checks, network namespaces, peers for side-by-side benchmarks
-  tshark iproute2 liburing-dev ucx-utils libfabric-bin
+  tshark iproute2 ucx-utils libfabric-bin
 )
 
 missing=()

@@ -289,6 +289,28 @@ TEST(perf_two_processes, the_write_bw_server_prints_the_clients_figures) {
             r.server_out.substr(srow, r.server_out.find('\n', srow) - srow));
 }
 
+// --report_gbits is each end's own choice (perftest's too): a server in
+// MB/s prints a client's Gb/s figures in MB/s, not as they came.
+TEST(perf_two_processes, the_server_prints_the_clients_figures_in_its_own_unit) {
+  const std::vector<std::string> args{"--test", "write_bw", "-s", "65536", "-n", "300"};
+  std::vector<std::string> gbits = args;
+  gbits.push_back("--report_gbits");
+  const auto r = run_perf(args, gbits);
+  ASSERT_EQ(r.client, 0) << r.client_out;
+  ASSERT_EQ(r.server, 0) << r.server_out;
+  const auto crow = r.client_out.find(" 65536      300 ");
+  const auto srow = r.server_out.find(" 65536      300 ");
+  ASSERT_NE(crow, std::string::npos) << r.client_out;
+  ASSERT_NE(srow, std::string::npos) << r.server_out;
+  double cpeak = 0, cavg = 0, speak = 0, savg = 0;
+  ASSERT_EQ(std::sscanf(r.client_out.c_str() + crow, " 65536 300 %lf %lf", &cpeak, &cavg), 2);
+  ASSERT_EQ(std::sscanf(r.server_out.c_str() + srow, " 65536 300 %lf %lf", &speak, &savg), 2);
+  ASSERT_GT(cavg, 0.0);
+  const double mb_per_gb = 1e9 / 8 / (1 << 20);  // 119.2
+  EXPECT_NEAR(savg, cavg * mb_per_gb, cavg * mb_per_gb * 0.01) << r.server_out << r.client_out;
+  EXPECT_NE(r.server_out.find("BW average[MB/sec]"), std::string::npos) << r.server_out;
+}
+
 TEST(perf_two_processes, the_path_mtu_is_the_smaller_of_the_two_ends) {
   const auto r = run_perf({"--test", "write_bw", "-s", "8192", "-n", "100", "-m", "1024"},
                           {"--test", "write_bw", "-s", "8192", "-n", "100"});
@@ -523,6 +545,11 @@ TEST(cli_options, bad_numbers_are_usage_errors_in_every_command) {
       {{"devices", "-i", "0"}, "--ib-port: '0' is not a port number"},
       {{"devices", "-i", "abc"}, "--ib-port: 'abc' is not a port number"},
       {{"devices", "--ib-device=x"}, "unknown option '--ib-device=x'"},
+      // An empty name is no name (it used to list every device).
+      {{"devices", "--ib-dev="}, "--ib-dev needs a device name"},
+      // --addr creates a device, which cannot be the embedded one.
+      {{"perf", "--test", "send_lat", "-d", "embedded", "--addr", "127.0.0.2"}, "name it other than 'embedded'"},
+      {{"perf", "--test", "send_lat", "127.0.0.2", "127.0.0.3"}, "one server HOST only"},
   };
   for (const auto& [args, message] : cases) {
     std::vector<std::string> argv{AVERBS_CLI};

@@ -235,9 +235,13 @@ int cmd_devices(std::span<char* const> args) {
     if (a == "-h" || a == "--help") return help();
     if (a == "-v" || a == "--verbose") verbose = true;
     else if (a == "-l" || a == "--list") list = true;
-    else if (a == "-d" || a == "--ib-dev" || a.rfind("--ib-dev=", 0) == 0)
+    else if (a == "-d" || a == "--ib-dev" || a.rfind("--ib-dev=", 0) == 0) {
       only = value(a == "-d" ? "-d" : "--ib-dev");
-    else if (a == "-i" || a == "--ib-port" || a.rfind("--ib-port=", 0) == 0) {
+      if (only.empty()) {  // not "every device"
+        std::fprintf(stderr, "averbs devices: --ib-dev needs a device name\n");
+        return 2;
+      }
+    } else if (a == "-i" || a == "--ib-port" || a.rfind("--ib-port=", 0) == 0) {
       // ibv_devinfo refuses a port under 1; one past the device's ports
       // prints the device without ports, as ibv_devinfo does.
       const std::string v = value(a == "-i" ? "-i" : "--ib-port");

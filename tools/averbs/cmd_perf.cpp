@@ -57,11 +57,12 @@ int help() {
       "                     environment or the configuration file is set there)\n"
       "      --counters     print the device's packet counters at the end\n\n"
       "connect: -n N RC connections through the connection manager, pipelined\n"
-      "(--window W in flight, default 256), then --sync S more one at a time\n"
+      "(-w, --window W in flight, default 256), then --sync S more one at a time\n"
       "(1 or more; default min(N, 10000)); prints conn/s for both and memory per\n"
       "QP.  Each pipelined connection carries one SEND unless --no-verify.  The\n"
-      "CM port is the -p port; HOST must be an IP address; a server with no\n"
-      "connection and no word from its client for a minute gives up.\n\n"
+      "CM port is the -p port; HOST must be an IP address.  A server waits ten\n"
+      "minutes for its client, then gives up after a minute with no connection\n"
+      "and no word from it.\n\n"
       "Two processes, two devices (perftest's server/client): with a device bound\n"
       "to an address, `averbs perf --test T` waits for a client and\n"
       "`averbs perf --test T HOST` connects to the server at HOST.  The two must\n"
@@ -114,24 +115,29 @@ int run_connect(const perf::options& o, perf::connect_options co, const std::str
   std::printf(" Device         : %s\n", o.device.c_str());
   if (!remote) {
     co.server = {own, o.oob_port};
-    std::atomic<bool> stop{false};
+    std::atomic<bool> stop{false}, listening{false}, server_done{false};
     std::size_t accepted = 0, received = 0;
     std::exception_ptr server_error;
     std::thread server([&] {
       try {
         context sctx;
-        accepted = perf::serve_connections(sctx, co, &stop, nullptr, &received);
+        accepted = perf::serve_connections(sctx, co, &stop, nullptr, &received, nullptr, &listening);
       } catch (...) {
         server_error = std::current_exception();
       }
+      server_done = true;
     });
     perf::connect_stats st;
     try {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the listener binds
+      // A request that came before the listener would be refused.
+      while (!listening.load(std::memory_order_acquire) && !server_done.load())
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (server_done.load() && server_error) throw std::runtime_error("the server side could not start");
       st = perf::run_connections(ctx, co);
     } catch (...) {
       stop = true;
       server.join();
+      if (server_error) std::rethrow_exception(server_error);  // the first cause
       throw;
     }
     stop = true;
@@ -287,6 +293,9 @@ int cmd_perf(std::span<char* const> args) {
       co.verify = false;
     } else if (!a.empty() && a[0] != '-' && host.empty()) {
       host = a;
+    } else if (!a.empty() && a[0] != '-') {
+      std::fprintf(stderr, "averbs perf: one server HOST only ('%s', then '%s')\n", host.c_str(), a.c_str());
+      return 2;
     } else {
       std::fprintf(stderr, "averbs perf: unknown option '%s' (try --help)\n", a.c_str());
       return 2;
@@ -306,6 +315,11 @@ int cmd_perf(std::span<char* const> args) {
   if ((o.test == perf::test_kind::atomic_lat || o.test == perf::test_kind::atomic_bw) && !connect_test &&
       ((o.size != 0 && o.size != 8) || o.all_sizes)) {
     std::fprintf(stderr, "averbs perf: atomic tests move 8 bytes; -s and -a do not apply\n");
+    return 2;
+  }
+  if (!addr.empty() && named_device && (o.device.empty() || o.device == "embedded")) {
+    std::fprintf(stderr, "averbs perf: --addr creates a device: name it other than '%s' with -d\n",
+                 o.device.c_str());
     return 2;
   }
   try {

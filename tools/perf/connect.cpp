@@ -50,7 +50,8 @@ std::size_t resident_bytes() {
 }
 
 std::size_t serve_connections(context& ctx, const connect_options& o, const std::atomic<bool>* stop,
-                              oob* oob_link, std::size_t* received, std::size_t* expected_out) {
+                              oob* oob_link, std::size_t* received, std::size_t* expected_out,
+                              std::atomic<bool>* listening) {
   device dev = open_device(ctx, o.device);
   pd p = dev.alloc_pd();
   cq c = dev.create_cq(32767);
@@ -68,6 +69,7 @@ std::size_t serve_connections(context& ctx, const connect_options& o, const std:
   constexpr int parked = 64;
   for (int i = 0; i < parked; ++i) l.async_get_request(bind_port(port, tag_get));
   if (oob_link != nullptr) oob_link->send_word(1);  // ready
+  if (listening != nullptr) listening->store(true, std::memory_order_release);
 
   std::size_t accepted = 0, got = 0;
   std::uint64_t expected = 0;

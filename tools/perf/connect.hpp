@@ -48,9 +48,11 @@ struct connect_stats {
 /// or the client says it is done (out-of-band, when `oob_link` is given).
 /// Returns the number of connections accepted; `received` counts the
 /// verification SENDs that arrived, `expected` (out-of-band only) the
-/// connections the client said it established.
+/// connections the client said it established.  `listening`, if given, is
+/// set once requests are taken (a client in this process starts then).
 std::size_t serve_connections(context& ctx, const connect_options& o, const std::atomic<bool>* stop,
-                              class oob* oob_link, std::size_t* received, std::size_t* expected = nullptr);
+                              class oob* oob_link, std::size_t* received, std::size_t* expected = nullptr,
+                              std::atomic<bool>* listening = nullptr);
 
 /// The client side: the pipelined phase, the synchronous phase and the
 /// verification, as described above.

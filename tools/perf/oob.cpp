@@ -2,6 +2,7 @@
 #include "perf/oob.hpp"
 
 #include <arpa/inet.h>
+#include <endian.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -24,7 +25,8 @@ namespace averbs::perf {
 namespace {
 [[noreturn]] void fail(const std::string& what) { throw std::system_error(errno, std::system_category(), what); }
 
-std::uint64_t hton64(std::uint64_t v) { return (std::uint64_t{htonl(static_cast<std::uint32_t>(v))} << 32) | htonl(static_cast<std::uint32_t>(v >> 32)); }
+// Network byte order both ways (its own inverse), on either host order.
+std::uint64_t hton64(std::uint64_t v) { return htobe64(v); }
 }  // namespace
 
 oob::~oob() {

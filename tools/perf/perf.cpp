@@ -579,15 +579,20 @@ void check(const work_completion& wc, const char* what) {
 }
 
 // A bandwidth sender's figures, for the server to print (perftest's
-// xchg_bw_reports): four words behind its end of the size.
-void send_bandwidth(const oob& link, const bandwidth_result& r) {
+// xchg_bw_reports): four words behind its end of the size.  Bandwidth goes
+// in MB/s whatever unit each end reports in (--report_gbits is one end's
+// choice, not part of the greeting): each side converts.
+constexpr double mbytes_per_gbit = 1e9 / 8 / (1 << 20);
+
+void send_bandwidth(const oob& link, const bandwidth_result& r, const options& o) {
+  const double to_mb = o.report_gbits ? mbytes_per_gbit : 1;
   link.send_word(r.iters);
-  link.send_word(std::bit_cast<std::uint64_t>(r.bw_peak));
-  link.send_word(std::bit_cast<std::uint64_t>(r.bw_avg));
+  link.send_word(std::bit_cast<std::uint64_t>(r.bw_peak * to_mb));
+  link.send_word(std::bit_cast<std::uint64_t>(r.bw_avg * to_mb));
   link.send_word(std::bit_cast<std::uint64_t>(r.msg_rate));
 }
 
-bandwidth_result recv_bandwidth(const oob& link) {
+bandwidth_result recv_bandwidth(const oob& link, const options& o) {
   bandwidth_result r;
   r.iters = static_cast<std::size_t>(link.recv_word());
   r.bw_peak = std::bit_cast<double>(link.recv_word());
@@ -597,6 +602,10 @@ bandwidth_result recv_bandwidth(const oob& link) {
   for (double v : {r.bw_peak, r.bw_avg, r.msg_rate})
     if (!std::isfinite(v) || v < 0 || v > 1e12)
       throw std::runtime_error("the client's figures are not figures");
+  if (o.report_gbits) {
+    r.bw_peak /= mbytes_per_gbit;
+    r.bw_avg /= mbytes_per_gbit;
+  }
   return r;
 }
 
@@ -923,7 +932,7 @@ bandwidth_result remote_run::bandwidth(std::size_t size, std::size_t iters) {
     }
     // One-sided tests: the responder runs while we wait for the client.
     s.await_word(step_client_done, "the end of a size");
-    const bandwidth_result client = recv_bandwidth(s.link);
+    const bandwidth_result client = recv_bandwidth(s.link, o_);
     if (!sends) {  // the server of a one-sided test reports the client's figures
       r = client;
       r.bytes = size;
@@ -977,7 +986,7 @@ bandwidth_result remote_run::bandwidth(std::size_t size, std::size_t iters) {
   r = bandwidth_report(o_, clock_, size, completed, start, end, t_posted, t_completed, cq_mod);
   budget.apply(r, size, o_);
   s.link.send_word(step_client_done);
-  send_bandwidth(s.link, r);
+  send_bandwidth(s.link, r, o_);
   s.await_word(step_server_done, "the end of a size");
   return r;
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Quick start, command 2: installs what is needed, builds, and runs the whole
-# test suite: every test in the optimised build, the unit tests under
-# AddressSanitizer + UndefinedBehaviorSanitizer, the stress tests under
-# ThreadSanitizer.  `.ci/run` calls this.
+# test suite: every test in the optimised build, the unit, stress and
+# integration tests under AddressSanitizer + UndefinedBehaviorSanitizer,
+# the stress tests under ThreadSanitizer, and short libFuzzer runs of the
+# wire decoders (clang).  `.ci/run` calls this.
 #
 #   scripts/test.sh [--no-sanitizers]
 set -euo pipefail
@@ -27,11 +28,15 @@ ctest --preset release
 if ((sanitizers)); then
   stage "asan+ubsan build"
   ./scripts/build.sh asan
-  stage "asan+ubsan: unit tests"
+  stage "asan+ubsan: unit, stress and integration tests"
   ctest --preset asan
   stage "tsan build (stress tests)"
   ./scripts/build.sh tsan --target core_stress_test verbs_stress_test cm_stress_test
   stage "tsan: stress tests"
   ctest --preset tsan
+  stage "fuzz build (clang, libFuzzer: the wire decoders)"
+  ./scripts/build.sh fuzz --target wire_decode_fuzz cm_decode_fuzz
+  stage "fuzz: 500000 runs of each decoder"
+  ctest --preset fuzz
 fi
 stage "all test stages passed"

@@ -139,8 +139,9 @@ class udp_link final : public link {
   /// (icrc_matches_id, which learns the source's count).
   bool icrc_ok(std::span<const std::byte> dgram, std::uint32_t icrc, const gid& from,
                std::uint16_t from_port) noexcept;
-  /// Whether its ICRC matches as sent with IPv4 ID 0 (or over IPv6): no
-  /// ID solved for, no state changed.
+  /// Whether its ICRC matches as sent with IPv4 ID 0 (or over IPv6), or
+  /// with the ID after its source's last: no ID solved for, no state
+  /// changed.
   bool icrc_exact(std::span<const std::byte> dgram, const gid& from, std::uint16_t from_port) noexcept;
   /// The ICRC `dgram` would carry with IPv4 ID 0 (nullopt: no prefix).
   std::optional<std::uint32_t> icrc_with_id0(std::span<const std::byte> dgram, const gid& from,

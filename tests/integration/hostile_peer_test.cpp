@@ -2058,26 +2058,39 @@ TEST_F(hostile_peer_icrc, a_packet_that_looks_like_a_run_is_not_split_while_gro_
   std::uint32_t psn = 0;
   ASSERT_NO_FATAL_FAILURE(turn_gro_off(m, psn));  // draining now: the manual clock stands still
   (void)drain();
-  post_recvs(m, 1, 64);
-  std::vector<std::byte> payload(40, std::byte{0});
-  const std::uint32_t qpn = qp_.num(), next = (psn + 1) & wire::psn_mask;
-  // At datagram offset 28 (payload offset 16): BTH bytes 2-3, 5-7, 9-11.
-  payload[16] = std::byte{0x04};
-  payload[18] = payload[19] = std::byte{0xFF};
-  payload[21] = std::byte(qpn >> 16);
-  payload[22] = std::byte(qpn >> 8);
-  payload[23] = std::byte(qpn);
-  payload[25] = std::byte(next >> 16);
-  payload[26] = std::byte(next >> 8);
-  payload[27] = std::byte(next);
-  const device_counters before = dev_.counters();
-  send(wire::opcode::uc_send_only, psn, payload, {}, std::uint16_t{0});
-  const auto wcs = drain();
-  ASSERT_EQ(wcs.size(), 1u);
-  EXPECT_EQ(wcs[0].status, wc_status::success);
-  EXPECT_EQ(wcs[0].byte_len, 40u);
-  EXPECT_EQ(dev_.counters().gro_runs_unsized, before.gro_runs_unsized);
-  EXPECT_EQ(dev_.counters().icrc_errors, before.icrc_errors);
+  post_recvs(m, 3, 64);
+  // A 40-byte payload holding, at datagram offset 28 (payload offset 16),
+  // BTH bytes 2-3, 5-7 and 9-11 of the packet after the one at `at`.
+  auto look_alike = [&](std::uint32_t at) {
+    std::vector<std::byte> payload(40, std::byte{0});
+    const std::uint32_t qpn = qp_.num(), next = (at + 1) & wire::psn_mask;
+    payload[16] = std::byte{0x04};
+    payload[18] = payload[19] = std::byte{0xFF};
+    payload[21] = std::byte(qpn >> 16);
+    payload[22] = std::byte(qpn >> 8);
+    payload[23] = std::byte(qpn);
+    payload[25] = std::byte(next >> 16);
+    payload[26] = std::byte(next >> 8);
+    payload[27] = std::byte(next);
+    return payload;
+  };
+  auto delivered_whole = [&](std::uint16_t ip_id) {
+    const device_counters before = dev_.counters();
+    send(wire::opcode::uc_send_only, psn, look_alike(psn), {}, ip_id);
+    psn = (psn + 1) & wire::psn_mask;
+    const auto wcs = drain();
+    EXPECT_EQ(dev_.counters().gro_runs_unsized, before.gro_runs_unsized);
+    EXPECT_EQ(dev_.counters().icrc_errors, before.icrc_errors);
+    return wcs.size() == 1 && wcs[0].status == wc_status::success && wcs[0].byte_len == 40;
+  };
+  EXPECT_TRUE(delivered_whole(0));  // an unconnected socket with DF
+  // A numbered source (a connected socket, as a peer's flow socket): its
+  // first datagram of this length sets its count ...
+  send(wire::opcode::uc_send_only, psn, filled(40, 7), {}, std::uint16_t{40000});
+  psn = (psn + 1) & wire::psn_mask;
+  ASSERT_EQ(drain().size(), 1u);
+  // ... and its next look-alike, numbered after it, is taken whole too.
+  EXPECT_TRUE(delivered_whole(40001));
 }
 
 // With UDP_GRO off, only datagrams that pass the checks switch it back on

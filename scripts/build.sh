@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Configures and builds one preset: release (default), asan or tsan.
-#   scripts/build.sh [release|asan|tsan] [extra cmake --build args]
+# Configures and builds one preset: release (default), asan, tsan or fuzz.
+#   scripts/build.sh [release|asan|tsan|fuzz] [extra cmake --build args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 preset=${1:-release}

@@ -275,36 +275,36 @@ TEST(perf_two_processes, the_send_bw_receiver_reports_its_bandwidth) {
   EXPECT_NE(r.client_out.find(" 65536      300 "), std::string::npos) << r.client_out;
 }
 
+// The row of a 65536-byte, 300-iteration size in `out` (empty if none).
+std::string row_65536(const std::string& out) {
+  const auto at = out.find(" 65536      300 ");
+  return at == std::string::npos ? std::string{} : out.substr(at, out.find('\n', at) - at);
+}
+
+const std::vector<std::string> write_bw_65536{"--test", "write_bw", "-s", "65536", "-n", "300"};
+
 TEST(perf_two_processes, the_write_bw_server_prints_the_clients_figures) {
   // As perftest's server does (xchg_bw_reports): the same row as the client.
-  const std::vector<std::string> args{"--test", "write_bw", "-s", "65536", "-n", "300"};
-  const auto r = run_perf(args, args);
+  const auto r = run_perf(write_bw_65536, write_bw_65536);
   ASSERT_EQ(r.client, 0) << r.client_out;
   ASSERT_EQ(r.server, 0) << r.server_out;
-  const auto crow = r.client_out.find(" 65536      300 ");
-  const auto srow = r.server_out.find(" 65536      300 ");
-  ASSERT_NE(crow, std::string::npos) << r.client_out;
-  ASSERT_NE(srow, std::string::npos) << r.server_out;
-  EXPECT_EQ(r.client_out.substr(crow, r.client_out.find('\n', crow) - crow),
-            r.server_out.substr(srow, r.server_out.find('\n', srow) - srow));
+  const std::string crow = row_65536(r.client_out), srow = row_65536(r.server_out);
+  ASSERT_FALSE(crow.empty()) << r.client_out;
+  EXPECT_EQ(crow, srow) << r.server_out;
 }
 
 // --report_gbits is each end's own choice (perftest's too): a server in
 // MB/s prints a client's Gb/s figures in MB/s, not as they came.
 TEST(perf_two_processes, the_server_prints_the_clients_figures_in_its_own_unit) {
-  const std::vector<std::string> args{"--test", "write_bw", "-s", "65536", "-n", "300"};
-  std::vector<std::string> gbits = args;
+  std::vector<std::string> gbits = write_bw_65536;
   gbits.push_back("--report_gbits");
-  const auto r = run_perf(args, gbits);
+  const auto r = run_perf(write_bw_65536, gbits);
   ASSERT_EQ(r.client, 0) << r.client_out;
   ASSERT_EQ(r.server, 0) << r.server_out;
-  const auto crow = r.client_out.find(" 65536      300 ");
-  const auto srow = r.server_out.find(" 65536      300 ");
-  ASSERT_NE(crow, std::string::npos) << r.client_out;
-  ASSERT_NE(srow, std::string::npos) << r.server_out;
+  const std::string crow = row_65536(r.client_out), srow = row_65536(r.server_out);
   double cpeak = 0, cavg = 0, speak = 0, savg = 0;
-  ASSERT_EQ(std::sscanf(r.client_out.c_str() + crow, " 65536 300 %lf %lf", &cpeak, &cavg), 2);
-  ASSERT_EQ(std::sscanf(r.server_out.c_str() + srow, " 65536 300 %lf %lf", &speak, &savg), 2);
+  ASSERT_EQ(std::sscanf(crow.c_str(), " 65536 300 %lf %lf", &cpeak, &cavg), 2) << r.client_out;
+  ASSERT_EQ(std::sscanf(srow.c_str(), " 65536 300 %lf %lf", &speak, &savg), 2) << r.server_out;
   ASSERT_GT(cavg, 0.0);
   const double mb_per_gb = 1e9 / 8 / (1 << 20);  // 119.2
   EXPECT_NEAR(savg, cavg * mb_per_gb, cavg * mb_per_gb * 0.01) << r.server_out << r.client_out;

@@ -11,7 +11,20 @@ namespace averbs::test {
 namespace {
 
 using namespace std::chrono_literals;
-using traffic = conformance_test;
+class traffic : public conformance_test {
+ protected:
+  /// A pair whose `a` (retry_cnt 2) sends to a `b` in ERR: nothing is ever
+  /// acknowledged.
+  pair to_a_peer_in_err() {
+    qp_options oa;
+    oa.retry_cnt = 2;
+    auto p = connect(oa, qp_options{});
+    qp_attr e;
+    e.state = qp_state::err;
+    p.b.modify(e, qp_attr_state);
+    return p;
+  }
+};
 
 constexpr std::uint32_t all_remote =
     access_local_write | access_remote_write | access_remote_read | access_remote_atomic;
@@ -984,12 +997,7 @@ TEST_F(traffic, rnr_retry_7_retries_until_a_receive_is_posted) {
 // Retry exhaustion (no acknowledgement)
 
 TEST_F(traffic, retry_exhaustion_when_the_peer_is_in_err) {
-  qp_options oa;
-  oa.retry_cnt = 2;
-  auto p = connect(oa, qp_options{});
-  qp_attr e;
-  e.state = qp_state::err;
-  p.b.modify(e, qp_attr_state);
+  auto p = to_a_peer_in_err();
   auto src = make_buffer(16);
   const auto before = dev.counters().retransmits;
   ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 70));
@@ -1008,12 +1016,7 @@ TEST_F(traffic, retry_exhaustion_when_the_peer_is_in_err) {
 // that is the send queue's one error completion and the later WQE is
 // flushed (IBTA 10.8.3), not reported with its own error too.
 TEST_F(traffic, a_local_error_behind_a_failing_request_is_flushed) {
-  qp_options oa;
-  oa.retry_cnt = 2;
-  auto p = connect(oa, qp_options{});
-  qp_attr e;
-  e.state = qp_state::err;
-  p.b.modify(e, qp_attr_state);
+  auto p = to_a_peer_in_err();
   auto src = make_buffer(16);
   ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 70));
   ASSERT_FALSE(post_send(p.a, wr_opcode::send, {sge{src.addr(), 16, 0x12345}}, 71));  // a bad lkey

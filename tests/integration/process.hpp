@@ -6,11 +6,13 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,18 +26,33 @@ class child {
   /// Spawns `argv` (PATH searched) with stdout, and stderr too when
   /// `merge_stderr`, on a pipe this object reads.
   explicit child(const std::vector<std::string>& argv, bool merge_stderr = false) {
+    if (argv.empty()) return;
+    const std::string path = find_program(argv[0]);
+    if (path.empty()) return;  // pid() < 0: not found
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) return;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-    if (merge_stderr) posix_spawn_file_actions_adddup2(&fa, fds[1], 2);
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
-    if (posix_spawnp(&pid_, args[0], &fa, nullptr, args.data(), environ) != 0) pid_ = -1;
-    posix_spawn_file_actions_destroy(&fa);
+    const pid_t parent = ::getpid();
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      // Only async-signal-safe calls here (the test may have threads).
+      // The child dies with the test process: a test that aborts (an
+      // ASan report, std::terminate) must not leave peers bound to the
+      // address and port the next run of the same test uses.
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);
+      ::dup2(fds[1], 1);
+      if (merge_stderr) ::dup2(fds[1], 2);
+      ::execve(path.c_str(), args.data(), environ);
+      ::_exit(127);
+    }
     ::close(fds[1]);
+    if (pid_ < 0) {
+      ::close(fds[0]);
+      return;
+    }
     out_ = fds[0];
   }
   ~child() {
@@ -47,6 +64,23 @@ class child {
   }
   child(const child&) = delete;
   child& operator=(const child&) = delete;
+
+  /// `name` as execvp would find it: itself if it holds a '/', else the
+  /// first executable of that name on PATH ("" if none).
+  static std::string find_program(const std::string& name) {
+    if (name.find('/') != std::string::npos) return name;
+    const char* env = std::getenv("PATH");
+    std::string rest = env != nullptr ? env : "/usr/local/bin:/usr/bin:/bin";
+    for (std::size_t at = 0; at <= rest.size();) {
+      const std::size_t colon = std::min(rest.find(':', at), rest.size());
+      std::string dir = rest.substr(at, colon - at);
+      if (dir.empty()) dir = ".";
+      const std::string candidate = dir + "/" + name;
+      if (::access(candidate.c_str(), X_OK) == 0) return candidate;
+      at = colon + 1;
+    }
+    return {};
+  }
 
   bool started() const { return pid_ > 0; }
 

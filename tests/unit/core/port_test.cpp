@@ -187,9 +187,11 @@ TEST(port, an_entry_wakes_one_sleeping_thread_not_all) {
   }
   for (auto& t : tids)
     while (t.load() == 0) std::this_thread::yield();
-  std::this_thread::sleep_for(100ms);  // every waiter asleep
+  std::array<pid_t, threads> ids{};
+  for (int t = 0; t < threads; ++t) ids[t] = tids[t].load();
+  EXPECT_TRUE(averbs::test::wait_until_asleep(ids)) << "the waiters never all slept";
   std::array<long, threads> before{};
-  for (int t = 0; t < threads; ++t) before[t] = voluntary_switches(tids[t].load());
+  for (int t = 0; t < threads; ++t) before[t] = voluntary_switches(ids[t]);
   port.post(1, 0);
   int woken = 0, taken = 0;
   for (int i = 0; i < 2000 && taken == 0; ++i) {

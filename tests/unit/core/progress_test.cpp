@@ -11,6 +11,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <memory>
@@ -119,9 +120,11 @@ TEST(progress, blocked_wait_wakes_for_a_source_interrupt_from_another_thread) {
 
 using averbs::test::voluntary_switches;
 
+constexpr int sleeper_events = 100;
+
 // Three threads asleep in a context (each on a port of its own), a device
-// event every 2 ms: how many of the three woke for most of the events.
-int sleepers_woken_by_events(bool progress_thread) {
+// event every 2 ms: how often each woke, most first.
+std::vector<long> sleepers_wake_ups(bool progress_thread) {
   averbs::context_options o;
   o.spin = 0ns;  // straight to sleep
   o.progress_thread = progress_thread;
@@ -143,37 +146,43 @@ int sleepers_woken_by_events(bool progress_thread) {
   }
   for (auto& t : tids)
     while (t.load() == 0) std::this_thread::yield();
-  std::this_thread::sleep_for(100ms);  // every waiter asleep
+  std::array<pid_t, threads> ids{};
+  for (int t = 0; t < threads; ++t) ids[t] = tids[t].load();
+  EXPECT_TRUE(averbs::test::wait_until_asleep(ids)) << "the waiters never all slept";
   std::array<long, threads> before{};
-  for (int t = 0; t < threads; ++t) before[t] = voluntary_switches(tids[t].load());
-  constexpr int events = 100;
-  for (int i = 0; i < events; ++i) {
+  for (int t = 0; t < threads; ++t) before[t] = voluntary_switches(ids[t]);
+  for (int i = 0; i < sleeper_events; ++i) {
     dev.interrupt();
     std::this_thread::sleep_for(2ms);
   }
-  int woken = 0;
-  for (int t = 0; t < threads; ++t)
-    if (voluntary_switches(tids[t].load()) - before[t] >= events / 2) ++woken;
+  std::vector<long> woke;
+  for (int t = 0; t < threads; ++t) woke.push_back(voluntary_switches(ids[t]) - before[t]);
+  std::sort(woke.rbegin(), woke.rend());
   for (auto& p : ports) p->post(1, 0);
   for (auto& w : ws) w.join();
   ctx.stop_progress_thread();
-  EXPECT_GE(dev.progress_calls, events / 2) << "the device was not driven";  // read once all are joined
+  EXPECT_GE(dev.progress_calls, sleeper_events / 2) << "the device was not driven";  // read once all are joined
   ctx.remove_source(dev);
-  return woken;
+  return woke;
 }
 
 // Threads asleep in one context do not all wake for each event: one, the
 // poller, sleeps on the progress descriptors; the others sleep until what
 // they wait for completes (or they are handed the lead).  Every sleeper
 // used to wake for every event.
+// (A loaded machine coalesces events, so the poller's own count is not
+// asserted: the others must stay asleep, where the bug woke each of them
+// for every event, about 100 times.)
 TEST(progress, an_event_wakes_the_poller_not_every_sleeping_thread) {
-  EXPECT_EQ(sleepers_woken_by_events(false), 1) << "the sleepers that do not poll woke for the events too";
+  const std::vector<long> woke = sleepers_wake_ups(false);
+  EXPECT_LT(woke[1], sleeper_events / 4) << "the sleepers that do not poll woke for the events too";
 }
 
 // With the progress thread polling, no waiting thread wakes for events
 // that are not its own.
 TEST(progress, with_the_progress_thread_no_sleeper_wakes_for_others_events) {
-  EXPECT_EQ(sleepers_woken_by_events(true), 0) << "a waiting thread polled beside the progress thread";
+  const std::vector<long> woke = sleepers_wake_ups(true);
+  EXPECT_LT(woke[0], sleeper_events / 4) << "a waiting thread polled beside the progress thread";
 }
 
 // The progress thread stops while a thread waits for a device event: that

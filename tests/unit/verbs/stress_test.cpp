@@ -158,6 +158,16 @@ TEST_F(verbs_stress, rereg_racing_rereg_of_the_same_region) {
   while (!go.load()) std::this_thread::yield();
   for (int i = 0; i < rounds * 5; ++i) m.rereg(rereg_change_pd, i % 2 ? &b : &a, nullptr, 0, 0);
   t.join();
+  // Every rereg succeeded (each throws otherwise) and the region is whole:
+  // it still covers its buffer under its current keys, in one PD or the
+  // other (both PDs busy with it would refuse a dealloc of neither).
+  EXPECT_NE(m.lkey(), 0u);
+  EXPECT_EQ(m.addr(), buf.data());
+  EXPECT_EQ(m.length(), buf.size());
+  std::error_code ea, eb;
+  a.dealloc(ea);
+  b.dealloc(eb);
+  EXPECT_TRUE((ea == errc::busy) != (eb == errc::busy)) << ea.message() << " / " << eb.message();
   m.dereg();
 }
 

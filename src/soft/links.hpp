@@ -318,8 +318,11 @@ class udp_link final : public link {
   // every poll, and closed at the first empty read `peer_close_time` later.
   int peer_fd_ = -1;
   bool peer_closing_ = false;        // pointed away, read on every poll, closed when due and empty
-  clock::time_point peer_close_at_{};
-  clock::time_point peer_shared_at_{};  // closing: the shared socket is read from then on
+  // The kernel's timing (stragglers of softirq delivery), so the host's
+  // steady clock, not the device's: a manual clock that stands still must
+  // not keep the shared socket unread.
+  std::chrono::steady_clock::time_point peer_close_at_{};
+  std::chrono::steady_clock::time_point peer_shared_at_{};  // closing: the shared socket is read from then on
   gid peer_from_{};
   std::uint16_t peer_port_ = 0;
   std::uint32_t peer_polls_ = 0;

@@ -758,8 +758,8 @@ std::size_t udp_link::receive_gro() noexcept {
     // A drain that stopped at its limit leaves the shared socket for later.
     bool emptied = false;
     const std::size_t n = drain_peer(rx_batch, &emptied);
-    const clock::time_point now = dev_.pass_now();
     if (!emptied) return n;
+    const auto now = std::chrono::steady_clock::now();
     if (n == 0 && now >= peer_close_at_) finish_closing_peer();
     if (now < peer_shared_at_) return n;
     return n + receive_shared();
@@ -921,7 +921,7 @@ std::size_t udp_link::close_peer() noexcept {
     finish_closing_peer();
     return n;
   }
-  const clock::time_point now = dev_.pass_now();
+  const auto now = std::chrono::steady_clock::now();
   peer_closing_ = true;
   peer_close_at_ = now + peer_close_time;
   peer_shared_at_ = now + peer_straggle_time;

@@ -46,6 +46,8 @@ class child {
       ::dup2(fds[1], 1);
       if (merge_stderr) ::dup2(fds[1], 2);
       ::execve(path.c_str(), args.data(), environ);
+      constexpr char failed[] = "child: execve failed\n";
+      (void)!::write(2, failed, sizeof failed - 1);
       ::_exit(127);
     }
     ::close(fds[1]);

@@ -1204,6 +1204,17 @@ class qp_create_test : public qp_test {
     pd_.create_qp(ia, ec);
     return ec;
   }
+  /// create_qp's error for these CQs (empty: none) and SRQ.
+  std::error_code create_with(const cq& send, const cq& recv, const srq& s = {}) {
+    qp_init_attr ia;
+    ia.send_cq = send;
+    ia.recv_cq = recv;
+    ia.srq = s;
+    ia.cap = default_cap;
+    std::error_code ec;
+    pd_.create_qp(ia, ec);
+    return ec;
+  }
 };
 
 TEST_F(qp_create_test, max_send_wr_above_device_limit_bad_flow) {
@@ -1259,15 +1270,7 @@ TEST_F(qp_create_test, missing_recv_cq_without_srq_bad_flow) {
 // An SRQ takes the receives, but the completions still need a receive CQ
 // (rxe_qp_chk_init: "missing cq").
 TEST_F(qp_create_test, missing_recv_cq_with_an_srq_bad_flow) {
-  cq c = dev.create_cq(16);
-  srq s = pd_.create_srq({16, 1, 0});
-  qp_init_attr ia;
-  ia.send_cq = c;
-  ia.srq = s;
-  ia.cap = default_cap;
-  std::error_code ec;
-  pd_.create_qp(ia, ec);
-  EXPECT_EQ(ec, errc::invalid_argument);
+  EXPECT_EQ(create_with(dev.create_cq(16), {}, pd_.create_srq({16, 1, 0})), errc::invalid_argument);
 }
 
 // A CQ belongs to the device handle it was created on, as a libibverbs CQ
@@ -1277,17 +1280,8 @@ TEST_F(qp_create_test, cq_of_another_device_handle_bad_flow) {
   device again = open_device(*ctx, dev.name());
   cq theirs = again.create_cq(16);
   cq ours = dev.create_cq(16);
-  qp_init_attr ia;
-  ia.send_cq = ours;
-  ia.recv_cq = theirs;
-  ia.cap = default_cap;
-  std::error_code ec;
-  pd_.create_qp(ia, ec);
-  EXPECT_EQ(ec, errc::invalid_argument);
-  ia.send_cq = theirs;
-  ia.recv_cq = ours;
-  pd_.create_qp(ia, ec);
-  EXPECT_EQ(ec, errc::invalid_argument);
+  EXPECT_EQ(create_with(ours, theirs), errc::invalid_argument);
+  EXPECT_EQ(create_with(theirs, ours), errc::invalid_argument);
 }
 
 // A CQ destroyed through another copy of its handle is a stale handle,
@@ -1296,13 +1290,7 @@ TEST_F(qp_create_test, destroyed_cq_is_a_stale_handle) {
   cq c = dev.create_cq(16);
   const cq copy = c;
   copy.destroy();
-  qp_init_attr ia;
-  ia.send_cq = c;
-  ia.recv_cq = c;
-  ia.cap = default_cap;
-  std::error_code ec;
-  pd_.create_qp(ia, ec);
-  EXPECT_EQ(ec, errc::stale_handle);
+  EXPECT_EQ(create_with(c, c), errc::stale_handle);
 }
 
 TEST_F(qp_create_test, srq_qp_ignores_recv_caps) {

@@ -63,22 +63,33 @@ TEST_F(verbs_stress, modify_query_and_state_racing_destroy_qp) {
 
 TEST_F(verbs_stress, reg_mr_racing_dealloc_pd) {
   std::vector<std::byte> buf(4096);
-  for (int r = 0; r < rounds; ++r) {
+  // Fewer rounds: each hands the handle lock back and forth hundreds of
+  // times, a sleeping wake-up each (40 us on this VM).
+  for (int r = 0; r < rounds / 4; ++r) {
     pd p = dev.alloc_pd();
     const pd other = p;
+    // A dealloc refused (busy) for a while asks the registering thread to
+    // hold off, so one gets through: a thread that always holds a region
+    // would refuse every dealloc (livelock, not a race), and on a loaded
+    // machine it could, until the user thread's second ran out.
+    std::atomic<bool> hold{false};
     race(
         [&] {
+          while (hold.load()) std::this_thread::yield();
           std::error_code ec;
           mr m = other.reg_mr(buf.data(), buf.size(), access_local_write, ec);
           if (!ec) m.dereg();
           return ec;
         },
         [&] {
-          // Refused (busy) while a region is registered in it.
           std::error_code ec;
-          do {
+          for (int tries = 0;; ++tries) {
             p.dealloc(ec);
-          } while (ec == errc::busy);
+            if (ec != errc::busy) break;
+            if (tries == 100) hold.store(true);
+            std::this_thread::yield();
+          }
+          hold.store(false);
           EXPECT_FALSE(ec) << ec.message();
         });
   }

@@ -339,7 +339,11 @@ std::size_t run_segment_size(std::span<const std::byte> dgram) noexcept {
       if (len - off < min_packet || !continues(off, k)) return false;
     return true;
   };
-  for (std::size_t seg = min_packet; seg + min_packet <= len; ++seg)
+  // No RoCE packet is longer than its headers, a 4096-byte payload, pad
+  // and ICRC: a segment size past that is no run, and not searching there
+  // bounds the work a junk 64 KiB datagram costs (was ~65,000 probes).
+  const std::size_t max_seg = std::min(len - min_packet, max_packet_size);  // the last may be shorter
+  for (std::size_t seg = min_packet; seg <= max_seg; ++seg)
     if (continues(seg, 1) && splits_at(seg)) return seg;
   return len;
 }

@@ -176,6 +176,10 @@ struct transport_headers {
 /// CMP_SWAP, is 40 bytes), rounded up to 48 for the buffers that hold them.
 inline constexpr std::size_t max_header_size = 48;
 
+/// The longest RoCEv2 packet above UDP: headers, the largest path MTU's
+/// payload (4096), pad and ICRC.
+inline constexpr std::size_t max_packet_size = max_header_size + 4096 + 3 + 4;
+
 /// Serialises the headers for `h.bth.opcode` into `out`, which must hold
 /// `info(op).length` bytes.  Returns the number of bytes written, or 0 if
 /// the opcode is not valid or `out` is too small.  Field values are masked

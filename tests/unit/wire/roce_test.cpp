@@ -1198,6 +1198,24 @@ TEST(roce_run, equal_small_messages_split_at_their_size_across_the_psn_wrap) {
   EXPECT_EQ(w::run_segment_size(joined(parts)), 12u + 64 + 4);
 }
 
+// No RoCE packet is longer than max_packet_size (4096 bytes of payload
+// and its headers): two "packets" of 5,000 bytes that otherwise continue
+// each other are no run, and the search stops short of such sizes (a junk
+// 64 KiB datagram cost ~65,000 probes).
+TEST(roce_run, segments_longer_than_any_roce_packet_are_not_a_run) {
+  const std::uint32_t qp = 0x31;
+  const bytes big = joined({run_packet(w::opcode::uc_send_only, qp, 1, 4980, 0),
+                            run_packet(w::opcode::uc_send_only, qp, 2, 4980, 0)});
+  EXPECT_EQ(w::run_segment_size(big), big.size());
+  const bytes max = joined({run_packet(w::opcode::uc_send_only, qp, 1, 4096, 0),
+                            run_packet(w::opcode::uc_send_only, qp, 2, 4096, 0)});
+  EXPECT_EQ(w::run_segment_size(max), max.size() / 2);  // the largest real packet still splits
+  // A full packet and a shorter last, two segments.
+  const bytes full_and_short = joined({run_packet(w::opcode::uc_send_middle, qp, 1, 4096, 0),
+                                       run_packet(w::opcode::uc_send_last, qp, 2, 100, 0)});
+  EXPECT_EQ(w::run_segment_size(full_and_short), 12u + 4096 + 4);
+}
+
 TEST(roce_run, one_packet_is_not_a_run) {
   const bytes one = run_packet(w::opcode::rc_send_only, 0x99, 3, 4096, 0x5C);
   EXPECT_EQ(w::run_segment_size(one), one.size());

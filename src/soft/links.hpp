@@ -232,6 +232,10 @@ class udp_link final : public link {
     clock::time_point seen{};     // when `last` came
   };
   std::array<rx_flow, 256> rx_flows_{};
+  rx_flow& flow_of(const gid& from, std::uint16_t from_port) noexcept;  // its table entry (maybe another's)
+  static bool known(const rx_flow& f, const gid& from, std::uint16_t from_port) noexcept;
+  /// Whether ICRC difference `d` is the one of the ID after `f`'s last.
+  bool next_id_matches(const rx_flow& f, std::size_t transport_len, std::uint32_t d) noexcept;
   // A source silent this long may come back as a new socket (a restarted
   // peer, an evicted flow): its next ID sets the count.
   static constexpr std::chrono::milliseconds rx_idle{100};

@@ -1139,10 +1139,24 @@ bool udp_link::icrc_exact(std::span<const std::byte> dgram, const gid& from, std
   // socket's count, as our flow sockets number theirs): looked up, not
   // solved for, and nothing learnt.
   if (v6_) return false;
-  const std::size_t transport_len = dgram.size() - wire::icrc_size;
-  const rx_flow& f = rx_flows_[(hash_of(from, from_port) >> 32) % rx_flows_.size()];
-  return f.used && f.port == from_port && f.from == from && rx_id_icrc_.cached(transport_len) &&
-         rx_id_icrc_.delta(transport_len, static_cast<std::uint16_t>(f.last + 1)) == (*with_id0 ^ icrc);
+  const rx_flow& f = flow_of(from, from_port);
+  return known(f, from, from_port) && next_id_matches(f, dgram.size() - wire::icrc_size, *with_id0 ^ icrc);
+}
+
+udp_link::rx_flow& udp_link::flow_of(const gid& from, std::uint16_t from_port) noexcept {
+  return rx_flows_[(hash_of(from, from_port) >> 32) % rx_flows_.size()];
+}
+
+bool udp_link::known(const rx_flow& f, const gid& from, std::uint16_t from_port) noexcept {
+  return f.used && f.port == from_port && f.from == from;
+}
+
+// (Only for a length whose tables are cached: solve() caches one only for
+// a datagram it can explain, so junk of other lengths from a known source
+// evicts nothing.)
+bool udp_link::next_id_matches(const rx_flow& f, std::size_t transport_len, std::uint32_t d) noexcept {
+  return rx_id_icrc_.cached(transport_len) &&
+         rx_id_icrc_.delta(transport_len, static_cast<std::uint16_t>(f.last + 1)) == d;
 }
 
 bool udp_link::deliver(packet* p, const std::byte* data, std::size_t len, const gid& from, std::uint16_t from_port,
@@ -1192,14 +1206,10 @@ bool udp_link::icrc_matches_id(const gid& from, std::uint16_t from_port, std::si
   // odds of about 2^-23 instead of 2^-16.
   constexpr int window = 256;
   const clock::time_point now = dev_.pass_now();
-  rx_flow& f = rx_flows_[(hash_of(from, from_port) >> 32) % rx_flows_.size()];
-  const bool known = f.used && f.port == from_port && f.from == from;
+  rx_flow& f = flow_of(from, from_port);
+  const bool known = udp_link::known(f, from, from_port);
   // The usual case: the ID after the last one.
-  // (Only for a length whose tables are cached: solve() below caches one
-  // only for a datagram it can explain, so junk of other lengths from a
-  // known source evicts nothing.)
-  if (known && rx_id_icrc_.cached(transport_len) &&
-      rx_id_icrc_.delta(transport_len, static_cast<std::uint16_t>(f.last + 1)) == d) {
+  if (known && next_id_matches(f, transport_len, d)) {
     ++f.last;
     f.has_candidate = false;
     f.seen = now;

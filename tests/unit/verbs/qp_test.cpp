@@ -1193,24 +1193,20 @@ TEST_F(qp_test, ud_qp_starts_in_reset) {
 
 class qp_create_test : public qp_test {
  protected:
+  /// create_qp's error for these capabilities and type.
   std::error_code create(qp_cap cap, qp_type t = qp_type::rc) {
     cq c = dev.create_cq(16);
-    qp_init_attr ia;
-    ia.send_cq = c;
-    ia.recv_cq = c;
-    ia.cap = cap;
-    ia.type = t;
-    std::error_code ec;
-    pd_.create_qp(ia, ec);
-    return ec;
+    return create_with(c, c, {}, cap, t);
   }
   /// create_qp's error for these CQs (empty: none) and SRQ.
-  std::error_code create_with(const cq& send, const cq& recv, const srq& s = {}) {
+  std::error_code create_with(const cq& send, const cq& recv, const srq& s = {}, qp_cap cap = default_cap,
+                              qp_type t = qp_type::rc) {
     qp_init_attr ia;
     ia.send_cq = send;
     ia.recv_cq = recv;
     ia.srq = s;
-    ia.cap = default_cap;
+    ia.cap = cap;
+    ia.type = t;
     std::error_code ec;
     pd_.create_qp(ia, ec);
     return ec;

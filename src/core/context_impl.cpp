@@ -340,14 +340,17 @@ bool context_impl::complete(request_id id, const std::error_code& ec, void* resu
 }
 
 void context_impl::publish(slot& s, std::uint32_t index) noexcept {
+  // The kind is read while this thread still owns the slot: once the state
+  // says "completed", a request's owner may take the result and free the
+  // slot, and the next operation started rewrites it.
+  const delivery_kind kind = s.kind;
   std::uint64_t w = s.word.load(std::memory_order_relaxed);
   for (;;) {
     // A waiting thread or an armed descriptor is signalled after the state
     // says "completed" (a waiter that wakes must find it so): until then
     // the slot stays, for the waiter may see "completed" first, take the
     // result and free it.
-    const bool signals = s.kind == delivery_kind::request &&
-                         (w & (flag_initiating | flag_orphaned)) == 0 &&
+    const bool signals = kind == delivery_kind::request && (w & (flag_initiating | flag_orphaned)) == 0 &&
                          (w & (flag_waiter | flag_fd_armed)) != 0;
     const std::uint64_t desired = (w & ~std::uint64_t{state_mask}) | state_completed |
                                   (signals ? std::uint64_t{flag_delivering} : std::uint64_t{0});
@@ -357,11 +360,15 @@ void context_impl::publish(slot& s, std::uint32_t index) noexcept {
     }
   }
   if ((w & flag_initiating) != 0) return;  // the initiator delivers on return
-  deliver(s, index, w);
+  deliver(s, index, kind, w);
 }
 
-void context_impl::deliver(slot& s, std::uint32_t index, std::uint64_t w) noexcept {
-  switch (s.kind) {
+// For a request, `w` (the word as this thread published it) decides
+// whether the slot may be touched at all: with no waiter, no armed
+// descriptor and no orphan flag it may already belong to the next
+// operation.
+void context_impl::deliver(slot& s, std::uint32_t index, delivery_kind kind, std::uint64_t w) noexcept {
+  switch (kind) {
     case delivery_kind::request:
       if ((w & flag_orphaned) != 0) {
         free_later(index);
@@ -426,7 +433,7 @@ bool context_impl::finish(request_id id, void* result_out, std::error_code* ec_o
     free_slot(id.index);
     return true;
   }
-  deliver(s, id.index, w & ~std::uint64_t{flag_initiating});
+  deliver(s, id.index, s.kind, w & ~std::uint64_t{flag_initiating});  // (the initiator owns the slot)
   return false;
 }
 

@@ -219,7 +219,7 @@ class context_impl final : public clock_listener {
   void push_free(std::uint32_t index) noexcept;
   std::uint32_t grow();
   void publish(slot& s, std::uint32_t index) noexcept;
-  void deliver(slot& s, std::uint32_t index, std::uint64_t old_word) noexcept;
+  void deliver(slot& s, std::uint32_t index, delivery_kind kind, std::uint64_t old_word) noexcept;
   void run_timers() noexcept;
   void drain_deferred() noexcept;
   std::size_t poll_sources() noexcept;

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include <atomic>
 #include <cstdlib>
 #include <random>
@@ -107,6 +109,54 @@ TEST(stress, producers_consumers_and_cancellers_on_one_port) {
     EXPECT_GE(aborted.load(), static_cast<std::uint64_t>(producers)) << "every hour-long nop was cancelled";
   }
   EXPECT_GT(failed.load(), 0u);
+}
+
+// A request completed on another thread, with no waiter and no descriptor:
+// its owner may see "completed", take the result and free the slot while
+// the completer is still in its delivery, and the next operation started
+// takes that slot.  The completer must not then read the new occupant (a
+// callback run at once, with no result, or a pending slot freed).  TSan
+// reports the old code's read of the slot on the first rounds; without it
+// the window is a few instructions wide.
+TEST(stress, a_request_completed_elsewhere_leaves_its_slot_to_the_next_operation) {
+  struct manual_op {
+    averbs::detail::completer<int> done;
+  };
+  auto start = [](averbs::context& ctx, manual_op& op, auto&& token) {
+    return averbs::detail::initiate<int>(ctx, nullptr, std::forward<decltype(token)>(token),
+                                         [&op](averbs::detail::completer<int> c) noexcept { op.done = c; });
+  };
+  averbs::context ctx;
+  std::atomic<manual_op*> go{nullptr};
+  std::atomic<bool> stop{false};
+  std::thread completer([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      if (manual_op* op = go.exchange(nullptr)) op->done.complete({}, 5);
+    }
+  });
+  const int rounds = ops_per_producer() * 2;
+  int early = 0;
+  for (int i = 0; i < rounds && early == 0; ++i) {
+    manual_op op;
+    auto r = start(ctx, op, averbs::use_request);
+    go.store(&op);
+    while (!r.ready()) {
+    }
+    ASSERT_EQ(r.get(), 5);
+    manual_op next;
+    bool ran = false;
+    start(ctx, next, [&](std::error_code, int) { ran = true; });
+    ctx.alertable_wait(0ns);
+    if (ran) ++early;
+    next.done.complete({}, 1);
+    ctx.alertable_wait(0ns);
+    ASSERT_TRUE(ran);
+  }
+  stop.store(true);
+  completer.join();
+  EXPECT_EQ(early, 0)
+      << "a pending operation's callback ran: its slot was delivered by the previous occupant's completer";
+  EXPECT_EQ(ctx.stats().in_flight, 0u);
 }
 
 }  // namespace

@@ -184,6 +184,15 @@ std::uint32_t context_impl::grow() {
 }
 
 slot_ref context_impl::begin(const initiation& in) {
+  // A port's entries and a group's links name slots of their own context's
+  // slab by index: another context's operation would be read, freed or
+  // cancelled as whatever occupies that index there.
+  if ((in.port != nullptr && &in.port->context() != this) ||
+      (in.group != nullptr && &in.group->context() != this))
+    throw std::system_error(make_error_code(errc::invalid_argument),
+                            in.port != nullptr && &in.port->context() != this
+                                ? "completion port of another context"
+                                : "request group of another context");
   // Whatever may throw first, before the slot is taken: the calling
   // thread's state (made on first use), the room its handler or the port's
   // entry will need when the request completes (completers cannot fail).

@@ -289,6 +289,7 @@ class context_impl final : public clock_listener {
 class port_impl {
  public:
   explicit port_impl(context_impl& ctx);
+  const context_impl& context() const noexcept { return ctx_; }
 
   void add_ref() noexcept { refs_.fetch_add(1, std::memory_order_relaxed); }
   void release() noexcept;
@@ -371,6 +372,7 @@ class port_impl {
 class group_impl {
  public:
   explicit group_impl(context_impl& ctx) : ctx_(ctx) {}
+  const context_impl& context() const noexcept { return ctx_; }
   void link(std::uint32_t index) noexcept;
   void unlink(std::uint32_t index) noexcept;
   std::size_t cancel_all() noexcept;

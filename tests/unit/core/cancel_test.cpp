@@ -218,4 +218,32 @@ TEST(cancel, a_handler_that_fails_to_move_races_its_groups_cancel_cleanly) {
   EXPECT_EQ(g.cancel(), 1u);
 }
 
+// A group links slots of its own context by index: another context's
+// operation is refused as it starts, and cancelling the group touches
+// nothing of the other context.
+TEST(cancel, a_group_refuses_an_operation_of_another_context) {
+  averbs::context a, b;
+  averbs::request_group g(a);
+  averbs::nop_params held;
+  held.delay = 1h;
+  auto bystander = averbs::async_nop(b, held, averbs::use_request);
+  averbs::nop_params p;
+  p.delay = 1h;
+  p.group = &g;
+  try {
+    averbs::async_nop(b, p, averbs::use_request);
+    ADD_FAILURE() << "another context's operation was linked";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument) << e.what();
+  }
+  EXPECT_EQ(g.cancel(), 0u);
+  EXPECT_FALSE(bystander.ready()) << "the group cancelled another context's request";
+  auto mine = averbs::async_nop(a, p, averbs::use_request);
+  EXPECT_EQ(g.cancel(), 1u);
+  std::error_code ec;
+  mine.get(ec);
+  EXPECT_EQ(ec, errc::operation_aborted);
+  EXPECT_TRUE(bystander.cancel());
+}
+
 }  // namespace

@@ -87,6 +87,24 @@ TEST(awaitable, coroutine_resumes_only_inside_alertable_waits) {
   EXPECT_EQ(sum, 42u);
 }
 
+task sync_after_resume(averbs::context* ctx, std::error_code* before, std::error_code* after) {
+  averbs::nop_params p;
+  averbs::nop(*ctx, p, *before);  // ordinary code until the first co_await
+  co_await averbs::async_nop(*ctx, p, averbs::use_awaitable);
+  averbs::nop(*ctx, p, *after);  // resumed inside the alertable wait: a handler
+}
+
+// docs/async.md rule 5: a coroutine resumed by its completion runs as a
+// handler until it next suspends.
+TEST(awaitable, a_resumed_coroutine_runs_as_a_handler) {
+  averbs::context ctx;
+  std::error_code before = averbs::errc::protocol_error, after;
+  sync_after_resume(&ctx, &before, &after);
+  EXPECT_FALSE(before) << before.message();
+  ASSERT_EQ(ctx.alertable_wait(1s), 1u);
+  EXPECT_EQ(after, averbs::errc::would_deadlock);
+}
+
 task catch_error(averbs::context* ctx, std::error_code* seen) {
   averbs::nop_params p;
   p.error = averbs::wc_status::retry_exc_err;

@@ -243,4 +243,31 @@ TEST(port, entry_moves_keep_the_result) {
   EXPECT_EQ(moved.key(), 3u);
 }
 
+// A port's entries name slots of its own context: an operation of another
+// context bound to it is refused as it starts, and the port and both
+// contexts go on working.
+TEST(port, an_operation_of_another_context_is_refused) {
+  averbs::context a, b;
+  averbs::completion_port port(a);
+  averbs::nop_params held;
+  held.delay = 1h;
+  auto pending = averbs::async_nop(a, held, averbs::use_request);  // a slot of `a` a stray entry would hit
+  averbs::nop_params p;
+  p.value = 5;
+  try {
+    averbs::async_nop(b, p, averbs::bind_port(port, 1));
+    ADD_FAILURE() << "another context's operation was accepted";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument) << e.what();
+  }
+  EXPECT_EQ(b.stats().in_flight, 0u);
+  EXPECT_EQ(port.size(), 0u);
+  averbs::async_nop(a, p, averbs::bind_port(port, 2));
+  std::array<averbs::completion_entry, 2> e;
+  ASSERT_EQ(port.get(e, 1s), 1u);
+  EXPECT_EQ(e[0].key(), 2u);
+  EXPECT_FALSE(pending.ready());
+  EXPECT_TRUE(pending.cancel());
+}
+
 }  // namespace

@@ -497,8 +497,8 @@ class link {
 struct fault_config {
   double drop = 0;       // probability per packet
   double duplicate = 0;
-  double reorder = 0;    // the packet is held back behind the next one
-  double corrupt = 0;    // one bit flipped (ICRC catches it)
+  double reorder = 0;  // held back behind the next packet (at most delay_time)
+  double corrupt = 0;  // one bit flipped, outside BTH byte 4 (the ICRC catches it)
   double delay = 0;
   std::chrono::nanoseconds delay_time{std::chrono::microseconds(200)};
   std::uint64_t seed = 1;

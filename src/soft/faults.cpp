@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 #include "soft/links.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <cmath>
@@ -40,28 +41,30 @@ bool parse_faults(const std::string& text, fault_config& out, std::string& error
         f.delay_time = std::chrono::microseconds(n);
       continue;
     }
-    char* end = nullptr;
-    const double v = std::strtod(value.c_str(), &end);
-    if (end == value.c_str() || *end != '\0' || !std::isfinite(v) || v < 0) {
-      error = "bad value for " + key + ": '" + value + "'";
-      return false;
-    }
-    if ((key == "drop" || key == "dup" || key == "duplicate" || key == "reorder" || key == "corrupt" ||
-         key == "delay") &&
-        v > 1) {
-      error = key + " is a probability (0..1)";
-      return false;
-    }
-    if (key == "drop") f.drop = v;
-    else if (key == "dup" || key == "duplicate") f.duplicate = v;
-    else if (key == "reorder") f.reorder = v;
-    else if (key == "corrupt") f.corrupt = v;
-    else if (key == "delay")
-      f.delay = v;
-    else {
+    double* rate = key == "drop"                        ? &f.drop
+                   : key == "dup" || key == "duplicate" ? &f.duplicate
+                   : key == "reorder"                   ? &f.reorder
+                   : key == "corrupt"                   ? &f.corrupt
+                   : key == "delay"                     ? &f.delay
+                                                        : nullptr;
+    if (rate == nullptr) {
       error = "unknown fault '" + key + "' (drop, dup, reorder, corrupt, delay, delay_us, seed)";
       return false;
     }
+    // from_chars, not strtod: the decimal point is '.' whatever the
+    // program's locale, and no sign or space is taken.
+    double v = 0;
+    const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), v);
+    if (value.empty() || ec != std::errc{} || end != value.data() + value.size() || !std::isfinite(v) ||
+        v < 0) {
+      error = "bad value for " + key + ": '" + value + "' (a probability, 0..1)";
+      return false;
+    }
+    if (v > 1) {
+      error = key + " is a probability (0..1)";
+      return false;
+    }
+    *rate = v;
   }
   out = f;
   return true;
@@ -69,13 +72,27 @@ bool parse_faults(const std::string& text, fault_config& out, std::string& error
 
 namespace {
 std::atomic<std::uint64_t> next_serial{1};
+
+std::uint64_t mix64(std::uint64_t z) noexcept {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// The generator's start: the seed and the device's node GUID, each mixed,
+// so that seeds s and s + 1 give unrelated streams (a linear start made
+// seed s + 1 the stream of seed s one draw on) and two devices given one
+// specification do not lose the same packets of their streams.
+std::uint64_t initial_state(std::uint64_t seed, std::uint64_t guid) noexcept {
+  return mix64(mix64(seed ^ 0x6A09E667F3BCC909ull) ^ guid);
+}
 }  // namespace
 
 fault_link::fault_link(device& d, link& inner, const fault_config& cfg)
     : dev_(d),
       inner_(inner),
       cfg_(cfg),
-      state_(cfg.seed * 0x9E3779B97F4A7C15ull + 1),
+      state_(initial_state(cfg.seed, d.node_guid())),
       serial_(next_serial.fetch_add(1, std::memory_order_relaxed)) {}
 
 fault_link::~fault_link() {
@@ -108,11 +125,7 @@ void fault_link::schedule_release(clock::time_point due) noexcept {
 
 // splitmix64: small, seedable and reproducible across platforms.
 double fault_link::uniform() noexcept {
-  std::uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return static_cast<double>(z >> 11) * 0x1.0p-53;
+  return static_cast<double>(mix64(state_ += 0x9E3779B97F4A7C15ull) >> 11) * 0x1.0p-53;
 }
 
 packet* fault_link::clone(const packet* p) noexcept {
@@ -140,12 +153,14 @@ void fault_link::pass(packet* p, bool urgent) noexcept {
     return;
   }
   if (cfg_.corrupt > 0 && uniform() < cfg_.corrupt) {
-    // One bit, anywhere in the headers or the payload; never in the
-    // application's memory: the payload is copied first.
+    // One bit, anywhere in the headers or the payload but BTH byte 4
+    // (FECN, BECN and reserved bits, which the ICRC leaves out: a flip
+    // there would go unseen); never in the application's memory: the
+    // payload is copied first.
     p->own_payload();
-    const std::uint32_t span = p->header_len + p->payload_len;
+    const std::uint32_t span = p->header_len + p->payload_len - 1;
     const auto bit = static_cast<std::uint32_t>(uniform() * span * 8);
-    const std::uint32_t at = bit / 8;
+    const std::uint32_t at = bit / 8 < 4 ? bit / 8 : bit / 8 + 1;
     std::byte* where = at < p->header_len ? &p->header[at] : p->buf + (at - p->header_len);
     *where ^= std::byte(1u << (bit % 8));
   }
@@ -154,13 +169,7 @@ void fault_link::pass(packet* p, bool urgent) noexcept {
   }
   if (cfg_.delay > 0 && uniform() < cfg_.delay) {
     p->own_payload();
-    try {
-      delayed_.push_back({dev_.clock().now() + cfg_.delay_time, p});
-    } catch (...) {
-      dev_.free_packet(p);
-      return;
-    }
-    if (!timer_pending_) schedule_release(delayed_.back().due);
+    hold(p, dev_.clock().now() + cfg_.delay_time);
     return;
   }
   if (cfg_.reorder > 0 && held_ == nullptr && uniform() < cfg_.reorder) {
@@ -171,8 +180,33 @@ void fault_link::pass(packet* p, bool urgent) noexcept {
   if (urgent) inner_.send_urgent(p);
   else inner_.send(p);
   if (held_ != nullptr) {
+    held_waits_ = false;
     inner_.send(std::exchange(held_, nullptr));
   }
+}
+
+// A packet held for reordering that nothing passed in its own pass (a lone
+// request, ACK or MAD) stays held for the next pass, up to the delay time,
+// then leaves (release_delayed).
+void fault_link::flush() noexcept {
+  if (held_ != nullptr && !held_waits_) {
+    held_waits_ = true;
+    held_due_ = dev_.clock().now() + cfg_.delay_time;
+    if (!timer_pending_) schedule_release(held_due_);
+  }
+  inner_.flush();
+}
+
+// Keeps `p` (its payload its own) until `due`; lost if there is no room.
+void fault_link::hold(packet* p, clock::time_point due) noexcept {
+  try {
+    delayed_.push_back({due, p});
+  } catch (...) {
+    ++dev_.counters_.dropped;
+    dev_.free_packet(p);
+    return;
+  }
+  if (!timer_pending_) schedule_release(due);
 }
 
 void fault_link::release_delayed() noexcept {
@@ -184,12 +218,16 @@ void fault_link::release_delayed() noexcept {
     else delayed_[kept++] = d;
   }
   delayed_.resize(kept);
-  if (!delayed_.empty()) schedule_release(delayed_.front().due);
-}
-
-void fault_link::flush() noexcept {
-  if (held_ != nullptr) inner_.send(std::exchange(held_, nullptr));
-  inner_.flush();
+  if (held_ != nullptr && held_waits_ && held_due_ <= now) {
+    held_waits_ = false;
+    inner_.send(std::exchange(held_, nullptr));
+  }
+  // The delayed fall due in the order they came (one delay time each).
+  const bool waits = held_ != nullptr && held_waits_;
+  if (!delayed_.empty())
+    schedule_release(waits ? std::min(held_due_, delayed_.front().due) : delayed_.front().due);
+  else if (waits)
+    schedule_release(held_due_);
 }
 
 }  // namespace averbs::soft

@@ -50,12 +50,15 @@ class fault_link final : public link {
   double uniform() noexcept;
   packet* clone(const packet* p) noexcept;
   void release_delayed() noexcept;
+  void hold(packet* p, clock::time_point due) noexcept;
 
   device& dev_;
   link& inner_;
   fault_config cfg_;
   std::uint64_t state_;
   packet* held_ = nullptr;  // reordered: goes out behind the next packet
+  bool held_waits_ = false;  // held past its pass (flush), until held_due_
+  clock::time_point held_due_{};
   struct delayed {
     clock::time_point due;
     packet* p;

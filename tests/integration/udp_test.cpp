@@ -894,9 +894,9 @@ TEST(device_config, bad_environment_entries_are_errors_that_say_why) {
 // Fault specifications: probabilities 0..1 and finite, whole numbers for a
 // seed and a delay, nothing silently read as something else.
 TEST(device_config, fault_specifications_are_checked) {
-  for (const char* bad :
-       {"drop=nan", "drop=inf", "drop=1.5", "drop=-0.1", "delay_us=1e16", "delay_us=inf", "delay_us=60000001",
-        "delay_us=3.5", "seed=1e20", "seed=3.7", "seed=-1", "colour=1", "drop"}) {
+  for (const char* bad : {"drop=nan", "drop=inf", "drop=1.5", "drop=-0.1", "delay_us=1e16", "delay_us=inf",
+                          "delay_us=60000001", "delay_us=3.5", "seed=1e20", "seed=3.7", "seed=-1", "colour=1",
+                          "drop", "drop= 0.5", "drop=+0.5", "drop=0,5", "drop="}) {
     soft_device_options o;
     o.name = std::string("faults_") + bad;
     o.faults = bad;
@@ -906,6 +906,17 @@ TEST(device_config, fault_specifications_are_checked) {
     } catch (const std::system_error& e) {
       EXPECT_EQ(e.code(), errc::invalid_argument) << bad;
     }
+  }
+  // The message names what is wrong: an unknown key as unknown, whatever
+  // its value.
+  soft_device_options u;
+  u.name = "faults_unknown";
+  u.faults = "colour=x";
+  try {
+    soft_device sd(u);
+    ADD_FAILURE() << "colour=x was accepted";
+  } catch (const std::system_error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown fault 'colour'"), std::string::npos) << e.what();
   }
   soft_device_options o;
   o.name = "faults_good";

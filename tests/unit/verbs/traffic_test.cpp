@@ -1478,5 +1478,88 @@ TEST_F(traffic, faults_replaced_while_a_packet_is_delayed_lose_it_cleanly) {
   EXPECT_TRUE(dst.all('d'));
 }
 
+// Which of 64 UD messages, sent one per pass through drop=0.5 with `seed`,
+// arrive (the fault link draws once per packet).
+class fault_streams : public conformance_test {
+ protected:
+  std::vector<bool> arrivals(const pair& p, const ah& h, buffer& src, buffer& dst, int seed) {
+    dev_holder->set_faults("drop=0.5,seed=" + std::to_string(seed));
+    for (std::uint64_t i = 0; i < 64; ++i) EXPECT_FALSE(post_recv(p.b, {dst.part(i * 41, 41)}, i));
+    for (std::uint64_t i = 0; i < 64; ++i) {
+      src.bytes[i] = std::byte(i);
+      EXPECT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.part(i, 1)}, i, wr_opcode::send, 0, 0));
+      ctx->poll();
+    }
+    dev_holder->set_faults("");
+    std::vector<bool> got(64);
+    for (const auto& wc : drain(p.cq_b)) {
+      if (wc.status != wc_status::success) continue;
+      got[std::to_integer<std::size_t>(dst.bytes[wc.wr_id * 41 + 40])] = true;
+    }
+    // The receives the drops left unused go: the next round starts empty.
+    qp_attr e;
+    e.state = qp_state::err;
+    p.b.modify(e, qp_attr_state);
+    drain(p.cq_b);
+    return got;
+  }
+};
+
+// A seed gives the same losses every time; the next seed gives unrelated
+// ones (a start linear in the seed made seed s + 1 the stream of seed s one
+// draw later).
+TEST_F(fault_streams, a_seed_repeats_exactly_and_the_next_seed_is_unrelated) {
+  qp_options o;
+  o.type = qp_type::ud;
+  o.cap = {80, 80, 1, 1, 0};
+  auto h = make_ah();
+  auto src = make_buffer(64), dst = make_buffer(64 * 41);
+  std::vector<std::vector<bool>> runs;
+  for (int seed : {1, 2, 1}) {
+    auto p = connected_pair(o);  // a fresh pair: the last round's went to ERR
+    runs.push_back(arrivals(p, h, src, dst, seed));
+  }
+  const auto count = [](const std::vector<bool>& v) { return std::count(v.begin(), v.end(), true); };
+  EXPECT_GT(count(runs[0]), 10);
+  EXPECT_LT(count(runs[0]), 54) << "drop=0.5";
+  EXPECT_EQ(runs[0], runs[2]) << "seed 1 twice";
+  EXPECT_NE(runs[0], runs[1]);
+  bool shifted = true;
+  for (std::size_t i = 0; i + 1 < 64; ++i) shifted = shifted && runs[1][i] == runs[0][i + 1];
+  EXPECT_FALSE(shifted) << "seed 2 is seed 1 one draw on";
+}
+
+// A packet held for reordering that its pass gave nothing to go behind
+// waits for the next pass: the next packet overtakes it.  Alone, it leaves
+// after the delay time.
+TEST_F(traffic, a_reordered_packet_alone_in_its_pass_waits_for_the_next) {
+  qp_options o;
+  o.type = qp_type::ud;
+  auto p = connected_pair(o);
+  auto h = make_ah();
+  auto src = make_buffer(3), dst = make_buffer(3 * 41);
+  for (std::uint64_t i = 0; i < 3; ++i) {
+    src.bytes[i] = std::byte('A' + i);
+    ASSERT_FALSE(post_recv(p.b, {dst.part(i * 41, 41)}, i));
+  }
+  dev_holder->set_faults("reorder=1,delay_us=1000");
+  ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.part(0, 1)}, 0, wr_opcode::send, 0, 0));
+  ctx->poll();
+  EXPECT_TRUE(quiet(p.cq_b)) << "A left with its pass";
+  ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.part(1, 1)}, 1, wr_opcode::send, 0, 0));
+  ctx->poll();
+  const auto two = poll(p.cq_b, 2);
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(dst.bytes[two[0].wr_id * 41 + 40], std::byte('B')) << "B overtakes the held A";
+  EXPECT_EQ(dst.bytes[two[1].wr_id * 41 + 40], std::byte('A'));
+  ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.part(2, 1)}, 2, wr_opcode::send, 0, 0));
+  ctx->poll();
+  EXPECT_TRUE(quiet(p.cq_b)) << "C is held";
+  advance(2ms);
+  const auto c = poll(p.cq_b, 1);
+  ASSERT_EQ(c.size(), 1u) << "C leaves after the delay time";
+  EXPECT_EQ(dst.bytes[c[0].wr_id * 41 + 40], std::byte('C'));
+}
+
 }  // namespace
 }  // namespace averbs::test

@@ -709,10 +709,12 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
     return;
   }
   // Stale: that QP of that CA is still connected (or in timewait) here.
+  // The connection ends only when the REQ comes from its peer's address:
+  // the CA GUID and QP number are on the wire, and anyone could name them.
   if (auto it = by_qpn_.find({r.local_ca_guid, r.local_qpn}); it != by_qpn_.end()) {
     ++stats_.stale_rejects;
     refuse(wcm::rej_reason::stale_conn);
-    end_stale(*it->second);
+    if (it->second->peer_gid == m.src) end_stale(*it->second);
     return;
   }
   wcm::port_space wps;
@@ -786,6 +788,10 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
     c.pdata = bytes_of(r.private_data, wcm::ip_header_size);
   } catch (...) {
   }
+  // The peer's QP is this request's from now on (ib_cm inserts the remote
+  // QPN as the REQ arrives): a second REQ for it under another comm ID is
+  // refused "stale connection" while this one is pending or connected.
+  index_qpn(c);
   // Ask for more time if the application takes longer than half of what
   // the peer allows.
   arm(c, wcm::cm_timeout(c.peer_cm_timeout) / 2);
@@ -832,13 +838,16 @@ void manager::on_rep(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
     send_rej(c, wcm::msg_ref::rep, wcm::rej_reason::stale_conn);
     c.rej_reason = static_cast<std::uint16_t>(wcm::rej_reason::stale_conn);
     fail_op(c, err(errc::connection_rejected));
-    end_stale(*it->second);
+    if (it->second->peer_gid == m.src) end_stale(*it->second);  // as for a REQ
     close_conn(c);
     return;
   }
   const std::uint8_t max_rd = std::min(c.params.initiator_depth, r.responder_resources);
   if (auto ec = qp_to_rts(c, r.rnr_retry_count, max_rd, c.params.ack_timeout, c.params.retry_count)) {
-    send_rej(c, wcm::msg_ref::rep, wcm::rej_reason::no_qp);
+    // As rdma_cm (cma_rep_recv): the QP goes to ERR and the peer hears
+    // "consumer defined" (a kernel server reports REJECTED, not "no QP").
+    qp_to_error(c);
+    send_rej(c, wcm::msg_ref::rep, wcm::rej_reason::consumer_defined);
     fail_op(c, ec);
     close_conn(c);
     return;
@@ -974,8 +983,11 @@ void manager::on_mra(const soft::mad_in& m) noexcept {
     return;
   }
   conn& c = *cp;
+  // An MRA for our REP also names the peer's comm ID (ib_cm's
+  // cm_acquire_mraed_id): one who guessed ours alone cannot stall the REP.
   const bool for_req = c.st == state::req_sent && r.message_mraed == wcm::msg_ref::req;
-  const bool for_rep = c.st == state::rep_sent && r.message_mraed == wcm::msg_ref::rep;
+  const bool for_rep =
+      c.st == state::rep_sent && r.message_mraed == wcm::msg_ref::rep && r.local_comm_id == c.remote_id;
   if (!for_req && !for_rep) {
     ++stats_.mads_dropped;
     return;
@@ -1523,7 +1535,6 @@ void manager::accept(conn* cp, soft::qp_t* qp, std::span<const std::byte> pdata,
   std::copy(pdata.begin(), pdata.end(), r.private_data.begin());
   c.st = state::rep_sent;
   c.retries_left = c.peer_max_retries;
-  index_qpn(c);
   context_add_ref(*w.ctx);
   c.op = w;
   send(c, c.tid, r, true);

@@ -798,6 +798,114 @@ TEST_F(cm_udp_fake_peer, a_rej_for_an_established_connection_ends_it) {
   EXPECT_FALSE(peer.next<wire::cm::dreq>(ctx, 10ms).has_value()) << "a DREQ for a connection the REJ ended";
 }
 
+// A REQ naming a connected (CA GUID, QP number) from another address: the
+// GUID and the QP number are on the wire for anyone to copy.  It is refused
+// "stale connection", but the connection it names lives on (only its own
+// peer's address may end it that way: a_peer_that_comes_back_...).
+TEST_F(cm_udp_fake_peer, a_forged_stale_req_from_another_address_ends_nothing) {
+  ASSERT_TRUE(peer.bound());
+  ASSERT_TRUE(establish(77).has_value()) << "not established";
+  auto notified = c.async_notify_disconnect(use_request);
+  gid intruder_ip;
+  ASSERT_TRUE(gid::parse(test_address(2), intruder_ip));
+  wire::cm::req r = req_to(a, intruder_ip, 5);
+  r.local_ca_guid = 0x1234;  // the fake peer's, as its REP said
+  r.local_qpn = 0x99;
+  std::array<std::byte, wire::cm::mad_size> mad;
+  wire::cm::encode(wire::cm::mad_header{}, r, std::span<std::byte, wire::cm::mad_size>(mad));
+  raw_sender intruder(test_address(2), test_address(1), test_port());
+  intruder.send(mad);
+  run_for(200ms);
+  EXPECT_EQ(c.state(), cm::conn_state::established);
+  EXPECT_FALSE(notified.ready()) << "a forged REQ reset the connection";
+  EXPECT_EQ(qa.query().state, qp_state::rts);
+  EXPECT_FALSE(peer.next<wire::cm::dreq>(ctx, 100ms).has_value()) << "the real peer was sent a DREQ";
+}
+
+// A REP the requester's QP cannot take (here: the QP went to ERR during the
+// handshake) is refused "consumer defined" and the QP is left in ERR, as
+// rdma_cm's cma_rep_recv does (a kernel server then reports REJECTED, not
+// "no QP").
+TEST_F(cm_udp_fake_peer, a_rep_the_qp_cannot_take_is_refused_consumer_defined) {
+  ASSERT_TRUE(peer.bound());
+  make(a, 1, "", nullptr, false);
+  qa = make_qp(a);
+  c = cm::connector(a.dev);
+  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
+  auto conn = c.async_connect(qa, {peer_ip, 7471}, {}, fast(), use_request);
+  const auto req = peer.next<wire::cm::req>(ctx);
+  ASSERT_TRUE(req.has_value());
+  qp_attr e;
+  e.state = qp_state::err;
+  qa.modify(e, qp_attr_state);
+  peer.accept(*req, 77);
+  const auto j = peer.next<wire::cm::rej>(ctx);
+  ASSERT_TRUE(j.has_value()) << "no REJ";
+  EXPECT_EQ(j->reason, static_cast<std::uint16_t>(wire::cm::rej_reason::consumer_defined));
+  EXPECT_EQ(j->message_rejected, wire::cm::msg_ref::rep);
+  EXPECT_EQ(j->remote_comm_id, 77u);
+  ASSERT_TRUE(poll_until([&] { return conn.ready(); }));
+  std::error_code ec;
+  conn.get(ec);
+  EXPECT_TRUE(ec) << "the connect succeeded";
+  EXPECT_EQ(qa.query().state, qp_state::err);
+}
+
+// An MRA for our REP must name the requester's comm ID as well as ours
+// (ib_cm's cm_acquire_mraed_id): one who guessed our sequential comm ID
+// alone cannot stall the REP for a minute while the RTU is lost.
+TEST_F(cm_udp_fake_peer, an_mra_for_a_rep_without_the_requesters_comm_id_stalls_nothing) {
+  ASSERT_TRUE(peer.bound());
+  listen_on_b();
+  namespace wcm = wire::cm;
+  wcm::req r = req_to(b, peer_ip, 64);
+  r.remote_cm_response_timeout = 14;  // the REP is resent every 67 ms
+  auto passive = request(r);
+  ASSERT_TRUE(passive.has_value());
+  qp qb = make_qp(b);
+  auto acc = passive->async_accept(qb, {}, fast(), use_request);
+  const auto rep = peer.next<wcm::rep>(ctx);
+  ASSERT_TRUE(rep.has_value());
+  wcm::mra m;  // the RTU is "lost"; an MRA that is not the requester's
+  m.local_comm_id = 12345;
+  m.remote_comm_id = rep->local_comm_id;
+  m.message_mraed = wcm::msg_ref::rep;
+  m.service_timeout = 31;
+  peer.send(m);
+  EXPECT_TRUE(peer.next<wcm::rep>(ctx, 2s).has_value()) << "the REP was not resent";
+  m.local_comm_id = 64;  // the requester's own MRA stretches the wait
+  peer.send(m);
+  EXPECT_FALSE(peer.next<wcm::rep>(ctx, 500ms).has_value()) << "the requester's MRA was ignored";
+  acc.cancel();
+}
+
+// A second REQ for a peer QP whose first REQ is still pending here, under
+// another comm ID (a peer whose CM restarted mid-handshake): refused
+// "stale connection", as ib_cm refuses it (the remote QPN is taken as the
+// REQ arrives), rather than delivered and accepted twice.
+TEST_F(cm_udp_fake_peer, a_second_req_for_a_pending_peer_qp_is_refused_stale) {
+  ASSERT_TRUE(peer.bound());
+  listen_on_b();
+  auto first = request(req_to(b, peer_ip, 1));
+  ASSERT_TRUE(first.has_value());
+  auto second = l.async_get_request(use_request);
+  peer.send(req_to(b, peer_ip, 2));
+  const auto j = peer.next<wire::cm::rej>(ctx);
+  ASSERT_TRUE(j.has_value()) << "the second REQ was not refused";
+  EXPECT_EQ(j->remote_comm_id, 2u);
+  EXPECT_EQ(j->reason, static_cast<std::uint16_t>(wire::cm::rej_reason::stale_conn));
+  run_for(50ms);
+  EXPECT_FALSE(second.ready()) << "delivered to the listener";
+  // Once the first is refused, the QP is free for a new request.
+  first->reject();
+  const auto refused = peer.next<wire::cm::rej>(ctx);
+  ASSERT_TRUE(refused.has_value()) << "the application's REJ";
+  EXPECT_EQ(refused->remote_comm_id, 1u);
+  peer.send(req_to(b, peer_ip, 3));
+  ASSERT_TRUE(poll_until([&] { return second.ready(); })) << "the QP stayed taken";
+  EXPECT_EQ(second.get().conn.state(), cm::conn_state::requested);
+}
+
 // A DREQ with our comm IDs but another QP number (ib_cm's cm_dreq_handler):
 // neither ends the connection nor is answered -- a DREP would tell its
 // sender that the connection ended.

@@ -1715,10 +1715,14 @@ void device::run() noexcept {
       counters_.bytes_received += p->payload_len;
       if (response) {
         complete_rx(qp, p);
-      } else if (answering_read(qp)) {
+      } else if (answering_read(qp) && !read_rewound(qp, p)) {
         hold_request(qp, p);  // behind the READ being answered
         continue;
       } else {
+        if (answering_read(qp)) {  // the requester went back: what it discards goes
+          drop_held_requests(qp);
+          ++counters_.read_rewinds;
+        }
         respond(qp, p);
       }
       free_packet(p);

@@ -322,7 +322,7 @@ struct qp_t {
     std::uint8_t nak_retries = 0;  // uncounted retries for repeated sequence NAKs since the last progress
     // Tail probe (arm_tail_probe): armed when the requester stops (its
     // PSN window full or its send queue empty), and kept while anything
-    // is unacknowledged; at most one sent per progress.  One heap entry
+    // is unacknowledged; at most max_tail_probes sent per progress.  One heap entry
     // per QP: when it fires before `probe_at` it is put back there, as
     // the retransmit timer's is.
     bool probe_armed = false;
@@ -331,6 +331,11 @@ struct qp_t {
     // (run_due_probes), so that an answer already waiting counts first.
     bool probe_due = false;
     bool probed = false;                // one was sent since the last progress
+    // How many (limits::max_tail_probes at most): each waits twice as long
+    // as the one before.  A lost probe, or a lost last response to it,
+    // then costs one more probe, not the whole retransmit timeout.
+    std::uint8_t probes_sent = 0;
+    clock::time_point probe_sent_at{};  // the last one's
     // That one was a READ's or atomic's request: its responses start at
     // probe_psn, and their first is no hole.
     bool probe_read = false;
@@ -793,6 +798,7 @@ class device final : public progress_source, public clock_listener {
   }
   void hold_request(qp_t* qp, packet* p) noexcept;
   void drop_held_requests(qp_t* qp) noexcept;
+  static bool read_rewound(const qp_t* qp, const packet* p) noexcept;
   packet* new_packet(qp_t* qp, wire::opcode op, std::uint32_t psn) noexcept;
   void finish_packet(qp_t* qp, packet* p) noexcept;
   void transmit(packet* p) noexcept;

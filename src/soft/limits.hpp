@@ -44,6 +44,9 @@ inline constexpr std::uint32_t vendor_id = 0xFFFFFF;
 
 // Transport window (rxe): unacknowledged PSNs and packets between AckReqs.
 inline constexpr std::uint32_t max_unacked_psns = 128;
+// Tail probes per progress (docs/wire.md), at 1, 2 and 4 times the probe
+// delay: all three well inside the retransmit timeout they stand before.
+inline constexpr std::uint8_t max_tail_probes = 3;
 inline constexpr std::uint32_t max_pkts_per_ack = 64;
 // Request packets a responder keeps while it answers a READ (the requests
 // behind it; past this they are dropped and resent).  A requester's own

@@ -479,7 +479,7 @@ void device::disarm_timers(qp_t* qp) noexcept {
 // (send_probe), whose responses start at the probed PSN: no hole.
 void device::arm_tail_probe(qp_t* qp) noexcept {
   const std::chrono::nanoseconds delay = tail_probe_delay(qp);
-  if (delay.count() == 0 || qp->comp.probed) return;
+  if (delay.count() == 0 || qp->comp.probed) return;  // (one is out: it re-arms itself)
   qp->comp.probe_armed = true;
   qp->comp.probe_psn = qp->comp.psn;
   qp->comp.probe_at = pass_now() + delay;
@@ -531,8 +531,8 @@ void device::consider_tail_probe(qp_t* qp, clock::time_point now, bool link_read
   // timeout or retry_cnt may have changed since (SQD).
   const std::chrono::nanoseconds delay = tail_probe_delay(qp);
   if ((qp->state != qp_state::rts && qp->state != qp_state::sqd) || delay.count() == 0 ||
-      qp->comp.psn == qp->req.next_psn || qp->comp.probed) {
-    qp->comp.probe_armed = false;  // nothing to probe, or one went out already: the timer has the rest
+      qp->comp.psn == qp->req.next_psn || qp->comp.probes_sent >= limits::max_tail_probes) {
+    qp->comp.probe_armed = false;  // nothing to probe, or all went out already: the timer has the rest
     return;
   }
   if (qp->comp.psn != qp->comp.probe_psn || resending(qp) || qp->comp.rnr_waiting) {
@@ -542,6 +542,15 @@ void device::consider_tail_probe(qp_t* qp, clock::time_point now, bool link_read
     qp->comp.probe_at = now + delay;
     if (!qp->comp.probe_scheduled) schedule_tail_probe(qp);
     return;
+  }
+  // No answer to the last probe: the next waits twice as long as it did.
+  if (qp->comp.probes_sent != 0) {
+    const clock::time_point next = qp->comp.probe_sent_at + delay * (1 << qp->comp.probes_sent);
+    if (now < next) {
+      qp->comp.probe_at = next;
+      if (!qp->comp.probe_scheduled) schedule_tail_probe(qp);
+      return;
+    }
   }
   if (!link_read) {
     if (!qp->comp.probe_due) ++probes_due_;
@@ -553,13 +562,17 @@ void device::consider_tail_probe(qp_t* qp, clock::time_point now, bool link_read
     if (!qp->comp.probe_scheduled) schedule_tail_probe(qp);
     return;
   }
+  const std::uint8_t sent = qp->comp.probes_sent;
   send_probe(qp);
-  if (!qp->comp.probed) {  // not sent (a READ's or atomic's request not out yet, or no packet buffer)
+  if (qp->comp.probes_sent ==
+      sent) {  // not sent (a READ's or atomic's request not out yet, or no packet buffer)
     qp->comp.probe_armed = false;
     return;
   }
   // Armed on: an answer that acknowledges part of the tail (the probe was
-  // a duplicate, the hole is further on) starts the wait for the next.
+  // a duplicate, the hole is further on) starts the wait for the next; no
+  // answer, the next probe after twice the wait (above).
+  qp->comp.probe_sent_at = now;
   qp->comp.probe_psn = qp->comp.psn;
   qp->comp.probe_at = now + delay;
   if (!qp->comp.probe_scheduled) schedule_tail_probe(qp);
@@ -623,9 +636,10 @@ void device::send_probe(qp_t* qp) noexcept {
   if (timer_was_armed) qp->comp.deadline = saved_deadline;  // its heap entry is due no later
   if (counters_.packets_sent != before) {
     ++counters_.tail_probes;
+    ++qp->comp.probes_sent;
     qp->comp.probe_read = rd;
   } else {
-    qp->comp.probed = false;  // no packet buffer: the timer remains
+    qp->comp.probed = qp->comp.probes_sent != 0;  // no packet buffer: the timer remains
   }
 }
 
@@ -1688,6 +1702,35 @@ class newest_first {
 
 }  // namespace
 
+// A READ request that asks again for the rest of a READ from inside it (a
+// PSN past the READ's first, the RETH moved on to match: IBTA 9.7.6.2.2)
+// comes only from a requester that went back N to that PSN: it discards
+// every response after the hole and will send every request after this
+// one again.  Arriving while an earlier stream of responses is still
+// going out, or requests wait behind one, those responses and requests
+// are waste: up to -o READs of a whole message each, per lost packet,
+// most of them lost again at the same rate.  So the stream stops and the
+// waiting requests go (none was executed: held requests are taken in PSN
+// order only when their turn comes), and this one is answered at once.
+// A READ asked again from its first PSN is not taken for a rewind: it may
+// be a copy the network duplicated, and what waits behind it is needed.
+bool device::read_rewound(const qp_t* qp, const packet* p) noexcept {
+  const auto& r = qp->resp;
+  const std::uint32_t psn = p->hdr.bth.psn;
+  if (p->hdr.bth.opcode != static_cast<std::uint8_t>(opcode::rc_read_request) || !psn_before(psn, r.psn))
+    return false;
+  if (r.reading.active && !psn_before(psn, psn_add(r.reading.first_psn, r.reading.sent))) return false;
+  for (const rd_resource& res : newest_first(r)) {
+    if (res.type != rd_resource::kind::read) continue;
+    if (psn_before(psn, res.first_psn) || psn_before(res.last_psn, psn)) continue;
+    if (psn == res.first_psn) return false;
+    const wire::reth& t = p->hdr.reth;
+    const std::uint64_t skip = std::uint64_t{(psn - res.first_psn) & wire::psn_mask} * qp->mtu_bytes;
+    return t.rkey == res.rkey && t.va == res.va + skip && std::uint64_t{t.length} + skip == res.length;
+  }
+  return false;
+}
+
 void device::respond_duplicate(qp_t* qp, packet* p) noexcept {
   auto& r = qp->resp;
   const std::uint16_t ops = p->op->ops;
@@ -1809,6 +1852,7 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
     qp->comp.ask_all = false;
     qp->comp.nak_retries = 0;
     qp->comp.probed = false;
+    qp->comp.probes_sent = 0;
     qp->comp.probe_read = false;
     qp->comp.retry_left = qp->retry_cnt;
     qp->comp.rnr_left = qp->rnr_retry;

@@ -534,9 +534,10 @@ class hostile_peer_still_clock : public hostile_peer {
   }
 
   /// The peer stays silent, 1 ms of the clock at a time (the device's
-  /// requests read and dropped): the work ends in retry_exc_err after one
-  /// tail probe and two timeouts (retry_cnt 1), within 400 ms.
-  void expect_counted_out_after_one_probe() {
+  /// requests read and dropped): the work ends in retry_exc_err after the
+  /// tail probes (max_tail_probes, the wait doubling) and two timeouts
+  /// (retry_cnt 1), within 400 ms.
+  void expect_counted_out_after_the_probes() {
     work_completion wc[1];
     for (int step = 0; step < 400; ++step) {
       clock_.advance(std::chrono::milliseconds(1));
@@ -544,7 +545,7 @@ class hostile_peer_still_clock : public hostile_peer {
       }
       if (cq_.poll(wc) == 1) {
         EXPECT_EQ(wc[0].status, wc_status::retry_exc_err);
-        EXPECT_EQ(dev_.counters().tail_probes, 1u);
+        EXPECT_EQ(dev_.counters().tail_probes, 3u) << "max_tail_probes, then none after a timeout";
         EXPECT_EQ(dev_.counters().retry_timeouts, 2u);
         return;
       }
@@ -732,22 +733,35 @@ TEST_F(hostile_peer_still_clock, a_probe_answered_with_part_of_the_tail_is_follo
   ack_and_expect_success(9, 2);
 }
 
-// The probe is not a resend: the retransmit timeout still runs from the
-// send, 67.1 ms (timeout 14), not from the probe 1.1 ms later.
+// Unanswered, a probe is followed by another after twice its wait, up to
+// max_tail_probes (3: at 1.05, 3.15 and 7.35 ms, the delay 1/64 of 67.1
+// ms), so one lost probe, or a lost last answer to it, costs a few
+// milliseconds, not the timeout.  None is a resend: the retransmit timeout
+// still runs from the send, 67.1 ms (timeout 14).
 TEST_F(hostile_peer_still_clock, a_tail_probe_does_not_move_the_retransmit_deadline) {
   make_qp(qp_type::rc, nullptr, 14, 1);
   std::vector<std::byte> msg(10 * 1024, std::byte{0x5A});
   const mr m = post_send_of(msg);  // PSNs 0..9 at time 0
   ASSERT_TRUE(requests_until(9));
-  const auto probe = after(std::chrono::microseconds(1100));
+  const auto probe = after(std::chrono::microseconds(1100));  // 1.1 ms
   ASSERT_TRUE(probe.has_value()) << "no tail probe";
-  EXPECT_FALSE(after(std::chrono::microseconds(65900), std::chrono::milliseconds(20)).has_value())
-      << "resent before the timeout";                         // 67.0 ms
+  EXPECT_FALSE(after(std::chrono::microseconds(1900), std::chrono::milliseconds(20)).has_value())
+      << "the second probe came before twice the wait";       // 3.0 ms
+  const auto second = after(std::chrono::microseconds(200));  // 3.2 ms
+  ASSERT_TRUE(second.has_value()) << "no second probe";
+  EXPECT_EQ(second->bth.psn, 0u);
+  EXPECT_FALSE(after(std::chrono::microseconds(4000), std::chrono::milliseconds(20)).has_value())
+      << "the third probe came before four times the wait";  // 7.2 ms
+  const auto third = after(std::chrono::microseconds(200));  // 7.4 ms
+  ASSERT_TRUE(third.has_value()) << "no third probe";
+  EXPECT_EQ(third->bth.psn, 0u);
+  EXPECT_FALSE(after(std::chrono::microseconds(59600), std::chrono::milliseconds(20)).has_value())
+      << "a fourth probe, or resent before the timeout";      // 67.0 ms
   const auto resent = after(std::chrono::microseconds(200));  // 67.2 ms
-  ASSERT_TRUE(resent.has_value()) << "the probe moved the timeout";
+  ASSERT_TRUE(resent.has_value()) << "the probes moved the timeout";
   EXPECT_EQ(resent->bth.psn, 0u);
   EXPECT_EQ(dev_.counters().retry_timeouts, 1u);
-  EXPECT_EQ(dev_.counters().tail_probes, 1u);
+  EXPECT_EQ(dev_.counters().tail_probes, 3u);
 }
 
 // A peer that never answers: one probe, then the timer counts the
@@ -757,7 +771,7 @@ TEST_F(hostile_peer_still_clock, a_tail_probe_does_not_keep_a_dead_peer_alive) {
   std::vector<std::byte> big(200 * 1024, std::byte{0x5A});
   const mr m = post_send_of(big);
   ASSERT_TRUE(requests_until(127));
-  expect_counted_out_after_one_probe();
+  expect_counted_out_after_the_probes();
 }
 
 // A READ whose last response is lost leaves both ends silent: nothing
@@ -896,7 +910,7 @@ TEST_F(hostile_peer_still_clock, a_read_probe_does_not_keep_a_dead_peer_alive) {
   mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
   post(wr_opcode::rdma_read, 2048, m, 0x1000, 0x77);
   ASSERT_TRUE(next_request().has_value());
-  expect_counted_out_after_one_probe();
+  expect_counted_out_after_the_probes();
 }
 
 // retry_cnt changed in SQD applies to the next request at once (rxe sets
@@ -1149,6 +1163,70 @@ TEST_F(hostile_peer, a_duplicate_read_is_replayed_only_for_the_rest_from_its_psn
   ASSERT_EQ(out.size(), 4u);
   EXPECT_EQ(static_cast<wire::opcode>(out[0].bth.opcode), wire::opcode::rc_read_response_first);
   EXPECT_EQ(static_cast<wire::opcode>(out[3].bth.opcode), wire::opcode::rc_read_response_last);
+}
+
+// A READ asked again from inside it (PSN past its first, the RETH moved on
+// to match) comes from a requester that went back N to there: it discards
+// every response after its hole and sends every later request again.  So
+// the responder stops the responses it is still sending and drops the
+// requests waiting behind them (never executed), and answers the rewind at
+// once; the requester's resent READ is then new, and answered in full.
+// (Before: all of READ 1, then all of READ 2 -- discarded -- then the
+// replay, then READ 2's resend answered again as a duplicate.)
+TEST_F(hostile_peer, a_read_asked_again_from_inside_drops_what_the_requester_discards) {
+  make_qp(qp_type::rc);
+  std::vector<std::byte> region(128 * 1024, std::byte{0x3C});
+  mr m = pd_.reg_mr(region.data(), region.size(), access_local_write | access_remote_read);
+  const std::uint64_t base = reinterpret_cast<std::uintptr_t>(region.data());
+  wire::transport_headers h;
+  h.reth = {base, m.rkey(), 64 * 1024};
+  send(wire::opcode::rc_read_request, 0, {}, h);  // READ 1: PSNs 0-63
+  h.reth = {base + 64 * 1024, m.rkey(), 64 * 1024};
+  send(wire::opcode::rc_read_request, 64, {}, h);  // READ 2: PSNs 64-127, waits behind READ 1
+  h.reth = {base + 1024, m.rkey(), 63 * 1024};
+  send(wire::opcode::rc_read_request, 1, {}, h);  // READ 1 again from PSN 1: a rewind
+  auto out = collect();
+  ASSERT_FALSE(out.empty());
+  std::size_t replayed = 0;
+  for (const auto& p : out) {
+    EXPECT_LT(p.bth.psn, 64u) << "READ 2 answered although the requester discards it";
+    replayed += p.bth.psn == 1;
+  }
+  EXPECT_GE(replayed, 1u) << "the rewind was not answered";
+  EXPECT_EQ(out.back().bth.psn, 63u);
+  EXPECT_EQ(static_cast<wire::opcode>(out.back().bth.opcode), wire::opcode::rc_read_response_last);
+  EXPECT_EQ(dev_.counters().read_rewinds, 1u);
+
+  h.reth = {base + 64 * 1024, m.rkey(), 64 * 1024};
+  send(wire::opcode::rc_read_request, 64, {}, h);  // the requester's resend of READ 2: new here
+  out = collect();
+  ASSERT_EQ(out.size(), 64u);
+  EXPECT_EQ(out.front().bth.psn, 64u);
+  EXPECT_EQ(static_cast<wire::opcode>(out.front().bth.opcode), wire::opcode::rc_read_response_first);
+  EXPECT_EQ(out.back().bth.psn, 127u);
+  EXPECT_EQ(qp_.query().state, qp_state::rts);
+}
+
+// A READ asked again from its first PSN may be a copy the network
+// duplicated: what waits behind it stays, and it is answered in its turn.
+TEST_F(hostile_peer, a_read_asked_again_from_its_first_psn_drops_nothing) {
+  make_qp(qp_type::rc);
+  std::vector<std::byte> region(64 * 1024, std::byte{0x3C});
+  mr m = pd_.reg_mr(region.data(), region.size(), access_local_write | access_remote_read);
+  const std::uint64_t base = reinterpret_cast<std::uintptr_t>(region.data());
+  wire::transport_headers h;  // (32 packets a READ: the three answers fit this socket's buffer)
+  h.reth = {base, m.rkey(), 32 * 1024};
+  send(wire::opcode::rc_read_request, 0, {}, h);
+  h.reth = {base + 32 * 1024, m.rkey(), 32 * 1024};
+  send(wire::opcode::rc_read_request, 32, {}, h);
+  h.reth = {base, m.rkey(), 32 * 1024};
+  send(wire::opcode::rc_read_request, 0, {}, h);  // READ 1 whole again
+  const auto out = collect();
+  std::size_t second = 0;
+  for (const auto& p : out) second += p.bth.psn >= 32;
+  EXPECT_EQ(second, 32u) << "READ 2 was dropped";
+  EXPECT_EQ(out.size(), 3u * 32u) << "READ 1, READ 2, READ 1 again";
+  EXPECT_EQ(dev_.counters().read_rewinds, 0u);
 }
 
 // A duplicate READ is checked again against the region (rxe_recheck_mr):

@@ -1715,15 +1715,11 @@ void device::run() noexcept {
       counters_.bytes_received += p->payload_len;
       if (response) {
         complete_rx(qp, p);
-      } else if (answering_read(qp) && !read_rewound(qp, p)) {
+      } else if (answering_read(qp) && !rewinds_read(qp, p)) {
         hold_request(qp, p);  // behind the READ being answered
         continue;
       } else {
-        if (answering_read(qp)) {  // the requester went back: what it discards goes
-          drop_held_requests(qp);
-          ++counters_.read_rewinds;
-        }
-        respond(qp, p);
+        respond(qp, p);  // (a rewind: answered ahead of the stream it stopped)
       }
       free_packet(p);
       continue;

@@ -798,7 +798,7 @@ class device final : public progress_source, public clock_listener {
   }
   void hold_request(qp_t* qp, packet* p) noexcept;
   void drop_held_requests(qp_t* qp) noexcept;
-  static bool read_rewound(const qp_t* qp, const packet* p) noexcept;
+  bool rewinds_read(qp_t* qp, const packet* p) noexcept;
   packet* new_packet(qp_t* qp, wire::opcode op, std::uint32_t psn) noexcept;
   void finish_packet(qp_t* qp, packet* p) noexcept;
   void transmit(packet* p) noexcept;

@@ -44,8 +44,9 @@ inline constexpr std::uint32_t vendor_id = 0xFFFFFF;
 
 // Transport window (rxe): unacknowledged PSNs and packets between AckReqs.
 inline constexpr std::uint32_t max_unacked_psns = 128;
-// Tail probes per progress (docs/wire.md), at 1, 2 and 4 times the probe
-// delay: all three well inside the retransmit timeout they stand before.
+// Tail probes per progress (docs/wire.md), each waiting twice as long as
+// the one before: at 1, 3 and 7 probe delays (1/64 of the timeout, at
+// least 250 us), inside the timeout but for the shortest timeouts.
 inline constexpr std::uint8_t max_tail_probes = 3;
 inline constexpr std::uint32_t max_pkts_per_ack = 64;
 // Request packets a responder keeps while it answers a READ (the requests

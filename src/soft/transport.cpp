@@ -470,8 +470,9 @@ void device::disarm_timers(qp_t* qp) noexcept {
 // acknowledges exactly it, having dropped what came after: then the
 // requester goes back N from there (complete_rx).  An answer that
 // acknowledges part of the tail starts the wait for the next probe, which
-// finds the hole further on.  At most one per progress: a silent peer is
-// still counted out by the timer.  A probe the timer heap has no memory
+// finds the hole further on.  Unanswered, another follows after twice the
+// wait, limits::max_tail_probes per progress; none moves the retransmit
+// deadline, so a silent peer is still counted out by the timer.  A probe the timer heap has no memory
 // for is not sent; the timeout remains.  (A late ACK of the tail's first
 // packet, not the probe's answer, looks like a hole found: the go-back
 // resends what the peer has, which costs bandwidth, not correctness.)
@@ -1645,6 +1646,17 @@ void device::hold_request(qp_t* qp, packet* p) noexcept {
     free_packet(p);
     return;
   }
+  // A copy of a request already waiting here (a requester that went back
+  // N resends the READs behind the one it lost, and they are still held):
+  // the one held answers it in its turn.  A second answer would reach the
+  // requester as duplicates -- a whole READ's worth.
+  for (const packet* q = r.held_head; q != nullptr; q = q->next) {
+    if (q->hdr.bth.psn == p->hdr.bth.psn && q->hdr.bth.opcode == p->hdr.bth.opcode) {
+      ++counters_.duplicates_received;
+      free_packet(p);
+      return;
+    }
+  }
   // It outlives this poll's receive buffer.  (A run, which references the
   // requester's memory and is too long for `buf`, comes only over the
   // in-process link, whose pass runs until the READ and what it holds are
@@ -1702,33 +1714,76 @@ class newest_first {
 
 }  // namespace
 
-// A READ request that asks again for the rest of a READ from inside it (a
-// PSN past the READ's first, the RETH moved on to match: IBTA 9.7.6.2.2)
-// comes only from a requester that went back N to that PSN: it discards
-// every response after the hole and will send every request after this
-// one again.  Arriving while an earlier stream of responses is still
-// going out, or requests wait behind one, those responses and requests
-// are waste: up to -o READs of a whole message each, per lost packet,
-// most of them lost again at the same rate.  So the stream stops and the
-// waiting requests go (none was executed: held requests are taken in PSN
-// order only when their turn comes), and this one is answered at once.
-// A READ asked again from its first PSN is not taken for a rewind: it may
-// be a copy the network duplicated, and what waits behind it is needed.
-bool device::read_rewound(const qp_t* qp, const packet* p) noexcept {
-  const auto& r = qp->resp;
+// A READ request that asks again for a READ, from a PSN the responses going
+// out have already passed: the requester lost one of them (and, if it goes
+// back N, discards everything after the hole), or its tail probe asks for
+// what has not arrived, or the network duplicated the request.  Its answer
+// goes at once, not after the rest of the stream and the requests held
+// behind it (a lost response to a 1 MiB READ otherwise cost the rest of
+// that READ and of the next, twice).  A requester whose oldest unfinished
+// READ is this one has taken no response of any later READ (responses are
+// taken in PSN order), so the stream stops: when it is this READ's, the
+// answer covers it; when it is a later READ's, that READ and every READ
+// between are answered again after this one, from their first PSN, ahead
+// of the requests held (which stay, in PSN order: a requester may not
+// send them again -- a tail probe does not go back N).  The requester's
+// own copies of those READs, if it went back N, meet them held and go
+// (hold_request).  True if so; the caller then answers the request.  False
+// when nothing went out past it, or there is no room for the replays.
+bool device::rewinds_read(qp_t* qp, const packet* p) noexcept {
+  auto& r = qp->resp;
+  auto& rd = r.reading;
   const std::uint32_t psn = p->hdr.bth.psn;
-  if (p->hdr.bth.opcode != static_cast<std::uint8_t>(opcode::rc_read_request) || !psn_before(psn, r.psn))
+  if (p->hdr.bth.opcode != static_cast<std::uint8_t>(opcode::rc_read_request) || !psn_before(psn, r.psn) ||
+      !rd.active || !psn_before(psn, psn_add(rd.first_psn, rd.sent)))
     return false;
-  if (r.reading.active && !psn_before(psn, psn_add(r.reading.first_psn, r.reading.sent))) return false;
+  const rd_resource* asked = nullptr;
   for (const rd_resource& res : newest_first(r)) {
     if (res.type != rd_resource::kind::read) continue;
     if (psn_before(psn, res.first_psn) || psn_before(res.last_psn, psn)) continue;
-    if (psn == res.first_psn) return false;
+    // Only a request respond_duplicate() answers: the rest of the original.
     const wire::reth& t = p->hdr.reth;
     const std::uint64_t skip = std::uint64_t{(psn - res.first_psn) & wire::psn_mask} * qp->mtu_bytes;
-    return t.rkey == res.rkey && t.va == res.va + skip && std::uint64_t{t.length} + skip == res.length;
+    if (t.rkey != res.rkey || t.va != res.va + skip || std::uint64_t{t.length} + skip != res.length)
+      return false;
+    asked = &res;
+    break;
   }
-  return false;
+  if (asked == nullptr) return false;
+  // The later READs to answer again, oldest first at the front of `head`.
+  packet* head = nullptr;
+  std::uint32_t n = 0;
+  for (const rd_resource& res : newest_first(r)) {
+    if (res.type != rd_resource::kind::read || !psn_before(asked->last_psn, res.first_psn) ||
+        psn_before(rd.first_psn, res.first_psn))
+      continue;
+    packet* q = alloc_packet();
+    if (q == nullptr) {
+      while (head != nullptr) free_packet(std::exchange(head, head->next));
+      return false;
+    }
+    std::byte* buf = q->buf;
+    *q = *p;
+    q->buf = buf;
+    q->nsegs = 0;
+    q->payload_len = 0;
+    q->hdr.bth.psn = res.first_psn;
+    q->hdr.reth = {res.va, res.rkey, res.length};
+    q->next = head;
+    head = q;
+    ++n;
+  }
+  rd.active = false;
+  if (head != nullptr) {
+    packet* tail = head;
+    while (tail->next != nullptr) tail = tail->next;
+    tail->next = r.held_head;
+    if (r.held_head == nullptr) r.held_tail = tail;
+    r.held_head = head;
+    r.held += n;
+  }
+  ++counters_.read_restarts;
+  return true;
 }
 
 void device::respond_duplicate(qp_t* qp, packet* p) noexcept {

@@ -1165,68 +1165,116 @@ TEST_F(hostile_peer, a_duplicate_read_is_replayed_only_for_the_rest_from_its_psn
   EXPECT_EQ(static_cast<wire::opcode>(out[3].bth.opcode), wire::opcode::rc_read_response_last);
 }
 
-// A READ asked again from inside it (PSN past its first, the RETH moved on
-// to match) comes from a requester that went back N to there: it discards
-// every response after its hole and sends every later request again.  So
-// the responder stops the responses it is still sending and drops the
-// requests waiting behind them (never executed), and answers the rewind at
-// once; the requester's resent READ is then new, and answered in full.
-// (Before: all of READ 1, then all of READ 2 -- discarded -- then the
-// replay, then READ 2's resend answered again as a duplicate.)
-TEST_F(hostile_peer, a_read_asked_again_from_inside_drops_what_the_requester_discards) {
-  make_qp(qp_type::rc);
-  std::vector<std::byte> region(128 * 1024, std::byte{0x3C});
-  mr m = pd_.reg_mr(region.data(), region.size(), access_local_write | access_remote_read);
-  const std::uint64_t base = reinterpret_cast<std::uintptr_t>(region.data());
-  wire::transport_headers h;
-  h.reth = {base, m.rkey(), 64 * 1024};
-  send(wire::opcode::rc_read_request, 0, {}, h);  // READ 1: PSNs 0-63
-  h.reth = {base + 64 * 1024, m.rkey(), 64 * 1024};
-  send(wire::opcode::rc_read_request, 64, {}, h);  // READ 2: PSNs 64-127, waits behind READ 1
-  h.reth = {base + 1024, m.rkey(), 63 * 1024};
-  send(wire::opcode::rc_read_request, 1, {}, h);  // READ 1 again from PSN 1: a rewind
-  auto out = collect();
-  ASSERT_FALSE(out.empty());
-  std::size_t replayed = 0;
-  for (const auto& p : out) {
-    EXPECT_LT(p.bth.psn, 64u) << "READ 2 answered although the requester discards it";
-    replayed += p.bth.psn == 1;
-  }
-  EXPECT_GE(replayed, 1u) << "the rewind was not answered";
-  EXPECT_EQ(out.back().bth.psn, 63u);
-  EXPECT_EQ(static_cast<wire::opcode>(out.back().bth.opcode), wire::opcode::rc_read_response_last);
-  EXPECT_EQ(dev_.counters().read_rewinds, 1u);
-
-  h.reth = {base + 64 * 1024, m.rkey(), 64 * 1024};
-  send(wire::opcode::rc_read_request, 64, {}, h);  // the requester's resend of READ 2: new here
-  out = collect();
-  ASSERT_EQ(out.size(), 64u);
-  EXPECT_EQ(out.front().bth.psn, 64u);
-  EXPECT_EQ(static_cast<wire::opcode>(out.front().bth.opcode), wire::opcode::rc_read_response_first);
-  EXPECT_EQ(out.back().bth.psn, 127u);
-  EXPECT_EQ(qp_.query().state, qp_state::rts);
-}
-
-// A READ asked again from its first PSN may be a copy the network
-// duplicated: what waits behind it stays, and it is answered in its turn.
-TEST_F(hostile_peer, a_read_asked_again_from_its_first_psn_drops_nothing) {
+// A READ asked again, while its responses go out, from a PSN they have
+// passed (a requester that lost one and went back N, or its tail probe):
+// the responses start again there at once, instead of after the rest of
+// the stream; the requests held behind the READ stay, answered after it in
+// PSN order.  (32 packets a READ: everything fits this socket's buffer.)
+TEST_F(hostile_peer, a_read_asked_again_while_its_responses_go_out_starts_them_again_there) {
   make_qp(qp_type::rc);
   std::vector<std::byte> region(64 * 1024, std::byte{0x3C});
   mr m = pd_.reg_mr(region.data(), region.size(), access_local_write | access_remote_read);
   const std::uint64_t base = reinterpret_cast<std::uintptr_t>(region.data());
-  wire::transport_headers h;  // (32 packets a READ: the three answers fit this socket's buffer)
+  wire::transport_headers h;
   h.reth = {base, m.rkey(), 32 * 1024};
-  send(wire::opcode::rc_read_request, 0, {}, h);
+  send(wire::opcode::rc_read_request, 0, {}, h);  // READ 1: PSNs 0-31
   h.reth = {base + 32 * 1024, m.rkey(), 32 * 1024};
-  send(wire::opcode::rc_read_request, 32, {}, h);
-  h.reth = {base, m.rkey(), 32 * 1024};
-  send(wire::opcode::rc_read_request, 0, {}, h);  // READ 1 whole again
+  send(wire::opcode::rc_read_request, 32, {}, h);  // READ 2: PSNs 32-63, held behind READ 1
+  h.reth = {base + 1024, m.rkey(), 31 * 1024};
+  send(wire::opcode::rc_read_request, 1, {}, h);  // READ 1 again from PSN 1
   const auto out = collect();
-  std::size_t second = 0;
-  for (const auto& p : out) second += p.bth.psn >= 32;
-  EXPECT_EQ(second, 32u) << "READ 2 was dropped";
-  EXPECT_EQ(out.size(), 3u * 32u) << "READ 1, READ 2, READ 1 again";
-  EXPECT_EQ(dev_.counters().read_rewinds, 0u);
+  std::size_t at_1 = 0, second = 0, last_of_first = 0, first_of_second = out.size();
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const std::uint32_t psn = out[i].bth.psn;
+    at_1 += psn == 1;
+    if (psn == 31) last_of_first = i;
+    if (psn >= 32) {
+      ++second;
+      first_of_second = std::min(first_of_second, i);
+    }
+  }
+  EXPECT_EQ(at_1, 2u) << "PSN 1 in the first batch, then again where the responses started over";
+  EXPECT_EQ(second, 32u) << "READ 2 answered once";
+  EXPECT_LT(last_of_first, first_of_second) << "READ 2 before READ 1 was done";
+  EXPECT_EQ(std::count_if(out.begin(), out.end(), [](const auto& p) { return p.bth.psn == 31; }), 1)
+      << "the first stream went on to READ 1's end";
+  EXPECT_EQ(dev_.counters().read_restarts, 1u);
+  EXPECT_EQ(qp_.query().state, qp_state::rts);
+}
+
+// The same when the READ asked again had all its responses out and a later
+// READ's are going: the requester, stuck at its hole, has taken none of
+// them.  The later READ stops and is answered again from its FIRST, right
+// after the READ asked for.
+TEST_F(hostile_peer, a_read_asked_again_while_a_later_read_goes_out_answers_both_again_in_order) {
+  make_qp(qp_type::rc);
+  int big = 8 << 20;  // room for every response (root may force it past rmem_max)
+  if (::setsockopt(fd_, SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof big) != 0)
+    (void)::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+  std::vector<std::byte> region(32 * 1024 + (1 << 20), std::byte{0x3C});
+  mr m = pd_.reg_mr(region.data(), region.size(), access_local_write | access_remote_read);
+  const std::uint64_t base = reinterpret_cast<std::uintptr_t>(region.data());
+  wire::transport_headers h;
+  h.reth = {base, m.rkey(), 32 * 1024};
+  send(wire::opcode::rc_read_request, 0, {}, h);  // READ 1: PSNs 0-31
+  h.reth = {base + 32 * 1024, m.rkey(), 1 << 20};
+  send(wire::opcode::rc_read_request, 32, {}, h);  // READ 2: PSNs 32-1055
+  // Drive the device (it moves only when polled) until READ 2 is going out.
+  bool second_going = false;
+  std::byte in[2048];
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!second_going && std::chrono::steady_clock::now() < until) {
+    (void)cq_.poll({});
+    const ssize_t n = ::recv(fd_, in, sizeof in, 0);
+    wire::packet_view v;
+    if (n > 0 && wire::decode(std::span(in, static_cast<std::size_t>(n)), true, v) == wire::decode_error::ok)
+      second_going = v.hdr.bth.psn >= 32;
+  }
+  ASSERT_TRUE(second_going);
+  h.reth = {base + 1024, m.rkey(), 31 * 1024};
+  send(wire::opcode::rc_read_request, 1, {}, h);  // READ 1 again from PSN 1
+  const auto out = collect(std::chrono::milliseconds(300));
+  std::size_t i = 0;
+  while (i < out.size() && out[i].bth.psn != 1) ++i;  // what was on its way before
+  ASSERT_LT(i, out.size()) << "READ 1 was not answered again";
+  ASSERT_GE(out.size() - i, 31u + 64u);
+  for (std::uint32_t k = 0; k < 31u + 64u; ++k) {
+    ASSERT_EQ(out[i + k].bth.psn, 1u + k) << "response " << k << " after the rewind";
+  }
+  EXPECT_EQ(static_cast<wire::opcode>(out[i].bth.opcode), wire::opcode::rc_read_response_middle);
+  EXPECT_EQ(static_cast<wire::opcode>(out[i + 30].bth.opcode), wire::opcode::rc_read_response_last);
+  EXPECT_EQ(static_cast<wire::opcode>(out[i + 31].bth.opcode), wire::opcode::rc_read_response_first)
+      << "READ 2 again from its start";
+  EXPECT_EQ(dev_.counters().read_restarts, 1u);
+  EXPECT_EQ(qp_.query().state, qp_state::rts);
+}
+
+// A requester's tail probe asks for the rest of a READ from inside it, one
+// request, not a go-back-N: the SEND held behind the READ must still be
+// executed, though the requester will not send it again.
+TEST_F(hostile_peer, a_read_probe_from_inside_keeps_the_requests_behind_it) {
+  make_qp(qp_type::rc);
+  std::vector<std::byte> region(32 * 1024, std::byte{0x3C});
+  mr m = pd_.reg_mr(region.data(), region.size(), access_local_write | access_remote_read);
+  mr rm = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post_recvs(rm, 1, 64);
+  const std::uint64_t base = reinterpret_cast<std::uintptr_t>(region.data());
+  wire::transport_headers h;
+  h.reth = {base, m.rkey(), 32 * 1024};
+  send(wire::opcode::rc_read_request, 0, {}, h);           // PSNs 0-31
+  send(wire::opcode::rc_send_only, 32, filled(16, 0xAB));  // held behind the READ
+  h.reth = {base + 4096, m.rkey(), 28 * 1024};
+  send(wire::opcode::rc_read_request, 4, {}, h);  // the probe: the rest from PSN 4
+  const auto out = collect();
+  bool acked = false;
+  for (const auto& p : out)
+    acked = acked || (static_cast<wire::opcode>(p.bth.opcode) == wire::opcode::rc_ack && p.bth.psn == 32);
+  EXPECT_TRUE(acked) << "the SEND behind the READ was not acknowledged";
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u) << "the SEND behind the READ was lost";
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+  EXPECT_EQ(wcs[0].byte_len, 16u);
+  EXPECT_EQ(out.back().bth.psn, 32u) << "the ACK after the READ's last response";
 }
 
 // A duplicate READ is checked again against the region (rxe_recheck_mr):

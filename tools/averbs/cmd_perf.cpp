@@ -76,7 +76,7 @@ int help() {
 void print_counters(const device_counters& c) {
   std::printf(
       " packets sent %llu, received %llu; go-back-N resends %llu, timeouts %llu, tail probes %llu; "
-      "duplicates received %llu; READ rewinds %llu;\n"
+      "duplicates received %llu; READ restarts %llu;\n"
       " sequence NAKs sent %llu; RNR NAKs sent %llu, received %llu; dropped %llu; ICRC errors %llu;\n"
       " GSO runs sent %llu (%llu packets), GRO runs received %llu (%llu without a segment size; UDP_GRO "
       "switched %llu times); peer sockets %llu;\n"
@@ -86,7 +86,7 @@ void print_counters(const device_counters& c) {
       static_cast<unsigned long long>(c.packets_sent), static_cast<unsigned long long>(c.packets_received),
       static_cast<unsigned long long>(c.retransmits), static_cast<unsigned long long>(c.retry_timeouts),
       static_cast<unsigned long long>(c.tail_probes), static_cast<unsigned long long>(c.duplicates_received),
-      static_cast<unsigned long long>(c.read_rewinds), static_cast<unsigned long long>(c.seq_naks_sent),
+      static_cast<unsigned long long>(c.read_restarts), static_cast<unsigned long long>(c.seq_naks_sent),
       static_cast<unsigned long long>(c.rnr_naks_sent), static_cast<unsigned long long>(c.rnr_naks_received),
       static_cast<unsigned long long>(c.dropped), static_cast<unsigned long long>(c.icrc_errors),
       static_cast<unsigned long long>(c.gso_runs), static_cast<unsigned long long>(c.gso_packets),

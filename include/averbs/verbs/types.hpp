@@ -401,10 +401,6 @@ struct device_counters {
   std::uint64_t rnr_naks_received = 0;
   std::uint64_t seq_naks_sent = 0;
   std::uint64_t duplicates_received = 0;
-  /// READ requests that asked again from inside a READ while responses or
-  /// held requests were still queued: the requester had gone back N, so
-  /// those were discarded unsent (docs/wire.md, READ under loss).
-  std::uint64_t read_rewinds = 0;
   std::uint64_t dropped = 0;  ///< invalid or unroutable packets, silently dropped
   std::uint64_t icrc_errors = 0;
   std::uint64_t receive_overflows = 0;  ///< datagrams the host dropped on a full socket receive buffer
@@ -434,6 +430,10 @@ struct device_counters {
   /// or free).  It grows to the most packets ever in hand at once and
   /// stays there.
   std::uint64_t packet_buffers = 0;
+  /// READ requests for the READ whose responses were going out, from a PSN
+  /// those had passed (a lost response asked again): the responses started
+  /// again there at once (docs/wire.md, READ under loss).
+  std::uint64_t read_restarts = 0;
 };
 
 }  // namespace averbs

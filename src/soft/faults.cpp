@@ -96,10 +96,12 @@ fault_link::fault_link(device& d, link& inner, const fault_config& cfg)
       serial_(next_serial.fetch_add(1, std::memory_order_relaxed)) {}
 
 fault_link::~fault_link() {
-  // What it still holds is lost, as on a wire that was cut.
+  // A packet held for reordering goes on (a reorder is no loss: it may be
+  // the last ACK the device owes); the delayed are lost, as on a wire that
+  // was cut.
   if (held_ != nullptr) {
-    ++dev_.counters_.dropped;
-    dev_.free_packet(held_);
+    inner_.send(held_);
+    inner_.flush();
   }
   for (auto& d : delayed_) {
     ++dev_.counters_.dropped;

@@ -1559,6 +1559,15 @@ TEST_F(traffic, a_reordered_packet_alone_in_its_pass_waits_for_the_next) {
   const auto c = poll(p.cq_b, 1);
   ASSERT_EQ(c.size(), 1u) << "C leaves after the delay time";
   EXPECT_EQ(dst.bytes[c[0].wr_id * 41 + 40], std::byte('C'));
+  // Held when the faults are replaced: it goes on (a reorder is no loss).
+  ASSERT_FALSE(post_recv(p.b, {dst.part(0, 41)}, 3));
+  ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.part(0, 1)}, 3, wr_opcode::send, 0, 0));
+  ctx->poll();
+  EXPECT_TRUE(quiet(p.cq_b)) << "A is held";
+  dev_holder->set_faults("");
+  const auto a = poll(p.cq_b, 1);
+  ASSERT_EQ(a.size(), 1u) << "the held packet was lost with the fault link";
+  EXPECT_EQ(dst.bytes[40], std::byte('A'));
 }
 
 }  // namespace

@@ -708,14 +708,24 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
     else if (c.st == state::timewait) send_rej(c, wcm::msg_ref::req, wcm::rej_reason::stale_conn);
     return;
   }
-  // Stale: that QP of that CA is still connected (or in timewait) here.
-  // The connection ends only when the REQ comes from its peer's address:
-  // the CA GUID and QP number are on the wire, and anyone could name them.
+  // Stale: that QP of that CA is still connected, in timewait, or waiting
+  // for accept under another comm ID here.  Only a REQ from that
+  // connection's peer address touches it: the CA GUID and QP number are on
+  // the wire, and anyone could name them.  From there, a request still
+  // waiting for accept is replaced (the requester gave up on it, a cancel
+  // or its retries out, and its REJ was lost; ib_cm would refuse the new
+  // one until the old one timed out, minutes); a connected one ends.
   if (auto it = by_qpn_.find({r.local_ca_guid, r.local_qpn}); it != by_qpn_.end()) {
-    ++stats_.stale_rejects;
-    refuse(wcm::rej_reason::stale_conn);
-    if (it->second->peer_gid == m.src) end_stale(*it->second);
-    return;
+    conn& old = *it->second;
+    if (old.peer_addr == m.src && old.passive && old.st == state::req_rcvd) {
+      ++stats_.duplicates;
+      close_conn(old);  // an accept of it fails; out of the index and the listener's queue
+    } else {
+      ++stats_.stale_rejects;
+      refuse(wcm::rej_reason::stale_conn);
+      if (old.peer_addr == m.src) end_stale(old);
+      return;
+    }
   }
   wcm::port_space wps;
   std::uint16_t port;
@@ -772,6 +782,7 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
   c.peer = {from_wire(ip.src_ip), ip.src_port};
   c.peer_gid = from_wire(r.primary.local_gid);
   if (c.peer_gid.is_zero()) c.peer_gid = m.src;
+  c.peer_addr = m.src;
   c.gid_index = gid_index;
   c.hop_limit = r.primary.hop_limit != 0 ? r.primary.hop_limit : 64;
   c.traffic_class = r.primary.traffic_class;
@@ -821,6 +832,7 @@ void manager::on_rep(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
   c.remote_guid = r.local_ca_guid;
   c.remote_qpn = r.local_qpn;
   c.remote_psn = r.starting_psn;
+  c.peer_addr = m.src;
   try {
     c.pdata = bytes_of(r.private_data);
   } catch (...) {
@@ -838,7 +850,7 @@ void manager::on_rep(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
     send_rej(c, wcm::msg_ref::rep, wcm::rej_reason::stale_conn);
     c.rej_reason = static_cast<std::uint16_t>(wcm::rej_reason::stale_conn);
     fail_op(c, err(errc::connection_rejected));
-    if (it->second->peer_gid == m.src) end_stale(*it->second);  // as for a REQ
+    if (it->second->peer_addr == m.src) end_stale(*it->second);  // as for a REQ
     close_conn(c);
     return;
   }

@@ -99,6 +99,10 @@ struct conn {
   std::uint8_t peer_max_retries = 10;
   bool mra_rcvd = false;               // the peer asked for more time once; later MRAs are ignored
   gid peer_gid{};                      // REQ primary local GID (the peer's port)
+  // The address the peer's REQ (passive) or REP (active) came from: only a
+  // REQ or REP from there may end this connection as stale, or replace it
+  // while it waits for accept.
+  gid peer_addr{};
   // Retransmission.
   std::unique_ptr<std::array<std::byte, wire::cm::mad_size>> mad;
   std::uint8_t retries_left = 0;

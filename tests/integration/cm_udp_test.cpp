@@ -875,35 +875,52 @@ TEST_F(cm_udp_fake_peer, an_mra_for_a_rep_without_the_requesters_comm_id_stalls_
   EXPECT_TRUE(peer.next<wcm::rep>(ctx, 2s).has_value()) << "the REP was not resent";
   m.local_comm_id = 64;  // the requester's own MRA stretches the wait
   peer.send(m);
+  (void)peer.next<wcm::rep>(ctx, 100ms);  // (a resend already under way as the MRA came)
   EXPECT_FALSE(peer.next<wcm::rep>(ctx, 500ms).has_value()) << "the requester's MRA was ignored";
   acc.cancel();
 }
 
-// A second REQ for a peer QP whose first REQ is still pending here, under
-// another comm ID (a peer whose CM restarted mid-handshake): refused
-// "stale connection", as ib_cm refuses it (the remote QPN is taken as the
-// REQ arrives), rather than delivered and accepted twice.
-TEST_F(cm_udp_fake_peer, a_second_req_for_a_pending_peer_qp_is_refused_stale) {
+// A second REQ for a peer QP whose first REQ still waits for accept here,
+// under another comm ID.  From anywhere but that peer's address it is
+// refused "stale connection" and the first stays (the GUID and QP number
+// are on the wire).  From the peer it replaces the first: the requester
+// gave up on that one (a cancel, its retries out) and its REJ was lost;
+// ib_cm would refuse the new REQ until the old request timed out.  Before,
+// both were delivered, and both could be accepted.
+TEST_F(cm_udp_fake_peer, a_second_req_for_a_pending_peer_qp_replaces_it_only_from_the_peer) {
   ASSERT_TRUE(peer.bound());
   listen_on_b();
   auto first = request(req_to(b, peer_ip, 1));
   ASSERT_TRUE(first.has_value());
   auto second = l.async_get_request(use_request);
-  peer.send(req_to(b, peer_ip, 2));
-  const auto j = peer.next<wire::cm::rej>(ctx);
-  ASSERT_TRUE(j.has_value()) << "the second REQ was not refused";
-  EXPECT_EQ(j->remote_comm_id, 2u);
-  EXPECT_EQ(j->reason, static_cast<std::uint16_t>(wire::cm::rej_reason::stale_conn));
-  run_for(50ms);
-  EXPECT_FALSE(second.ready()) << "delivered to the listener";
-  // Once the first is refused, the QP is free for a new request.
-  first->reject();
-  const auto refused = peer.next<wire::cm::rej>(ctx);
-  ASSERT_TRUE(refused.has_value()) << "the application's REJ";
-  EXPECT_EQ(refused->remote_comm_id, 1u);
+  gid intruder_ip;
+  ASSERT_TRUE(gid::parse(test_address(2), intruder_ip));
+  std::array<std::byte, wire::cm::mad_size> mad;
+  wire::cm::encode(wire::cm::mad_header{}, req_to(b, intruder_ip, 2),
+                   std::span<std::byte, wire::cm::mad_size>(mad));
+  raw_sender intruder(test_address(2), test_address(1), test_port());
+  intruder.send(mad);
+  run_for(100ms);
+  EXPECT_FALSE(second.ready()) << "a REQ from another address was delivered";
+  EXPECT_EQ(first->state(), cm::conn_state::requested);
+
   peer.send(req_to(b, peer_ip, 3));
-  ASSERT_TRUE(poll_until([&] { return second.ready(); })) << "the QP stayed taken";
-  EXPECT_EQ(second.get().conn.state(), cm::conn_state::requested);
+  ASSERT_TRUE(poll_until([&] { return second.ready(); })) << "the peer's new REQ was not delivered";
+  EXPECT_EQ(first->state(), cm::conn_state::closed) << "the replaced request lives on";
+  cm::connector replacement = second.get().conn;
+  EXPECT_EQ(replacement.state(), cm::conn_state::requested);
+  qp q1 = make_qp(b);
+  std::error_code ec;
+  auto old_accept = first->async_accept(q1, {}, fast(), use_request);
+  ASSERT_TRUE(poll_until([&] { return old_accept.ready(); }));
+  old_accept.get(ec);
+  EXPECT_TRUE(ec) << "the replaced request was accepted";
+  qp q3 = make_qp(b);
+  auto acc = replacement.async_accept(q3, {}, fast(), use_request);
+  const auto rep = peer.next<wire::cm::rep>(ctx);
+  ASSERT_TRUE(rep.has_value());
+  EXPECT_EQ(rep->remote_comm_id, 3u);
+  acc.cancel();
 }
 
 // A DREQ with our comm IDs but another QP number (ib_cm's cm_dreq_handler):

@@ -1650,8 +1650,9 @@ void device::hold_request(qp_t* qp, packet* p) noexcept {
   // N resends the READs behind the one it lost, and they are still held):
   // the one held answers it in its turn.  A second answer would reach the
   // requester as duplicates -- a whole READ's worth.
-  for (const packet* q = r.held_head; q != nullptr; q = q->next) {
+  for (packet* q = r.held_head; q != nullptr; q = q->next) {
     if (q->hdr.bth.psn == p->hdr.bth.psn && q->hdr.bth.opcode == p->hdr.bth.opcode) {
+      q->hdr.bth.ack_req = q->hdr.bth.ack_req || p->hdr.bth.ack_req;  // a probe's copy asks for an ACK
       ++counters_.duplicates_received;
       free_packet(p);
       return;
@@ -1724,12 +1725,15 @@ class newest_first {
 // READ is this one has taken no response of any later READ (responses are
 // taken in PSN order), so the stream stops: when it is this READ's, the
 // answer covers it; when it is a later READ's, that READ and every READ
-// between are answered again after this one, from their first PSN, ahead
-// of the requests held (which stay, in PSN order: a requester may not
-// send them again -- a tail probe does not go back N).  The requester's
-// own copies of those READs, if it went back N, meet them held and go
-// (hold_request).  True if so; the caller then answers the request.  False
-// when nothing went out past it, or there is no room for the replays.
+// and atomic between are answered again after this one (READs from their
+// first PSN, atomics from the replay cache), ahead of the requests held
+// (which stay, in PSN order: a requester may not send them again -- a
+// tail probe does not go back N).  (A SEND or WRITE between needs no
+// second ACK: the READ responses after it acknowledge it.)  The
+// requester's own copies of those, if it went back N, meet them held and
+// go (hold_request).  True if so; the caller then answers the request.
+// False when nothing went out past it, or there is no room for the
+// replays.
 bool device::rewinds_read(qp_t* qp, const packet* p) noexcept {
   auto& r = qp->resp;
   auto& rd = r.reading;
@@ -1750,11 +1754,14 @@ bool device::rewinds_read(qp_t* qp, const packet* p) noexcept {
     break;
   }
   if (asked == nullptr) return false;
-  // The later READs to answer again, oldest first at the front of `head`.
+  // The later READs and atomics to answer again, oldest first at the
+  // front of `head`: the resources newer than the one asked for (only
+  // those: an older slot may hold an entry from before the PSNs wrapped).
   packet* head = nullptr;
   std::uint32_t n = 0;
   for (const rd_resource& res : newest_first(r)) {
-    if (res.type != rd_resource::kind::read || !psn_before(asked->last_psn, res.first_psn) ||
+    if (&res == asked) break;
+    if (res.type == rd_resource::kind::none || !psn_before(asked->last_psn, res.first_psn) ||
         psn_before(rd.first_psn, res.first_psn))
       continue;
     packet* q = alloc_packet();
@@ -1768,7 +1775,12 @@ bool device::rewinds_read(qp_t* qp, const packet* p) noexcept {
     q->nsegs = 0;
     q->payload_len = 0;
     q->hdr.bth.psn = res.first_psn;
-    q->hdr.reth = {res.va, res.rkey, res.length};
+    if (res.type == rd_resource::kind::atomic) {  // respond_duplicate() sends its stored result
+      q->hdr.bth.opcode = static_cast<std::uint8_t>(opcode::rc_fetch_add);
+      q->op = &wire::info(q->hdr.bth.opcode);
+    } else {
+      q->hdr.reth = {res.va, res.rkey, res.length};
+    }
     q->next = head;
     head = q;
     ++n;

@@ -1249,6 +1249,65 @@ TEST_F(hostile_peer, a_read_asked_again_while_a_later_read_goes_out_answers_both
   EXPECT_EQ(qp_.query().state, qp_state::rts);
 }
 
+// An atomic between the READ asked again and the later READ going out:
+// its result, which the requester threw away with everything after its
+// hole, comes again in PSN order, between the two READs, from the replay
+// cache (never executed twice); the requester's own copies, held, go.
+TEST_F(hostile_peer, an_atomic_between_a_read_asked_again_and_the_read_going_out_is_answered_in_order) {
+  make_qp(qp_type::rc);
+  int big = 8 << 20;
+  if (::setsockopt(fd_, SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof big) != 0)
+    (void)::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+  std::vector<std::byte> region(32 * 1024 + (1 << 20) + 8, std::byte{0});
+  mr m = pd_.reg_mr(region.data(), region.size(),
+                    access_local_write | access_remote_read | access_remote_atomic);
+  const std::uint64_t base = reinterpret_cast<std::uintptr_t>(region.data());
+  const std::uint64_t counter = base + 32 * 1024 + (1 << 20);  // 8-byte aligned
+  wire::transport_headers h;
+  h.reth = {base, m.rkey(), 32 * 1024};
+  send(wire::opcode::rc_read_request, 0, {}, h);  // READ A: PSNs 0-31
+  wire::transport_headers a;
+  a.atomic = {counter, m.rkey(), 5, 0};
+  send(wire::opcode::rc_fetch_add, 32, {}, a);  // PSN 32
+  h.reth = {base + 32 * 1024, m.rkey(), 1 << 20};
+  send(wire::opcode::rc_read_request, 33, {}, h);  // READ B: PSNs 33-1056
+  bool b_going = false;
+  std::byte in[2048];
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (!b_going && std::chrono::steady_clock::now() < until) {
+    (void)cq_.poll({});
+    const ssize_t n = ::recv(fd_, in, sizeof in, 0);
+    wire::packet_view v;
+    if (n > 0 && wire::decode(std::span(in, static_cast<std::size_t>(n)), true, v) == wire::decode_error::ok)
+      b_going = v.hdr.bth.psn >= 33;
+  }
+  ASSERT_TRUE(b_going);
+  // The requester lost A's PSN 1 and goes back N: A from 1, the atomic, B.
+  h.reth = {base + 1024, m.rkey(), 31 * 1024};
+  send(wire::opcode::rc_read_request, 1, {}, h);
+  send(wire::opcode::rc_fetch_add, 32, {}, a);
+  h.reth = {base + 32 * 1024, m.rkey(), 1 << 20};
+  send(wire::opcode::rc_read_request, 33, {}, h);
+  const auto out = collect(std::chrono::milliseconds(300));
+  std::size_t i = 0;
+  while (i < out.size() && out[i].bth.psn != 1) ++i;
+  ASSERT_LT(i, out.size()) << "READ A was not answered again";
+  ASSERT_GE(out.size() - i, 31u + 1u + 64u);
+  for (std::uint32_t k = 0; k < 31u + 1u + 64u; ++k) {
+    ASSERT_EQ(out[i + k].bth.psn, 1u + k) << "response " << k << " after the rewind";
+  }
+  EXPECT_EQ(static_cast<wire::opcode>(out[i + 31].bth.opcode), wire::opcode::rc_atomic_ack);
+  EXPECT_EQ(out[i + 31].atomic_ack, 0u) << "the stored result: the value before the add";
+  EXPECT_EQ(static_cast<wire::opcode>(out[i + 32].bth.opcode), wire::opcode::rc_read_response_first);
+  std::size_t b_firsts = 0;
+  for (std::size_t k = i; k < out.size(); ++k)
+    b_firsts += static_cast<wire::opcode>(out[k].bth.opcode) == wire::opcode::rc_read_response_first;
+  EXPECT_EQ(b_firsts, 1u) << "READ B answered again more than once";
+  std::uint64_t value = 0;
+  std::memcpy(&value, region.data() + 32 * 1024 + (1 << 20), 8);
+  EXPECT_EQ(value, 5u) << "the atomic ran twice";
+}
+
 // A requester's tail probe asks for the rest of a READ from inside it, one
 // request, not a go-back-N: the SEND held behind the READ must still be
 // executed, though the requester will not send it again.

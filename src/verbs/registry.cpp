@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -42,7 +43,20 @@ std::shared_ptr<device_entry> make_entry(const soft_device_options& o) {
   cfg.gids = o.gids;
   if (!o.address.empty() && !gid::parse(o.address, cfg.address))
     bad_option("soft_device address '" + o.address + "' is not an IPv4 or IPv6 address");
-  if (!o.address.empty() && cfg.address.is_zero()) bad_option("soft_device address must not be unspecified");
+  if (!o.address.empty()) {
+    // A device sends from its address and puts it in every ICRC: the
+    // wildcard (it would bind every address and compute ICRCs with a
+    // source the kernel replaces) and group addresses (no source of a
+    // datagram) cannot be one.
+    const auto& a = cfg.address.raw;  // (unsigned char)
+    const bool v4 = cfg.address.is_ipv4_mapped();
+    const bool any = cfg.address.is_zero() || (v4 && a[12] == 0 && a[13] == 0 && a[14] == 0 && a[15] == 0);
+    if (any) bad_option("soft_device address '" + o.address + "' is unspecified (the wildcard)");
+    const bool multicast =
+        v4 ? (a[12] & 0xF0) == 0xE0 || (a[12] == 0xFF && a[13] == 0xFF && a[14] == 0xFF && a[15] == 0xFF)
+           : a[0] == 0xFF;
+    if (multicast) bad_option("soft_device address '" + o.address + "' is a multicast or broadcast address");
+  }
   cfg.port = o.port;
   cfg.check_icrc = o.check_icrc;
   cfg.first_qpn = o.first_qpn;
@@ -97,7 +111,8 @@ bool from_config_file(const std::string& name, soft_device_options& o, std::vect
   const char* env = std::getenv("AVERBS_CONFIG");
   const std::string path = env != nullptr ? env : "/etc/averbs/devices.conf";
   std::ifstream in(path);
-  if (!in) {
+  std::error_code fs_ec;
+  if (!in || std::filesystem::is_directory(path, fs_ec)) {  // (a directory opens, and reads as empty)
     if (env != nullptr && names == nullptr) bad_option("AVERBS_CONFIG: cannot read '" + path + "'");
     return false;
   }
@@ -108,6 +123,9 @@ bool from_config_file(const std::string& name, soft_device_options& o, std::vect
     std::string dev, addr;
     if (!(words >> dev)) continue;
     const std::string where = path + ":" + std::to_string(n);
+    // Another device's line, however broken, is that device's business:
+    // opening it says what is wrong (as for a bad option or address).
+    if (names == nullptr && dev != name) continue;
     if (!(words >> addr)) {
       if (names != nullptr) continue;  // listed without it; opening it says why
       bad_option(where + ": '" + dev + "' needs an address");
@@ -116,7 +134,6 @@ bool from_config_file(const std::string& name, soft_device_options& o, std::vect
       names->push_back(dev);
       continue;
     }
-    if (dev != name) continue;
     o.name = dev;
     split_address(addr, o, where);
     for (std::string opt; words >> opt;) {
@@ -130,6 +147,7 @@ bool from_config_file(const std::string& name, soft_device_options& o, std::vect
     }
     return true;
   }
+  if (in.bad() && names == nullptr) bad_option(path + ": read error");  // not the end of the file
   return false;
 }
 

@@ -849,10 +849,36 @@ TEST(device_config, devices_come_from_the_configuration_file) {
   open_device(ctx, "cfg_noaddr", ec);
   EXPECT_EQ(ec, errc::invalid_argument) << ec.message();
   open_device(ctx, "cfg_unknown", ec);
-  EXPECT_EQ(ec, errc::invalid_argument);  // the file is read up to its first bad line
+  EXPECT_EQ(ec, errc::not_found) << "another device's broken line is that device's business";
   ::setenv("AVERBS_CONFIG", "/nonexistent/averbs.conf", 1);
   open_device(ctx, "cfg_other", ec);
   EXPECT_EQ(ec, errc::invalid_argument) << "an AVERBS_CONFIG that cannot be read is an error";
+  ::setenv("AVERBS_CONFIG", "/tmp", 1);  // a directory opens, and would read as an empty file
+  open_device(ctx, "cfg_other", ec);
+  EXPECT_EQ(ec, errc::invalid_argument) << "an AVERBS_CONFIG that is a directory is an error";
+  ::unsetenv("AVERBS_CONFIG");
+  std::remove(path.c_str());
+}
+
+// A device line without an address (or otherwise broken) stops only that
+// device: the devices on the lines after it open.
+TEST(device_config, a_broken_line_stops_only_its_own_device) {
+  const std::string path = "/tmp/averbs_config_broken_" + std::to_string(::getpid()) + ".conf";
+  {
+    std::ofstream f(path);
+    f << "cfg_first  " << test_address(0) << ":" << test_port() << "\n"
+      << "cfg_stray\n"
+      << "cfg_after  " << test_address(1) << ":" << test_port() << "\n";
+  }
+  ::setenv("AVERBS_CONFIG", path.c_str(), 1);
+  context ctx;
+  std::error_code ec;
+  device d = open_device(ctx, "cfg_after", ec);
+  EXPECT_FALSE(ec) << ec.message();
+  const auto names = list_devices();
+  EXPECT_NE(std::find(names.begin(), names.end(), "cfg_after"), names.end());
+  open_device(ctx, "cfg_stray", ec);
+  EXPECT_EQ(ec, errc::invalid_argument) << "the broken line's own device says why";
   ::unsetenv("AVERBS_CONFIG");
   std::remove(path.c_str());
 }
@@ -865,6 +891,12 @@ TEST(device_config, bad_environment_entries_are_errors_that_say_why) {
       {"env_empty@", "has no address"},
       {"env_empty_port@:4792", "has no address"},
       {"env_word@localhost", "is not an IPv4 or IPv6 address"},
+      // A device sends from its address and puts it in every ICRC.
+      {"env_any@0.0.0.0", "unspecified"},
+      {"env_any6@[::]:4793", "unspecified"},
+      {"env_mc@224.0.0.1", "multicast"},
+      {"env_bc@255.255.255.255", "broadcast"},
+      {"env_mc6@[ff02::1]:4793", "multicast"},
   };
   context ctx;
   for (const auto& [entry, reason] : cases) {

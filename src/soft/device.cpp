@@ -359,6 +359,10 @@ device::device(const device_config& cfg)
   } else {
     first_qpn_ = limits::qpn_base + std::random_device{}() % (limits::qpn_first_max - limits::qpn_base + 1);
   }
+  {
+    std::random_device rd;
+    key_random_ = (std::uint64_t{rd()} << 32) ^ rd();  // memory keys' bytes (alloc_key)
+  }
   ep_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (ep_ < 0) throw std::system_error(errno, std::system_category(), "epoll_create1");
   clock_is_steady_ = dynamic_cast<const steady_clock*>(clock_) != nullptr;
@@ -527,6 +531,7 @@ device_counters device::counters() const {
   std::lock_guard lock(lock_);
   device_counters c = counters_;
   c.packet_buffers = packet_store_.size();
+  c.memory_keys = keys_.size() - free_count_;
   c.receive_overflows = link_->receive_overflows();
   return c;
 }
@@ -611,19 +616,31 @@ void drop_child(pd_t* pd, std::vector<std::unique_ptr<pd_t>>& pds, std::vector<s
 }  // namespace
 
 // ---------------------------------------------------------------------------
-// Keys: key = index << 8 | key byte; the byte changes on every reuse and on
-// every type-2 window bind, so an old key stops working at once.
+// Keys: key = index << 8 | key byte.  A freed index waits in a FIFO until
+// limits::key_reuse_distance others are free, then comes back with a new
+// random byte (never 0, never the last one); a type-2 window bind sets the
+// byte the consumer chose.  So an old key stops working at once, and a
+// stale key meets a later region only by a 1-in-255 draw after more than
+// a thousand other registrations (rxe: a random byte, indices in turn).
 
 std::uint32_t device::alloc_key(key_entry::kind k, void* obj) noexcept {
   std::uint32_t index;
-  if (!free_keys_.empty()) {
-    index = free_keys_.back();
-    free_keys_.pop_back();
+  const bool can_grow = keys_.size() < (1u << 24);
+  if (free_count_ != 0 && (free_count_ > limits::key_reuse_distance || !can_grow)) {
+    index = free_keys_[free_head_];
+    free_head_ = (free_head_ + 1) % free_keys_.size();
+    --free_count_;
   } else {
-    if (keys_.size() >= (1u << 24)) return 0;
+    if (!can_grow) return 0;
     try {
-      // free_key() must not allocate: room for every index, ahead.
-      if (free_keys_.capacity() <= keys_.size()) free_keys_.reserve(std::max<std::size_t>(64, 2 * keys_.size()));
+      // free_key() must not allocate: a ring with room for every index.
+      if (free_keys_.size() <= keys_.size()) {
+        std::vector<std::uint32_t> ring(std::max<std::size_t>(64, 2 * keys_.size()));
+        for (std::size_t i = 0; i < free_count_; ++i)
+          ring[i] = free_keys_[(free_head_ + i) % free_keys_.size()];
+        free_keys_.swap(ring);
+        free_head_ = 0;
+      }
       keys_.emplace_back();
     } catch (const std::bad_alloc&) {
       return 0;  // no resources, as the callers say
@@ -633,7 +650,14 @@ std::uint32_t device::alloc_key(key_entry::kind k, void* obj) noexcept {
   key_entry& e = keys_[index];
   e.type = k;
   e.obj = obj;
-  e.key = static_cast<std::uint8_t>(e.key + 1);
+  std::uint8_t byte;
+  do {
+    std::uint64_t z = (key_random_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    byte = static_cast<std::uint8_t>(z ^ (z >> 31));
+  } while (byte == 0 || byte == e.key);
+  e.key = byte;
   return (index << 8) | e.key;
 }
 
@@ -641,7 +665,8 @@ void device::free_key(std::uint32_t key) noexcept {
   const std::uint32_t index = key >> 8;
   keys_[index].type = key_entry::kind::free;
   keys_[index].obj = nullptr;
-  free_keys_.push_back(index);
+  free_keys_[(free_head_ + free_count_) % free_keys_.size()] = index;
+  ++free_count_;
 }
 
 mr_t* device::find_mr(std::uint32_t lkey) noexcept {

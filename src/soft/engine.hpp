@@ -924,7 +924,13 @@ class device final : public progress_source, public clock_listener {
   std::vector<std::unique_ptr<pd_t>> pds_;
   std::vector<std::uint32_t> free_pds_;
   std::vector<key_entry> keys_;  // index = key >> 8
+  // Free key indices, oldest first: a ring as long as keys_ (free_key()
+  // must not allocate).  An index comes back only once key_reuse_distance
+  // others are free behind it, with a random key byte (alloc_key()).
   std::vector<std::uint32_t> free_keys_;
+  std::size_t free_head_ = 0;
+  std::size_t free_count_ = 0;
+  std::uint64_t key_random_ = 0;            // splitmix64 state, seeded from the OS
   std::vector<std::unique_ptr<mr_t>> mrs_;  // owns MRs (by key index)
   std::vector<std::unique_ptr<mw_t>> mws_;
   std::vector<std::unique_ptr<ah_t>> ahs_;

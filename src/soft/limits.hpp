@@ -44,6 +44,13 @@ inline constexpr std::uint32_t vendor_id = 0xFFFFFF;
 
 // Transport window (rxe): unacknowledged PSNs and packets between AckReqs.
 inline constexpr std::uint32_t max_unacked_psns = 128;
+// Memory keys: a freed key's index is reused only after this many others
+// are free (oldest first, as rxe's pools hand out indices in turn), and
+// with a random key byte: a peer holding a stale R_Key does not meet the
+// next region registered (the old rule, last freed first and the byte
+// counting up, gave the same key back every 256 registrations).
+inline constexpr std::size_t key_reuse_distance = 1024;
+
 // Tail probes per progress (docs/wire.md), each waiting twice as long as
 // the one before: at 1, 3 and 7 probe delays (1/64 of the timeout, at
 // least 250 us), inside the timeout but for the shortest timeouts.

@@ -205,6 +205,31 @@ class hostile_peer : public ::testing::Test {
     return out;
   }
 
+  /// Room in this socket for every response of a long READ (root may
+  /// force it past rmem_max).
+  void widen_receive_buffer() {
+    int big = 8 << 20;
+    if (::setsockopt(fd_, SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof big) != 0)
+      (void)::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+  }
+
+  /// Drives the device (it moves only when polled) until it has sent a
+  /// packet at `psn` or later; false if none within 2 s.
+  bool drive_until_psn_from(std::uint32_t psn) {
+    std::byte in[2048];
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (std::chrono::steady_clock::now() < until) {
+      (void)cq_.poll({});
+      const ssize_t n = ::recv(fd_, in, sizeof in, 0);
+      wire::packet_view v;
+      if (n > 0 &&
+          wire::decode(std::span(in, static_cast<std::size_t>(n)), true, v) == wire::decode_error::ok &&
+          v.hdr.bth.psn >= psn)
+        return true;
+    }
+    return false;
+  }
+
   /// Answers the device's requester: a response packet `op` at `psn` with
   /// AETH `syndrome`.
   void respond(wire::opcode op, std::uint32_t psn, std::uint8_t syndrome, std::span<const std::byte> payload = {}) {
@@ -1208,9 +1233,7 @@ TEST_F(hostile_peer, a_read_asked_again_while_its_responses_go_out_starts_them_a
 // after the READ asked for.
 TEST_F(hostile_peer, a_read_asked_again_while_a_later_read_goes_out_answers_both_again_in_order) {
   make_qp(qp_type::rc);
-  int big = 8 << 20;  // room for every response (root may force it past rmem_max)
-  if (::setsockopt(fd_, SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof big) != 0)
-    (void)::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+  widen_receive_buffer();
   std::vector<std::byte> region(32 * 1024 + (1 << 20), std::byte{0x3C});
   mr m = pd_.reg_mr(region.data(), region.size(), access_local_write | access_remote_read);
   const std::uint64_t base = reinterpret_cast<std::uintptr_t>(region.data());
@@ -1219,18 +1242,7 @@ TEST_F(hostile_peer, a_read_asked_again_while_a_later_read_goes_out_answers_both
   send(wire::opcode::rc_read_request, 0, {}, h);  // READ 1: PSNs 0-31
   h.reth = {base + 32 * 1024, m.rkey(), 1 << 20};
   send(wire::opcode::rc_read_request, 32, {}, h);  // READ 2: PSNs 32-1055
-  // Drive the device (it moves only when polled) until READ 2 is going out.
-  bool second_going = false;
-  std::byte in[2048];
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (!second_going && std::chrono::steady_clock::now() < until) {
-    (void)cq_.poll({});
-    const ssize_t n = ::recv(fd_, in, sizeof in, 0);
-    wire::packet_view v;
-    if (n > 0 && wire::decode(std::span(in, static_cast<std::size_t>(n)), true, v) == wire::decode_error::ok)
-      second_going = v.hdr.bth.psn >= 32;
-  }
-  ASSERT_TRUE(second_going);
+  ASSERT_TRUE(drive_until_psn_from(32)) << "READ 2 is not going out";
   h.reth = {base + 1024, m.rkey(), 31 * 1024};
   send(wire::opcode::rc_read_request, 1, {}, h);  // READ 1 again from PSN 1
   const auto out = collect(std::chrono::milliseconds(300));
@@ -1255,9 +1267,7 @@ TEST_F(hostile_peer, a_read_asked_again_while_a_later_read_goes_out_answers_both
 // cache (never executed twice); the requester's own copies, held, go.
 TEST_F(hostile_peer, an_atomic_between_a_read_asked_again_and_the_read_going_out_is_answered_in_order) {
   make_qp(qp_type::rc);
-  int big = 8 << 20;
-  if (::setsockopt(fd_, SOL_SOCKET, SO_RCVBUFFORCE, &big, sizeof big) != 0)
-    (void)::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+  widen_receive_buffer();
   std::vector<std::byte> region(32 * 1024 + (1 << 20) + 8, std::byte{0});
   mr m = pd_.reg_mr(region.data(), region.size(),
                     access_local_write | access_remote_read | access_remote_atomic);
@@ -1271,17 +1281,7 @@ TEST_F(hostile_peer, an_atomic_between_a_read_asked_again_and_the_read_going_out
   send(wire::opcode::rc_fetch_add, 32, {}, a);  // PSN 32
   h.reth = {base + 32 * 1024, m.rkey(), 1 << 20};
   send(wire::opcode::rc_read_request, 33, {}, h);  // READ B: PSNs 33-1056
-  bool b_going = false;
-  std::byte in[2048];
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (!b_going && std::chrono::steady_clock::now() < until) {
-    (void)cq_.poll({});
-    const ssize_t n = ::recv(fd_, in, sizeof in, 0);
-    wire::packet_view v;
-    if (n > 0 && wire::decode(std::span(in, static_cast<std::size_t>(n)), true, v) == wire::decode_error::ok)
-      b_going = v.hdr.bth.psn >= 33;
-  }
-  ASSERT_TRUE(b_going);
+  ASSERT_TRUE(drive_until_psn_from(33)) << "READ B is not going out";
   // The requester lost A's PSN 1 and goes back N: A from 1, the atomic, B.
   h.reth = {base + 1024, m.rkey(), 31 * 1024};
   send(wire::opcode::rc_read_request, 1, {}, h);

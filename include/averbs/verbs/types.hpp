@@ -434,6 +434,9 @@ struct device_counters {
   /// those had passed (a lost response asked again): the responses started
   /// again there at once (docs/wire.md, READ under loss).
   std::uint64_t read_restarts = 0;
+  /// Memory keys in use: one per memory region (its L_Key and R_Key are
+  /// one key) and one per memory window.
+  std::uint64_t memory_keys = 0;
 };
 
 }  // namespace averbs

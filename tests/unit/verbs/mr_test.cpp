@@ -54,6 +54,32 @@ TEST_F(mr_test, reg_with_every_legal_access_combination_succeeds) {
   }
 }
 
+// A peer may keep an R_Key after its region is gone.  The next regions
+// registered must not answer to it: their keys use other indices (a freed
+// one comes back only after a thousand others) with random bytes.  The
+// old rule -- last freed, first reused, the byte counting up -- gave the
+// same key back on the 256th registration after.
+TEST_F(mr_test, a_stale_key_does_not_come_back_with_the_next_regions) {
+  std::vector<std::byte> mem(4096);
+  std::uint32_t stale = 0;
+  {
+    mr a = pd_.reg_mr(mem.data(), mem.size(), lw | rw);
+    stale = a.rkey();
+  }
+  std::vector<std::uint32_t> bytes;
+  for (int i = 0; i < 300; ++i) {
+    mr b = pd_.reg_mr(mem.data(), mem.size(), lw | rw);
+    ASSERT_NE(b.rkey(), stale) << "registration " << i << " answers to the stale key";
+    EXPECT_NE(b.rkey() >> 8, stale >> 8) << "the freed index came back at once";
+    EXPECT_NE(b.rkey() & 0xFF, 0u);
+    bytes.push_back(b.rkey() & 0xFF);
+  }
+  // Random bytes, not a count: consecutive keys are not one apart.
+  std::size_t ones = 0;
+  for (std::size_t i = 1; i < bytes.size(); ++i) ones += ((bytes[i] - bytes[i - 1]) & 0xFF) == 1;
+  EXPECT_LT(ones, 20u);
+}
+
 TEST_F(mr_test, reg_remote_write_without_local_write_bad_flow) {
   std::vector<std::byte> mem(64);
   std::error_code ec;

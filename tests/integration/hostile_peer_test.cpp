@@ -414,6 +414,46 @@ TEST_F(hostile_peer, rdma_write_shorter_than_its_reth_is_refused) {
   EXPECT_EQ(buf_[0], std::byte{0});
 }
 
+// More packets than the RETH announced: the packet past its length is a
+// NAK (invalid request) and writes nothing past the announced range.
+TEST_F(hostile_peer, rdma_write_longer_than_its_reth_is_refused) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write | access_remote_write);
+  wire::transport_headers h;
+  h.reth = {va(), m.rkey(), 2048};
+  send(wire::opcode::rc_write_first, 0, filled(1024, 0xAA), h);
+  send(wire::opcode::rc_write_middle, 1, filled(1024, 0xBB));
+  send(wire::opcode::rc_write_middle, 2, filled(1024, 0xCC));  // past the 2048 bytes announced
+  std::optional<wire::transport_headers> nak;
+  for (auto a = next_ack(); a.has_value(); a = next_ack()) {
+    if (a->aeth.syndrome != wire::aeth_ack_unlimited) {
+      nak = a;
+      break;
+    }
+  }
+  ASSERT_TRUE(nak.has_value()) << "no NAK";
+  EXPECT_EQ(nak->aeth.syndrome, nak_invalid_request);
+  EXPECT_EQ(nak->bth.psn, 2u);
+  EXPECT_TRUE(std::all_of(buf_.begin() + 2048, buf_.begin() + 4096, [](std::byte b) {
+    return b == std::byte{0};
+  })) << "written past the RETH's length";
+  EXPECT_EQ(qp_.query().state, qp_state::err);
+}
+
+// A WRITE whose VA and length wrap the 64-bit address space, into a
+// zero-based region: a remote access NAK, nothing written.
+TEST_F(hostile_peer, rdma_write_wrapping_the_address_space_is_refused) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write | access_remote_write | access_zero_based);
+  wire::transport_headers h;
+  h.reth = {~std::uint64_t{0} - 15, m.rkey(), 32};  // 2^64 - 16, 32 bytes
+  send(wire::opcode::rc_write_only, 0, filled(32, 0xAA), h);
+  const auto ack = next_ack();
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_EQ(ack->aeth.syndrome, nak_remote_access);
+  EXPECT_TRUE(std::all_of(buf_.begin(), buf_.end(), [](std::byte b) { return b == std::byte{0}; }));
+}
+
 // A zero-based region over an unaligned buffer: VA 0 is 8-byte aligned, the
 // address it names is not.  The atomic is refused, not executed.
 TEST_F(hostile_peer, atomic_at_an_unaligned_address_is_refused) {

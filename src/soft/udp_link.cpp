@@ -407,7 +407,10 @@ bool udp_link::transmit_gso(tx_slot* slots, std::size_t n, int fd) noexcept {
   sockaddr_storage to = slots[0].to;
   if (to.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&to)->sin_port = htons(port_);
   else reinterpret_cast<sockaddr_in6*>(&to)->sin6_port = htons(port_);
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(std::uint16_t))] = {};
+  // The segment size, and the AV's traffic class and hop limit (the GSO
+  // socket is shared by every flow of a source port; a single packet has
+  // them in its raw IP header or its flow socket's options).
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(std::uint16_t)) + 2 * CMSG_SPACE(sizeof(int))] = {};
   msghdr m{};
   m.msg_name = &to;
   m.msg_namelen = to.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
@@ -421,6 +424,17 @@ bool udp_link::transmit_gso(tx_slot* slots, std::size_t n, int fd) noexcept {
   c->cmsg_len = CMSG_LEN(sizeof(std::uint16_t));
   const auto seg = static_cast<std::uint16_t>(slots[0].transport_len + wire::icrc_size);
   std::memcpy(CMSG_DATA(c), &seg, sizeof seg);
+  const int tclass = slots[0].p->tclass, hops = slots[0].p->hop_limit;
+  c = CMSG_NXTHDR(&m, c);
+  c->cmsg_level = v6_ ? IPPROTO_IPV6 : IPPROTO_IP;
+  c->cmsg_type = v6_ ? IPV6_TCLASS : IP_TOS;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &tclass, sizeof tclass);
+  c = CMSG_NXTHDR(&m, c);
+  c->cmsg_level = v6_ ? IPPROTO_IPV6 : IPPROTO_IP;
+  c->cmsg_type = v6_ ? IPV6_HOPLIMIT : IP_TTL;
+  c->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(c), &hops, sizeof hops);
   for (int spins = 0;; ++spins) {
     if (::sendmsg(fd, &m, 0) >= 0) {
       for (std::size_t k = 0; k < n; ++k) dev_.free_packet(slots[k].p);
@@ -452,7 +466,8 @@ void udp_link::transmit(tx_slot* slots, std::size_t count) noexcept {
     while (j < count && j - i < fit) {
       const tx_slot& b = slots[j];
       if (b.sport != a.sport || b.transport_len > size || b.to.ss_family != a.to.ss_family ||
-          std::memcmp(&b.to, &a.to, sizeof(sockaddr_in6)) != 0)
+          std::memcmp(&b.to, &a.to, sizeof(sockaddr_in6)) != 0 || b.p->tclass != a.p->tclass ||
+          b.p->hop_limit != a.p->hop_limit)
         break;
       ++j;
       if (b.transport_len < size) break;  // a shorter one ends the run

@@ -78,6 +78,8 @@ class hostile_peer : public ::testing::Test {
   }
 
   mtu path_mtu_ = mtu::mtu_1024;    ///< make_qp()'s, unless a test changes it first
+  std::uint8_t av_tclass_ = 0;      ///< likewise, the AV's traffic class
+  std::uint8_t av_hop_limit_ = 64;  ///< and hop limit
   std::uint32_t max_recv_sge_ = 4;  ///< likewise
 
   /// make_qp() up to RTR: a responder only.
@@ -111,6 +113,8 @@ class hostile_peer : public ::testing::Test {
     at.min_rnr_timer = 1;
     at.ah.is_global = true;
     at.ah.grh.dgid = peer_gid_;
+    at.ah.grh.traffic_class = av_tclass_;
+    at.ah.grh.hop_limit = av_hop_limit_;
     std::uint32_t mask = qp_attr_state | qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn | qp_attr_rq_psn;
     if (t == qp_type::rc) mask |= qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer;
     qp_.modify(at, mask);
@@ -452,6 +456,48 @@ TEST_F(hostile_peer, rdma_write_wrapping_the_address_space_is_refused) {
   ASSERT_TRUE(ack.has_value());
   EXPECT_EQ(ack->aeth.syndrome, nak_remote_access);
   EXPECT_TRUE(std::all_of(buf_.begin(), buf_.end(), [](std::byte b) { return b == std::byte{0}; }));
+}
+
+// The AV's traffic class and hop limit go on every packet, those of a GSO
+// run too (the run's socket serves every flow of its source port: they go
+// as control messages with the run).
+TEST_F(hostile_peer, a_gso_run_carries_the_avs_traffic_class_and_hop_limit) {
+  av_tclass_ = 0x68;  // DSCP 26
+  av_hop_limit_ = 7;
+  make_qp(qp_type::rc);
+  int on = 1;
+  ASSERT_EQ(::setsockopt(fd_, IPPROTO_IP, IP_RECVTOS, &on, sizeof on), 0);
+  ASSERT_EQ(::setsockopt(fd_, IPPROTO_IP, IP_RECVTTL, &on, sizeof on), 0);
+  mr m = pd_.reg_mr(buf_.data(), 8192, access_local_write);
+  post(wr_opcode::rdma_write, 8192, m, 0x1000, 0x77);  // 8 packets at MTU 1024
+  std::size_t packets = 0, wrong = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (packets < 8 && std::chrono::steady_clock::now() < until) {
+    (void)cq_.poll({});
+    std::byte in[2048];
+    iovec v{in, sizeof in};
+    alignas(cmsghdr) char control[256];
+    msghdr mh{};
+    mh.msg_iov = &v;
+    mh.msg_iovlen = 1;
+    mh.msg_control = control;
+    mh.msg_controllen = sizeof control;
+    if (::recvmsg(fd_, &mh, 0) <= 0) continue;
+    int tos = -1, ttl = -1;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c)) {
+      if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS)
+        tos = std::to_integer<int>(*reinterpret_cast<std::byte*>(CMSG_DATA(c)));
+      if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TTL) std::memcpy(&ttl, CMSG_DATA(c), sizeof ttl);
+    }
+    ++packets;
+    if (tos != 0x68 || ttl != 7) {
+      ++wrong;
+      ADD_FAILURE() << "packet " << packets << ": TOS " << tos << ", TTL " << ttl;
+    }
+  }
+  EXPECT_EQ(packets, 8u);
+  EXPECT_EQ(wrong, 0u);
+  if (dev_.counters().gso_runs == 0) GTEST_SKIP() << "no GSO run was sent (the single packets were right)";
 }
 
 // A zero-based region over an unaligned buffer: VA 0 is 8-byte aligned, the

@@ -531,7 +531,7 @@ device_counters device::counters() const {
   std::lock_guard lock(lock_);
   device_counters c = counters_;
   c.packet_buffers = packet_store_.size();
-  c.memory_keys = keys_.size() - free_count_;
+  c.memory_keys = keys_.size() - 1 - free_count_;  // (index 0 is reserved: no key is 0)
   c.receive_overflows = link_->receive_overflows();
   return c;
 }

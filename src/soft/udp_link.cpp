@@ -472,7 +472,9 @@ void udp_link::transmit(tx_slot* slots, std::size_t count) noexcept {
       ++j;
       if (b.transport_len < size) break;  // a shorter one ends the run
     }
-    const int fd = j - i >= 2 ? gso_fd(a.sport) : -1;
+    // (The kernel refuses an IPv4 TTL of 0 as a control message: such an
+    // AV's packets leave one by one, the raw header carrying it.)
+    const int fd = j - i >= 2 && (v6_ || a.p->hop_limit != 0) ? gso_fd(a.sport) : -1;
     if (fd >= 0) {
       transmit_each(slots + single, i - single);
       if (!transmit_gso(slots + i, j - i, fd)) transmit_each(slots + i, j - i);

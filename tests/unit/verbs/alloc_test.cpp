@@ -208,7 +208,7 @@ TEST_F(control_memory, a_registration_short_of_memory_leaves_no_key_behind) {
   // Forty registrations; one that failed after taking its key used to
   // leave the key naming the freed region.
   auto buf = make_buffer(4096);
-  const std::uint64_t base = dev.counters().memory_keys;  // buf's
+  const std::uint64_t base = dev.counters().memory_keys;  // buf's key
   std::vector<mr> held;
   std::size_t failures = 0;
   for (int i = 0; i < 40; ++i) {

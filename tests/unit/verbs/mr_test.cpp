@@ -61,6 +61,7 @@ TEST_F(mr_test, reg_with_every_legal_access_combination_succeeds) {
 // same key back on the 256th registration after.
 TEST_F(mr_test, a_stale_key_does_not_come_back_with_the_next_regions) {
   std::vector<std::byte> mem(4096);
+  EXPECT_EQ(dev.counters().memory_keys, 0u) << "a new device holds no key";
   std::uint32_t stale = 0;
   {
     mr a = pd_.reg_mr(mem.data(), mem.size(), lw | rw);
@@ -73,7 +74,9 @@ TEST_F(mr_test, a_stale_key_does_not_come_back_with_the_next_regions) {
     EXPECT_NE(b.rkey() >> 8, stale >> 8) << "the freed index came back at once";
     EXPECT_NE(b.rkey() & 0xFF, 0u);
     bytes.push_back(b.rkey() & 0xFF);
+    EXPECT_EQ(dev.counters().memory_keys, 1u);
   }
+  EXPECT_EQ(dev.counters().memory_keys, 0u);
   // Random bytes, not a count: consecutive keys are not one apart.
   std::size_t ones = 0;
   for (std::size_t i = 1; i < bytes.size(); ++i) ones += ((bytes[i] - bytes[i - 1]) & 0xFF) == 1;

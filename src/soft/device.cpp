@@ -3,6 +3,7 @@
 // packets, the loopback link and the run loop.
 #include "soft/engine.hpp"
 #include "soft/links.hpp"
+#include "soft/splitmix.hpp"
 #include "wire/cm.hpp"
 
 #include <averbs/error.hpp>
@@ -652,10 +653,7 @@ std::uint32_t device::alloc_key(key_entry::kind k, void* obj) noexcept {
   e.obj = obj;
   std::uint8_t byte;
   do {
-    std::uint64_t z = (key_random_ += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    byte = static_cast<std::uint8_t>(z ^ (z >> 31));
+    byte = static_cast<std::uint8_t>(splitmix_next(key_random_));
   } while (byte == 0 || byte == e.key);
   e.key = byte;
   return (index << 8) | e.key;

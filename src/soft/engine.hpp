@@ -930,7 +930,7 @@ class device final : public progress_source, public clock_listener {
   std::vector<std::uint32_t> free_keys_;
   std::size_t free_head_ = 0;
   std::size_t free_count_ = 0;
-  std::uint64_t key_random_ = 0;            // splitmix64 state, seeded from the OS
+  std::uint64_t key_random_ = 0;            // splitmix64 state (soft/splitmix.hpp), seeded from the OS
   std::vector<std::unique_ptr<mr_t>> mrs_;  // owns MRs (by key index)
   std::vector<std::unique_ptr<mw_t>> mws_;
   std::vector<std::unique_ptr<ah_t>> ahs_;

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 #include "soft/links.hpp"
+#include "soft/splitmix.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -73,12 +74,6 @@ bool parse_faults(const std::string& text, fault_config& out, std::string& error
 namespace {
 std::atomic<std::uint64_t> next_serial{1};
 
-std::uint64_t mix64(std::uint64_t z) noexcept {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 // The generator's start: the seed and the device's node GUID, each mixed,
 // so that seeds s and s + 1 give unrelated streams (a linear start made
 // seed s + 1 the stream of seed s one draw on) and two devices given one
@@ -125,10 +120,7 @@ void fault_link::schedule_release(clock::time_point due) noexcept {
   }
 }
 
-// splitmix64: small, seedable and reproducible across platforms.
-double fault_link::uniform() noexcept {
-  return static_cast<double>(mix64(state_ += 0x9E3779B97F4A7C15ull) >> 11) * 0x1.0p-53;
-}
+double fault_link::uniform() noexcept { return static_cast<double>(splitmix_next(state_) >> 11) * 0x1.0p-53; }
 
 packet* fault_link::clone(const packet* p) noexcept {
   packet* c = dev_.alloc_packet();

@@ -565,8 +565,8 @@ void device::consider_tail_probe(qp_t* qp, clock::time_point now, bool link_read
   }
   const std::uint8_t sent = qp->comp.probes_sent;
   send_probe(qp);
-  if (qp->comp.probes_sent ==
-      sent) {  // not sent (a READ's or atomic's request not out yet, or no packet buffer)
+  // Not sent: a READ's or atomic's request not out yet, or no packet buffer.
+  if (qp->comp.probes_sent == sent) {
     qp->comp.probe_armed = false;
     return;
   }
@@ -1713,6 +1713,25 @@ class newest_first {
   const qp_t::responder& r_;
 };
 
+// The READ resource a duplicate READ request asks again for: the one whose
+// PSN range holds its PSN, if its RETH asks for the rest of the original
+// from that PSN on -- its offset that PSN's, its end the original's
+// (hfi1's rule), so the responses keep the original's PSNs and none lands
+// on a later request's.  Null otherwise: nothing is answered.
+const rd_resource* replayable_read(const qp_t* qp, const packet* p) noexcept {
+  const std::uint32_t psn = p->hdr.bth.psn;
+  for (const rd_resource& res : newest_first(qp->resp)) {
+    if (res.type != rd_resource::kind::read) continue;
+    if (psn_before(psn, res.first_psn) || psn_before(res.last_psn, psn)) continue;
+    const wire::reth& t = p->hdr.reth;
+    const std::uint64_t skip = std::uint64_t{(psn - res.first_psn) & wire::psn_mask} * qp->mtu_bytes;
+    return t.rkey == res.rkey && t.va == res.va + skip && std::uint64_t{t.length} + skip == res.length
+               ? &res
+               : nullptr;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 // A READ request that asks again for a READ, from a PSN the responses going
@@ -1741,18 +1760,7 @@ bool device::rewinds_read(qp_t* qp, const packet* p) noexcept {
   if (p->hdr.bth.opcode != static_cast<std::uint8_t>(opcode::rc_read_request) || !psn_before(psn, r.psn) ||
       !rd.active || !psn_before(psn, psn_add(rd.first_psn, rd.sent)))
     return false;
-  const rd_resource* asked = nullptr;
-  for (const rd_resource& res : newest_first(r)) {
-    if (res.type != rd_resource::kind::read) continue;
-    if (psn_before(psn, res.first_psn) || psn_before(res.last_psn, psn)) continue;
-    // Only a request respond_duplicate() answers: the rest of the original.
-    const wire::reth& t = p->hdr.reth;
-    const std::uint64_t skip = std::uint64_t{(psn - res.first_psn) & wire::psn_mask} * qp->mtu_bytes;
-    if (t.rkey != res.rkey || t.va != res.va + skip || std::uint64_t{t.length} + skip != res.length)
-      return false;
-    asked = &res;
-    break;
-  }
+  const rd_resource* asked = replayable_read(qp, p);  // what respond_duplicate() answers
   if (asked == nullptr) return false;
   // The later READs and atomics to answer again, oldest first at the
   // front of `head`: the resources newer than the one asked for (only
@@ -1805,22 +1813,11 @@ void device::respond_duplicate(qp_t* qp, packet* p) noexcept {
   ++counters_.duplicates_received;
   if ((ops & wire::op_read) != 0) {
     // Replay from the resource whose PSN range holds this one (IBTA
-    // 9.7.5.1.1, rxe P5).  The new RETH must ask for the rest of the
-    // original from this PSN on: its offset is this PSN's, its end the
-    // original's (hfi1's rule), so the responses keep the original's PSNs
-    // and none lands on a later request's.
-    for (const rd_resource& res : newest_first(r)) {
-      if (res.type != rd_resource::kind::read) continue;
-      if (psn_before(psn, res.first_psn) || psn_before(res.last_psn, psn)) continue;
-      const wire::reth& t = p->hdr.reth;
-      const std::uint64_t skip = std::uint64_t{(psn - res.first_psn) & wire::psn_mask} * qp->mtu_bytes;
-      if (t.rkey != res.rkey || t.va != res.va + skip || std::uint64_t{t.length} + skip != res.length) return;
-      // The key is resolved again as the responses go: a region gone since
-      // is a remote access error (rxe_recheck_mr).
-      start_read_reply(qp, psn, t, psn != res.first_psn);
-      return;
-    }
-    return;  // unknown: silently dropped
+    // 9.7.5.1.1, rxe P5).  The key is resolved again as the responses go:
+    // a region gone since is a remote access error (rxe_recheck_mr).
+    if (const rd_resource* res = replayable_read(qp, p))
+      start_read_reply(qp, psn, p->hdr.reth, psn != res->first_psn);
+    return;  // (unknown, or asking for something else: silently dropped)
   }
   if ((ops & wire::op_atomic) != 0) {
     // Replay the stored result; never execute twice.

@@ -209,6 +209,21 @@ class hostile_peer : public ::testing::Test {
     return out;
   }
 
+  /// `size` bytes of `fill`, registered for `access`, at `base`: the
+  /// memory a forged request names.
+  struct forged_target {
+    std::vector<std::byte> bytes;
+    mr m;
+    std::uint64_t base = 0;
+  };
+  forged_target make_region(std::size_t size, std::uint32_t access, std::byte fill = std::byte{0x3C}) {
+    forged_target r;
+    r.bytes.assign(size, fill);
+    r.m = pd_.reg_mr(r.bytes.data(), r.bytes.size(), access);
+    r.base = reinterpret_cast<std::uintptr_t>(r.bytes.data());
+    return r;
+  }
+
   /// Room in this socket for every response of a long READ (root may
   /// force it past rmem_max).
   void widen_receive_buffer() {
@@ -1285,9 +1300,9 @@ TEST_F(hostile_peer, a_duplicate_read_is_replayed_only_for_the_rest_from_its_psn
 // PSN order.  (32 packets a READ: everything fits this socket's buffer.)
 TEST_F(hostile_peer, a_read_asked_again_while_its_responses_go_out_starts_them_again_there) {
   make_qp(qp_type::rc);
-  std::vector<std::byte> region(64 * 1024, std::byte{0x3C});
-  mr m = pd_.reg_mr(region.data(), region.size(), access_local_write | access_remote_read);
-  const std::uint64_t base = reinterpret_cast<std::uintptr_t>(region.data());
+  const forged_target mem = make_region(64 * 1024, access_local_write | access_remote_read);
+  const std::uint64_t base = mem.base;
+  const mr& m = mem.m;
   wire::transport_headers h;
   h.reth = {base, m.rkey(), 32 * 1024};
   send(wire::opcode::rc_read_request, 0, {}, h);  // READ 1: PSNs 0-31
@@ -1322,9 +1337,9 @@ TEST_F(hostile_peer, a_read_asked_again_while_its_responses_go_out_starts_them_a
 TEST_F(hostile_peer, a_read_asked_again_while_a_later_read_goes_out_answers_both_again_in_order) {
   make_qp(qp_type::rc);
   widen_receive_buffer();
-  std::vector<std::byte> region(32 * 1024 + (1 << 20), std::byte{0x3C});
-  mr m = pd_.reg_mr(region.data(), region.size(), access_local_write | access_remote_read);
-  const std::uint64_t base = reinterpret_cast<std::uintptr_t>(region.data());
+  const forged_target mem = make_region(32 * 1024 + (1 << 20), access_local_write | access_remote_read);
+  const std::uint64_t base = mem.base;
+  const mr& m = mem.m;
   wire::transport_headers h;
   h.reth = {base, m.rkey(), 32 * 1024};
   send(wire::opcode::rc_read_request, 0, {}, h);  // READ 1: PSNs 0-31
@@ -1356,10 +1371,11 @@ TEST_F(hostile_peer, a_read_asked_again_while_a_later_read_goes_out_answers_both
 TEST_F(hostile_peer, an_atomic_between_a_read_asked_again_and_the_read_going_out_is_answered_in_order) {
   make_qp(qp_type::rc);
   widen_receive_buffer();
-  std::vector<std::byte> region(32 * 1024 + (1 << 20) + 8, std::byte{0});
-  mr m = pd_.reg_mr(region.data(), region.size(),
-                    access_local_write | access_remote_read | access_remote_atomic);
-  const std::uint64_t base = reinterpret_cast<std::uintptr_t>(region.data());
+  const forged_target mem =
+      make_region(32 * 1024 + (1 << 20) + 8, access_local_write | access_remote_read | access_remote_atomic,
+                  std::byte{0});
+  const std::uint64_t base = mem.base;
+  const mr& m = mem.m;
   const std::uint64_t counter = base + 32 * 1024 + (1 << 20);  // 8-byte aligned
   wire::transport_headers h;
   h.reth = {base, m.rkey(), 32 * 1024};
@@ -1392,7 +1408,7 @@ TEST_F(hostile_peer, an_atomic_between_a_read_asked_again_and_the_read_going_out
     b_firsts += static_cast<wire::opcode>(out[k].bth.opcode) == wire::opcode::rc_read_response_first;
   EXPECT_EQ(b_firsts, 1u) << "READ B answered again more than once";
   std::uint64_t value = 0;
-  std::memcpy(&value, region.data() + 32 * 1024 + (1 << 20), 8);
+  std::memcpy(&value, mem.bytes.data() + 32 * 1024 + (1 << 20), 8);
   EXPECT_EQ(value, 5u) << "the atomic ran twice";
 }
 
@@ -1401,11 +1417,11 @@ TEST_F(hostile_peer, an_atomic_between_a_read_asked_again_and_the_read_going_out
 // executed, though the requester will not send it again.
 TEST_F(hostile_peer, a_read_probe_from_inside_keeps_the_requests_behind_it) {
   make_qp(qp_type::rc);
-  std::vector<std::byte> region(32 * 1024, std::byte{0x3C});
-  mr m = pd_.reg_mr(region.data(), region.size(), access_local_write | access_remote_read);
+  const forged_target mem = make_region(32 * 1024, access_local_write | access_remote_read);
   mr rm = pd_.reg_mr(buf_.data(), 4096, access_local_write);
   post_recvs(rm, 1, 64);
-  const std::uint64_t base = reinterpret_cast<std::uintptr_t>(region.data());
+  const std::uint64_t base = mem.base;
+  const mr& m = mem.m;
   wire::transport_headers h;
   h.reth = {base, m.rkey(), 32 * 1024};
   send(wire::opcode::rc_read_request, 0, {}, h);           // PSNs 0-31

@@ -13,14 +13,14 @@ namespace {
 using namespace std::chrono_literals;
 class traffic : public conformance_test {
  protected:
-  /// A pair whose `a` (retry_cnt 2) sends to a `b` in ERR: nothing is ever
-  /// acknowledged.
-  pair to_a_peer_in_err() {
+  /// A pair whose `a` (`retry_cnt` retries) sends to a `b` moved to
+  /// `state` (ERR, RESET): nothing is ever acknowledged.
+  pair to_a_peer_in(qp_state state = qp_state::err, std::uint8_t retry_cnt = 2) {
     qp_options oa;
-    oa.retry_cnt = 2;
+    oa.retry_cnt = retry_cnt;
     auto p = connect(oa, qp_options{});
     qp_attr e;
-    e.state = qp_state::err;
+    e.state = state;
     p.b.modify(e, qp_attr_state);
     return p;
   }
@@ -997,7 +997,7 @@ TEST_F(traffic, rnr_retry_7_retries_until_a_receive_is_posted) {
 // Retry exhaustion (no acknowledgement)
 
 TEST_F(traffic, retry_exhaustion_when_the_peer_is_in_err) {
-  auto p = to_a_peer_in_err();
+  auto p = to_a_peer_in();
   auto src = make_buffer(16);
   const auto before = dev.counters().retransmits;
   ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 70));
@@ -1016,7 +1016,7 @@ TEST_F(traffic, retry_exhaustion_when_the_peer_is_in_err) {
 // that is the send queue's one error completion and the later WQE is
 // flushed (IBTA 10.8.3), not reported with its own error too.
 TEST_F(traffic, a_local_error_behind_a_failing_request_is_flushed) {
-  auto p = to_a_peer_in_err();
+  auto p = to_a_peer_in();
   auto src = make_buffer(16);
   ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 70));
   ASSERT_FALSE(post_send(p.a, wr_opcode::send, {sge{src.addr(), 16, 0x12345}}, 71));  // a bad lkey
@@ -1070,12 +1070,7 @@ TEST_F(traffic, a_request_is_resent_one_timeout_after_it_was_sent) {
 }
 
 TEST_F(traffic, retry_exhaustion_when_the_peer_is_in_reset) {
-  qp_options oa;
-  oa.retry_cnt = 1;
-  auto p = connect(oa, qp_options{});
-  qp_attr r;
-  r.state = qp_state::reset;
-  p.b.modify(r, qp_attr_state);
+  auto p = to_a_peer_in(qp_state::reset, 1);
   auto src = make_buffer(16), remote = make_buffer(16);
   ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {src.whole()}, 72, send_signaled, remote.addr(),
                          remote.m.rkey()));

@@ -14,10 +14,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 
 namespace averbs::cm {
 
@@ -194,24 +196,49 @@ gid host_source(const gid& dst) {
   return out;
 }
 
-std::error_code find_route(const gid& ip, route& out) {
+// Devices this process has opened come first: a device named by the
+// environment or the configuration file but not opened here may be another
+// process's (a devices.conf shared by a client and a server), and creating
+// it would bind its address.  So the order is: an opened device that owns
+// the address; an opened UDP device the host routes it from; then, among
+// the named devices not opened yet, the owner, then one that routes it.
+// Only the one chosen is created.  `own` asks for an owner only (a local
+// address to open), opened or not.
+std::error_code find_route(const gid& ip, route& out, bool own) {
   if (ip.is_zero() || address{ip, 0}.is_any() || is_multicast(ip)) return err(errc::invalid_argument);
   struct candidate {
     std::string name;
-    std::shared_ptr<averbs::detail::device_entry> e;
+    std::shared_ptr<averbs::detail::device_entry> e;  // null: not created yet
+    std::vector<gid> table;
   };
-  std::vector<candidate> udp, loop;
-  for (const std::string& n : averbs::detail::device_names()) {
-    // The embedded device exists only once used; resolving does not
-    // create it.
-    if (n == "embedded") continue;
-    auto e = averbs::detail::find_device(n);
-    if (e == nullptr || e->removed.load()) continue;
-    (e->engine->udp_port() != 0 ? udp : loop).push_back({n, e});
+  std::vector<candidate> udp, loop, named;
+  for (averbs::detail::known_device& k : averbs::detail::known_devices()) {
+    if (k.name == "embedded") continue;
+    if (k.entry == nullptr) {
+      if (!k.address.is_zero()) named.push_back({k.name, nullptr, {k.address}});
+      continue;
+    }
+    if (k.entry->removed.load()) continue;
+    (k.entry->engine->udp_port() != 0 ? udp : loop).push_back({k.name, k.entry, k.entry->engine->gids()});
   }
+  // The in-process device (it binds nothing), after every explicitly
+  // configured one.
   if (auto e = averbs::detail::find_device("embedded"); e != nullptr && !e->removed.load())
-    loop.push_back({"embedded", e});
-  auto fill = [&](const candidate& c, std::uint32_t index, const gid& sgid, bool local) {
+    loop.push_back({"embedded", e, e->engine->gids()});
+  // Creates a named device when chosen; false if it cannot be (its address
+  // taken by another process, say): the search goes on.
+  auto create = [](candidate& c) {
+    if (c.e != nullptr) return true;
+    try {
+      c.e = averbs::detail::find_device(c.name);
+    } catch (const std::system_error&) {
+      return false;
+    }
+    return c.e != nullptr && !c.e->removed.load();
+  };
+  auto fill = [&](const candidate& c, const gid& sgid, bool local) {
+    std::uint32_t index = 0;
+    if (!c.e->engine->find_gid(sgid, index)) return false;
     out.device = c.name;
     out.port_num = 1;
     out.gid_index = index;
@@ -220,33 +247,34 @@ std::error_code find_route(const gid& ip, route& out) {
     port_attr pa;
     out.path_mtu = c.e->engine->query_port(1, pa) ? mtu::mtu_1024 : pa.active_mtu;
     out.local = local;
+    return true;
   };
-  // A device that owns the address (explicitly configured ones first).
-  for (auto* list : {&udp, &loop}) {
-    for (const candidate& c : *list) {
-      std::uint32_t index;
-      if (c.e->engine->find_gid(ip, index)) {
-        fill(c, index, ip, true);
-        return {};
-      }
-    }
-  }
-  // A UDP device the host routes the address from; the one holding the
-  // host's preferred source first.
-  const gid preferred = host_source(ip);
-  for (int pass = 0; pass < 2; ++pass) {
-    for (const candidate& c : udp) {
-      const std::vector<gid> table = c.e->engine->gids();
-      for (std::uint32_t i = 0; i < table.size(); ++i) {
-        if (table[i].is_ipv4_mapped() != ip.is_ipv4_mapped()) continue;
-        if (pass == 0 && !(table[i] == preferred)) continue;
-        if (host_routes(table[i], ip)) {
-          fill(c, i, table[i], false);
-          return {};
+  auto owner = [&](std::vector<candidate>& list) {
+    for (candidate& c : list)
+      if (std::find(c.table.begin(), c.table.end(), ip) != c.table.end() && create(c) && fill(c, ip, true))
+        return true;
+    return false;
+  };
+  // A UDP device the host routes the address from, the one holding the
+  // host's preferred source first.  A device that owns the address is not
+  // a route to it.
+  auto router = [&, preferred = std::optional<gid>()](std::vector<candidate>& list) mutable {
+    if (!preferred) preferred = host_source(ip);
+    for (int pass = 0; pass < 2; ++pass) {
+      for (candidate& c : list) {
+        if (std::find(c.table.begin(), c.table.end(), ip) != c.table.end()) continue;
+        for (const gid& g : c.table) {
+          if (g.is_ipv4_mapped() != ip.is_ipv4_mapped()) continue;
+          if (pass == 0 && !(g == *preferred)) continue;
+          if (host_routes(g, ip) && create(c) && fill(c, g, false)) return true;
         }
       }
     }
-  }
+    return false;
+  };
+  if (own ? owner(udp) || owner(loop) || owner(named)
+          : owner(udp) || owner(loop) || router(udp) || owner(named) || router(named))
+    return {};
   return err(errc::address_unreachable);
 }
 
@@ -258,7 +286,7 @@ void start_resolve(context& ctx, const gid& ip, averbs::detail::completer<route>
   (void)ctx;
   try {
     route r;
-    if (auto ec = find_route(ip, r)) return void(c.fail(ec));
+    if (auto ec = find_route(ip, r, false)) return void(c.fail(ec));
     c.complete({}, std::move(r));
   } catch (...) {
     c.fail(err(errc::no_resources));
@@ -268,7 +296,7 @@ void start_resolve(context& ctx, const gid& ip, averbs::detail::completer<route>
 void start_open_device(context& ctx, const gid& ip, averbs::detail::completer<device> c) noexcept {
   try {
     route r;
-    if (auto ec = find_route(ip, r)) return void(c.fail(ec));
+    if (auto ec = find_route(ip, r, true)) return void(c.fail(ec));
     if (!r.local) return void(c.fail(err(errc::address_unreachable)));
     averbs::detail::start_open_device(ctx, r.device, c);
   } catch (...) {

@@ -227,42 +227,55 @@ void unregister_device(const std::shared_ptr<device_entry>& e) {
   e->engine->fatal();
 }
 
-std::vector<std::string> device_names() {
-  // Devices named in the environment exist as soon as someone looks.
+std::vector<known_device> known_devices() {
+  std::map<std::string, known_device> known;
+  {
+    registry& r = reg();
+    std::lock_guard lock(r.mu);
+    for (auto& [name, e] : r.devices) known[name] = {name, e, {}};
+  }
+  // Named but not created: as find_device would create them, the
+  // environment ahead of the configuration file.
+  auto add = [&](const std::string& name, auto&& options_of) {
+    if (name.empty() || known.count(name) != 0) return;
+    known_device k{name, nullptr, {}};
+    try {
+      soft_device_options o;
+      if (options_of(name, o)) gid::parse(o.address, k.address);
+    } catch (const std::system_error&) {
+      // Broken: listed without an address; opening it says why.
+    }
+    known[name] = std::move(k);
+  };
   if (const char* env = std::getenv("AVERBS_DEVICES")) {
     std::string_view rest = env;
     while (!rest.empty()) {
       const auto comma = rest.find(',');
       const std::string_view item = rest.substr(0, comma);
       rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-      const auto at = item.find('@');
-      if (at != std::string_view::npos) {
-        try {
-          find_device(std::string(item.substr(0, at)));
-        } catch (...) {
-        }
-      }
+      if (const auto at = item.find('@'); at != std::string_view::npos)
+        add(std::string(item.substr(0, at)), from_environment);
     }
   }
   std::vector<std::string> configured;
   try {
     soft_device_options unused;
     from_config_file("", unused, &configured);
-  } catch (...) {
+  } catch (const std::system_error&) {
   }
-  for (const std::string& n : configured) {
-    try {
-      find_device(n);
-    } catch (...) {
-    }
-  }
-  registry& r = reg();
-  std::lock_guard lock(r.mu);
-  // "embedded" first, opened or not; the others by name.
-  std::vector<std::string> v{"embedded"};
-  for (auto& [name, e] : r.devices)
-    if (name != "embedded") v.push_back(name);
-  std::sort(v.begin() + 1, v.end());
+  for (const std::string& n : configured)
+    add(n,
+        [](const std::string& name, soft_device_options& o) { return from_config_file(name, o, nullptr); });
+  std::vector<known_device> v;
+  v.push_back(known.count("embedded") != 0 ? known["embedded"] : known_device{"embedded", nullptr, {}});
+  for (auto& [name, k] : known)  // (a map: by name)
+    if (name != "embedded") v.push_back(std::move(k));
+  return v;
+}
+
+std::vector<std::string> device_names() {
+  std::vector<std::string> v;
+  for (known_device& k : known_devices()) v.push_back(std::move(k.name));
   return v;
 }
 

@@ -3,6 +3,8 @@
 #include "udp_pair.hpp"
 #include "wire/roce.hpp"
 
+#include <averbs/cm.hpp>
+
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -879,6 +881,83 @@ TEST(device_config, a_broken_line_stops_only_its_own_device) {
   EXPECT_NE(std::find(names.begin(), names.end(), "cfg_after"), names.end());
   open_device(ctx, "cfg_stray", ec);
   EXPECT_EQ(ec, errc::invalid_argument) << "the broken line's own device says why";
+  ::unsetenv("AVERBS_CONFIG");
+  std::remove(path.c_str());
+}
+
+// Whether a plain UDP socket can bind addr:port (a device holding it binds
+// with SO_REUSEPORT, which a socket without it cannot join).
+bool udp_port_free(const std::string& addr, std::uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  ::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+  ::close(fd);
+  return ok;
+}
+
+// One devices.conf shared by a server and a client: listing the devices
+// or resolving the server's address in the client must not create the
+// server's device (it would bind the server's address and port).  Resolving
+// prefers the devices this process opened and creates only the one it
+// chooses; opening by a local address creates that address's device.
+TEST(device_config, listing_and_resolving_leave_other_devices_addresses_alone) {
+  const std::string srv = test_address(0), cli = test_address(1), lone = test_address(2);
+  const std::uint16_t port = test_port();
+  const std::string path = "/tmp/averbs_config_shared_" + std::to_string(::getpid()) + ".conf";
+  {
+    std::ofstream f(path);
+    f << "cfg_srv  " << srv << ":" << port << "\n"
+      << "cfg_cli  " << cli << ":" << port << "\n"
+      << "cfg_bad  " << srv << ":" << port << " colour=red\n";
+  }
+  ::setenv("AVERBS_CONFIG", path.c_str(), 1);
+  ::setenv("AVERBS_DEVICES", ("env_lone@" + lone + ":" + std::to_string(port)).c_str(), 1);
+  gid srv_gid, cli_gid, lone_gid;
+  ASSERT_TRUE(gid::parse(srv, srv_gid) && gid::parse(cli, cli_gid) && gid::parse(lone, lone_gid));
+
+  const auto names = list_devices();
+  for (const char* n : {"cfg_srv", "cfg_cli", "cfg_bad", "env_lone"})
+    EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n << " is listed";
+  EXPECT_TRUE(udp_port_free(srv, port) && udp_port_free(cli, port) && udp_port_free(lone, port))
+      << "listing bound a device's address";
+
+  context ctx;
+  device mine = open_device(ctx, "cfg_cli");
+  EXPECT_FALSE(udp_port_free(cli, port)) << "an opened device holds its address";
+  cm::route r = cm::resolve(ctx, srv_gid);
+  EXPECT_EQ(r.device, "cfg_cli") << "the device this process opened routes to the server";
+  EXPECT_FALSE(r.local);
+  EXPECT_EQ(r.sgid, cli_gid);
+  EXPECT_EQ(r.dgid, srv_gid);
+  EXPECT_TRUE(udp_port_free(srv, port)) << "resolving the server's address took it";
+
+  // Opening by a local address creates the device that owns it.
+  device other = cm::open_device(ctx, lone_gid);
+  EXPECT_EQ(other.name(), "env_lone");
+  EXPECT_FALSE(udp_port_free(lone, port));
+  // Its address taken (by another process, here a plain socket): the
+  // server's device cannot be created, and opening by address says so.
+  const int squat = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  ::inet_pton(AF_INET, srv.c_str(), &sa.sin_addr);
+  ASSERT_EQ(::bind(squat, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  std::error_code ec;
+  cm::open_device(ctx, srv_gid, ec);
+  EXPECT_EQ(ec, errc::address_unreachable);
+  ::close(squat);
+  device srv_dev = cm::open_device(ctx, srv_gid, ec);
+  EXPECT_FALSE(ec) << "free again: " << ec.message();
+  EXPECT_EQ(srv_dev.name(), "cfg_srv");
+  // Now opened here, the server's device owns its address for this process.
+  r = cm::resolve(ctx, srv_gid);
+  EXPECT_EQ(r.device, "cfg_srv");
+  EXPECT_TRUE(r.local);
+  ::unsetenv("AVERBS_DEVICES");
   ::unsetenv("AVERBS_CONFIG");
   std::remove(path.c_str());
 }

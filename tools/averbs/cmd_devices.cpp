@@ -108,9 +108,11 @@ void print_cap_flags(std::uint32_t f) {
 
 int print_device(context& ctx, const std::string& name, bool verbose, int only_port) {
   std::error_code ec;
-  device d = open_device(ctx, name, ec);
-  if (ec) {
-    std::fprintf(stderr, "Failed to open device %s: %s\n", name.c_str(), ec.message().c_str());
+  device d;
+  try {
+    d = open_device(ctx, name);  // (the throwing form says which line or value is wrong)
+  } catch (const std::system_error& e) {
+    std::fprintf(stderr, "Failed to open device %s: %s\n", name.c_str(), e.what());
     return 1;
   }
   const device_attr a = d.query(ec);
@@ -266,20 +268,15 @@ int cmd_devices(std::span<char* const> args) {
   }
   context ctx;
   if (!only.empty()) {
-    bool found = false;
-    for (const auto& n : names) found = found || n == only;
-    if (!found) {
-      // Named by the environment or the configuration file, but wrongly:
-      // opening it says why.
-      try {
-        (void)open_device(ctx, only);
-      } catch (const std::system_error& e) {
-        if (e.code() != errc::not_found) {
-          std::fprintf(stderr, "averbs devices: %s\n", e.what());
-          return 255;
-        }
-      }
-      std::fprintf(stderr, "IB device '%s' wasn't found\n", only.c_str());
+    // Named by the environment or the configuration file, but wrongly (or
+    // its address taken): opening it says why.
+    try {
+      (void)open_device(ctx, only);
+    } catch (const std::system_error& e) {
+      if (e.code() == errc::not_found)
+        std::fprintf(stderr, "IB device '%s' wasn't found\n", only.c_str());
+      else
+        std::fprintf(stderr, "averbs devices: %s\n", e.what());
       return 255;
     }
     return print_device(ctx, only, verbose, port);

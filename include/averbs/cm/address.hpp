@@ -59,7 +59,11 @@ void start_open_device(context& ctx, const gid& ip, averbs::detail::completer<de
 
 /// Resolves an IP address (v4 or v6) to the device that owns it, or else to
 /// the device whose address the host's routing reaches it from.  Devices
-/// are those `list_devices()` names.  Errors: `invalid_argument` for the
+/// are those `list_devices()` names; the ones this process has opened come
+/// first (an owner, then a route), then those the environment or the
+/// configuration file names (an owner, then a route), of which only the
+/// one chosen is created: another may be another process's, and creating
+/// it would bind its address.  Errors: `invalid_argument` for the
 /// unspecified or a multicast address, `address_unreachable` when no
 /// device owns or reaches it.
 template <completion_token<route> Token>
@@ -72,8 +76,10 @@ auto async_resolve(context& ctx, const gid& ip, Token&& token) {
 route resolve(context& ctx, const gid& ip);
 route resolve(context& ctx, const gid& ip, std::error_code& ec) noexcept;
 
-/// Opens the device that owns a local address.  Errors: `invalid_argument`
-/// as `async_resolve`; `address_unreachable` when no device owns it.
+/// Opens the device that owns a local address (creating it if the
+/// environment or the configuration file names it).  Errors:
+/// `invalid_argument` as `async_resolve`; `address_unreachable` when no
+/// device owns it or it cannot be created (its address taken).
 template <completion_token<device> Token>
 auto async_open_device(context& ctx, const gid& local_ip, Token&& token) {
   return averbs::detail::initiate<device>(ctx, nullptr, std::forward<Token>(token),

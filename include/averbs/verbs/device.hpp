@@ -20,7 +20,11 @@
 
 namespace averbs {
 
-/// The devices this process can open, by name.
+/// The devices this process can open, by name: "embedded", the ones it
+/// created, and those the environment (`AVERBS_DEVICES`) or the
+/// configuration file names.  Listing opens nothing (as
+/// `ibv_get_device_list`): a named device binds its address only when
+/// opened, and a broken entry is listed and says why when opened.
 std::vector<std::string> list_devices();
 
 namespace detail {

@@ -295,6 +295,7 @@ struct qp_t {
   // transmit position (`wqe_index` and each WQE's offset) back to
   // comp.psn; every packet's PSN follows from its WQE's range and offset.
   struct requester {
+    bool started = false;           // RTR->RTS since the last reset: next_psn is live
     std::uint32_t wqe_index = 0;    // next WQE to transmit from (free-running)
     std::uint32_t start_index = 0;  // one past the last WQE ever started
     std::uint32_t psn = 0;          // PSN of the last packet transmitted + 1 (a retry moves it back)
@@ -355,6 +356,7 @@ struct qp_t {
   } comp;
 
   struct responder {
+    bool started = false;         // INIT->RTR since the last reset: psn is live
     std::uint32_t psn = 0;        // next expected request PSN
     std::uint32_t msn = 0;
     std::uint8_t last_opcode = 0xFF;  // previous request opcode; 0xFF none

@@ -228,7 +228,12 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
   // Value checks (rxe_qp_chk_attr and the IBTA field widths).
   if ((mask & m_port) != 0 && a.port_num != 1) return err(errc::invalid_argument);
   if ((mask & m_pkey) != 0 && a.pkey_index >= limits::pkey_table_len) return err(errc::invalid_argument);
-  if ((mask & m_mtu) != 0 && (static_cast<unsigned>(a.path_mtu) < 1 || static_cast<unsigned>(a.path_mtu) > 5))
+  // No larger than the port's link carries (rxe allows up to its max_mtu;
+  // here a larger packet would leave with DF and be refused by the kernel
+  // at every try, ending in retry_exc_err long after this mistake).
+  if ((mask & m_mtu) != 0 &&
+      (static_cast<unsigned>(a.path_mtu) < 1 || static_cast<unsigned>(a.path_mtu) > 5 ||
+       static_cast<unsigned>(a.path_mtu) > static_cast<unsigned>(active_mtu_)))
     return err(errc::invalid_argument);
   if ((mask & m_timeout) != 0 && a.timeout > 31) return err(errc::invalid_argument);
   if ((mask & m_retry) != 0 && a.retry_cnt > 7) return err(errc::invalid_argument);
@@ -240,7 +245,8 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
   if ((mask & m_dest_qpn) != 0 && a.dest_qp_num > wire::qpn_mask) return err(errc::invalid_argument);
   if ((mask & m_access) != 0 &&
       (a.qp_access_flags & ~(access_local_write | access_remote_write | access_remote_read |
-                             access_remote_atomic | access_mw_bind)) != 0)
+                             access_remote_atomic | access_mw_bind | 0x3FF00000u)) !=
+          0)  // (+ optional range)
     return err(errc::invalid_argument);
   // RoCE needs a GRH (rdma_check_ah_attr) naming a local source GID.
   auto bad_av = [&](const ah_attr& ah) {
@@ -370,6 +376,7 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
       qp->state = next;
       break;
     case qp_state::rtr:
+      qp->resp.started = true;
       qp->resp.psn = qp->rq_psn;
       qp->resp.msn = 0;
       qp->resp.last_opcode = 0xFF;
@@ -381,6 +388,7 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
       break;
     case qp_state::rts:
       if (cur == qp_state::rtr) {
+        qp->req.started = true;
         qp->req.psn = qp->sq_psn;
         qp->req.next_psn = qp->sq_psn;
         qp->req.sent_psn = qp->sq_psn;
@@ -434,8 +442,9 @@ std::error_code device::query_qp(qp_t* qp, qp_attr& o, qp_cap& init_cap) {
   o.cur_state = qp->state;
   o.path_mtu = qp->path_mtu;
   o.qkey = qp->qkey;
-  o.rq_psn = qp->state >= qp_state::rtr && qp->state != qp_state::err ? qp->resp.psn : qp->rq_psn;
-  o.sq_psn = qp->state == qp_state::rts || qp->state == qp_state::sqd ? qp->req.next_psn : qp->sq_psn;
+  // Live once running, in every state after (SQE, ERR too), as rxe.
+  o.rq_psn = qp->resp.started ? qp->resp.psn : qp->rq_psn;
+  o.sq_psn = qp->req.started ? qp->req.next_psn : qp->sq_psn;
   o.dest_qp_num = qp->dest_qpn;
   o.qp_access_flags = qp->access_flags;
   o.cap = qp->cap;

@@ -332,11 +332,12 @@ TEST_F(udp, two_flows_on_one_source_port_do_not_number_from_two_starts) {
 
 // UD has no path MTU: a message must fit the port's active MTU, which
 // follows the interface's (1500 bytes: 1024).  A longer one completes at
-// the sender without being sent (rxe, C10-93.1.1).  Two devices on one end
+// the sender without being sent (rxe, C10-93.1.1).  An RC path MTU above
+// the port's is refused.  Two devices on one end
 // of a veth pair in a private network namespace (so a forked child, as
 // root): their traffic still crosses loopback, which would carry the
 // datagram.
-TEST(udp_mtu, a_ud_send_longer_than_the_port_mtu_completes_unsent) {
+TEST(udp_mtu, the_port_mtu_bounds_ud_messages_and_the_rc_path_mtu) {
   if (::geteuid() != 0) GTEST_SKIP() << "a network namespace needs root";
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
@@ -412,6 +413,33 @@ TEST(udp_mtu, a_ud_send_longer_than_the_port_mtu_completes_unsent) {
         if (len == 1024 && (arrived != 1 || wc[0].byte_len != 1024 + 40)) status |= 8;
       }
       if (e[0].dev.counters().dropped != 0) status |= 16;  // nothing refused by the kernel
+      // An RC path MTU above the port's is refused at modify time (its
+      // packets would leave with DF and be refused at every try).
+      qp_init_attr ia;
+      ia.send_cq = ia.recv_cq = e[0].c;
+      ia.cap = {4, 4, 1, 1, 0};
+      qp rc = e[0].p.create_qp(ia);
+      qp_attr at;
+      at.state = qp_state::init;
+      at.port_num = 1;
+      rc.modify(at, qp_attr_state | qp_attr_pkey_index | qp_attr_port | qp_attr_access_flags);
+      at = {};
+      at.state = qp_state::rtr;
+      at.ah.is_global = true;
+      at.ah.port_num = 1;
+      at.ah.grh.dgid = e[1].g;
+      at.dest_qp_num = 1234;
+      at.max_dest_rd_atomic = 1;
+      at.min_rnr_timer = 1;
+      const std::uint32_t rtr = qp_attr_state | qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn |
+                                qp_attr_rq_psn | qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer;
+      std::error_code ec;
+      at.path_mtu = mtu::mtu_2048;
+      rc.modify(at, rtr, ec);
+      if (ec != errc::invalid_argument || rc.query().state != qp_state::init) status |= 64;
+      at.path_mtu = mtu::mtu_1024;
+      rc.modify(at, rtr, ec);
+      if (ec || rc.query().state != qp_state::rtr) status |= 128;
     } catch (const std::exception& ex) {
       std::fprintf(stderr, "%s\n", ex.what());
       status |= 32;

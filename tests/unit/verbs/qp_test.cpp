@@ -997,11 +997,14 @@ TEST_F(qp_test, rts_to_rts_changes_access_flags_and_min_rnr_timer) {
   qp q = fresh(qp_type::rc);
   ASSERT_TRUE(reach(q, qp_state::rts));
   qp_attr a = good(qp_state::rts, qp_state::rts);
-  a.qp_access_flags = access_remote_write | access_local_write;
+  // Relaxed ordering is a hint a program passes with its MR flags (rxe
+  // accepts it on a QP as on an MR).
+  a.qp_access_flags = access_remote_write | access_local_write | access_relaxed_ordering;
   a.min_rnr_timer = 1;
   ASSERT_EQ(modify(q, a, qp_attr_state | qp_attr_access_flags | qp_attr_min_rnr_timer), std::error_code{});
   const qp_attr got = q.query();
-  EXPECT_EQ(got.qp_access_flags, static_cast<std::uint32_t>(access_remote_write | access_local_write));
+  EXPECT_EQ(got.qp_access_flags,
+            static_cast<std::uint32_t>(access_remote_write | access_local_write | access_relaxed_ordering));
   EXPECT_EQ(got.min_rnr_timer, 1);
 }
 

@@ -57,6 +57,28 @@ TEST_F(traffic, rc_send_delivers_bytes_and_reports_recv_completion) {
   EXPECT_TRUE(dst.all('\x5A', 300));  // nothing written past the message
 }
 
+// query() reports the PSNs the QP has reached, in RTS and in every state
+// after it (ERR here), as rxe: not the values set before the traffic.
+TEST_F(traffic, query_reports_the_psns_reached_after_leaving_rts) {
+  auto p = connected_pair();
+  const std::uint32_t sq0 = p.a.query().sq_psn, rq0 = p.b.query().rq_psn;
+  auto src = make_buffer(64), dst = make_buffer(64);
+  for (std::uint64_t i = 0; i < 3; ++i) {
+    ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 70 + i));
+    ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 50 + i));
+  }
+  ASSERT_EQ(poll(p.cq_a, 3).size(), 3u);
+  ASSERT_EQ(poll(p.cq_b, 3).size(), 3u);
+  EXPECT_EQ(p.a.query().sq_psn, (sq0 + 3) & 0xFFFFFFu);
+  EXPECT_EQ(p.b.query().rq_psn, (rq0 + 3) & 0xFFFFFFu);
+  qp_attr e;
+  e.state = qp_state::err;
+  p.a.modify(e, qp_attr_state);
+  p.b.modify(e, qp_attr_state);
+  EXPECT_EQ(p.a.query().sq_psn, (sq0 + 3) & 0xFFFFFFu) << "the send queue's PSN in ERR";
+  EXPECT_EQ(p.b.query().rq_psn, (rq0 + 3) & 0xFFFFFFu) << "the receive queue's PSN in ERR";
+}
+
 TEST_F(traffic, rc_send_with_imm_reports_imm_in_network_order) {
   auto p = connected_pair();
   auto src = make_buffer(64), dst = make_buffer(64);

@@ -408,6 +408,25 @@ INSTANTIATE_TEST_SUITE_P(perf, perf_peer_death,
                                   (param_info.param.kill_client ? "_client_dies" : "_server_dies");
                          });
 
+// A peer that stops answering (stopped, not dead: its out-of-band
+// connection stays open) ends send_lat with the cause, the SEND's
+// exhausted retries, not with the receive that the error flushed.
+TEST(perf_two_processes, send_lat_names_the_send_error_behind_a_flushed_receive) {
+  const std::uint16_t port = test_port();
+  const std::vector<std::string> args{"--test", "send_lat", "-n", "5000000", "-u", "12", "-r", "1"};
+  child server(perf_cmd(0, port, args, false), true);
+  child client(perf_cmd(1, port, args, true), true);
+  ASSERT_TRUE(client.wait_for_text("#bytes", 60s)) << client.output();
+  std::this_thread::sleep_for(300ms);
+  ASSERT_TRUE(server.running()) << server.output();
+  server.signal(SIGSTOP);
+  EXPECT_EQ(client.wait(30s), 1) << client.output();
+  server.signal(SIGCONT);
+  server.signal(SIGKILL);
+  (void)server.wait(10s);
+  EXPECT_NE(client.output().find("transport retry counter exceeded"), std::string::npos) << client.output();
+}
+
 TEST(perf_two_processes, a_connect_server_that_accepted_too_few_fails) {
   const std::uint16_t port = test_port();
   child server({AVERBS_CLI, "perf", "--test", "connect", "--addr",
@@ -419,6 +438,24 @@ TEST(perf_two_processes, a_connect_server_that_accepted_too_few_fails) {
   EXPECT_EQ(server.wait(60s), 1) << server.output();
   EXPECT_NE(server.output().find("the client established 5, this side accepted only 0"), std::string::npos)
       << server.output();
+}
+
+// A connect client whose server goes away stops at once, saying so: its
+// connects to a dead server would each time out (about 3 s), one after
+// another, and the run go on for as long as it has connects left.  The
+// "server" here greets and closes; nobody answers the connects.
+TEST(perf_two_processes, a_connect_client_stops_when_its_server_goes_away) {
+  const std::uint16_t port = test_port();
+  oob l = oob::listen(test_address(0), static_cast<std::uint16_t>(port + 1));
+  child client(perf_cmd(1, port, {"--test", "connect", "-n", "100000"}, true), true);
+  {
+    oob server = l.accept(30s);
+    server.send_word(1);  // ready, then gone
+  }
+  const auto closed = std::chrono::steady_clock::now();
+  EXPECT_EQ(client.wait(60s), 1) << client.output();
+  EXPECT_LT(std::chrono::steady_clock::now() - closed, 10s) << client.output();
+  EXPECT_NE(client.output().find("the server went away"), std::string::npos) << client.output();
 }
 
 // A client of another test (its first word is its greeting's magic) is
@@ -535,6 +572,23 @@ TEST(perf_options, the_last_test_named_counts) {
   child c({AVERBS_CLI, "perf", "--test", "connect", "--test", "send_lat", "-n", "5"}, true);
   EXPECT_EQ(c.wait(30s), 0) << c.output();
   EXPECT_NE(c.output().find("Send Latency Test"), std::string::npos) << c.output();
+}
+
+// perftest's command lines: getopt_long's "--size=N" and "-sN", its long
+// name --inline_size, and hexadecimal numbers (strtol base 0).
+TEST(perf_options, perftest_option_forms_are_accepted) {
+  child c(
+      {AVERBS_CLI, "perf", "--test=write_bw", "--size=0x1000", "-n7", "-t16", "--inline_size=0", "-Q", "0x4"},
+      true);
+  ASSERT_EQ(c.wait(60s), 0) << c.output();
+  std::size_t iters = 0;
+  const auto at = c.output().find("\n 4096 ");
+  ASSERT_NE(at, std::string::npos) << c.output();
+  ASSERT_EQ(std::sscanf(c.output().c_str() + at, " 4096 %zu", &iters), 1) << c.output();
+  EXPECT_EQ(iters, 7u);
+  child bad({AVERBS_CLI, "perf", "--test=write_bw", "-s0x"}, true);
+  EXPECT_EQ(bad.wait(30s), 2) << bad.output();
+  EXPECT_NE(bad.output().find("-s: '0x' is not a number"), std::string::npos) << bad.output();
 }
 
 TEST(cli_options, bad_numbers_are_usage_errors_in_every_command) {

@@ -13,8 +13,11 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <thread>
+#include <vector>
 
 namespace averbs::cli {
 
@@ -180,7 +183,7 @@ int run_connect(const perf::options& o, perf::connect_options co, const std::str
   link.expect_word(1, "the server's greeting (is the server running --test connect?)");
   std::printf(" Client of %s\n", co.server.to_string().c_str());
   std::printf("---------------------------------------------------------------------------------------\n");
-  const perf::connect_stats st = perf::run_connections(ctx, co);
+  const perf::connect_stats st = perf::run_connections(ctx, co, &link);
   link.send_word(std::max<std::uint64_t>(st.connections + st.sync_connections, 1));  // done: how many
   perf::print_connect_header();
   perf::print_connect(st);
@@ -192,7 +195,33 @@ int run_connect(const perf::options& o, perf::connect_options co, const std::str
 
 }  // namespace
 
-int cmd_perf(std::span<char* const> args) {
+namespace {
+
+// perftest reads its options with getopt_long: "--size=65536" and
+// "-s65536" mean "-s 65536" there, so they do here.
+std::vector<std::string> split_attached_values(std::span<char* const> raw) {
+  constexpr std::string_view takes_value = "dpsnmtrQIDixouw";
+  std::vector<std::string> out;
+  for (const char* r : raw) {
+    const std::string a = r;
+    if (a.size() > 2 && a[0] == '-' && a[1] == '-' && a.find('=') != std::string::npos) {
+      out.push_back(a.substr(0, a.find('=')));
+      out.push_back(a.substr(a.find('=') + 1));
+    } else if (a.size() > 2 && a[0] == '-' && a[1] != '-' &&
+               takes_value.find(a[1]) != std::string_view::npos) {
+      out.push_back(a.substr(0, 2));
+      out.push_back(a.substr(2));
+    } else {
+      out.push_back(a);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+int cmd_perf(std::span<char* const> raw_args) {
+  const std::vector<std::string> args = split_attached_values(raw_args);
   perf::options o;
   bool mtu_given = false;
   bool have_test = false, named_device = false, icrc = true, connect_test = false, show_counters = false, gso = true;
@@ -207,12 +236,14 @@ int cmd_perf(std::span<char* const> args) {
       }
       return args[++i];
     };
-    // A whole decimal number in [lo, hi]; anything else is a usage error.
+    // A whole number in [lo, hi], decimal or 0x hexadecimal (perftest's
+    // strtol base 0); anything else is a usage error.
     auto number = [&](long lo, long hi) -> long {
       const std::string v = value();
       char* end = nullptr;
       errno = 0;
-      const long n = std::strtol(v.c_str(), &end, 10);
+      const bool hex = v.size() > 2 && v[0] == '0' && (v[1] == 'x' || v[1] == 'X');
+      const long n = std::strtol(v.c_str(), &end, hex ? 16 : 10);
       if (end == v.c_str() || *end != '\0' || errno == ERANGE || n < lo || n > hi) {
         std::fprintf(stderr, "averbs perf: %s: '%s' is not a number from %ld to %ld\n", a.c_str(), v.c_str(),
                      lo, hi);
@@ -228,7 +259,7 @@ int cmd_perf(std::span<char* const> args) {
         continue;
       }
       if (!perf::parse_test(t, o.test)) {
-        std::fprintf(stderr, "averbs perf: unknown test '%s'\n", args[i]);
+        std::fprintf(stderr, "averbs perf: unknown test '%s'\n", t.c_str());
         return 2;
       }
       have_test = true;
@@ -270,7 +301,7 @@ int cmd_perf(std::span<char* const> args) {
       o.cq_mod_given = true;
     } else if (a == "--report_gbits" || a == "--report-gbits") {
       o.report_gbits = true;
-    } else if (a == "-I" || a == "--inline") {
+    } else if (a == "-I" || a == "--inline" || a == "--inline_size") {
       o.inline_size = static_cast<std::uint32_t>(number(0, 512));  // the device's max_inline_data
     } else if (a == "-D" || a == "--duration") {
       o.duration = static_cast<std::uint32_t>(number(1, 86400));

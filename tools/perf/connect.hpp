@@ -55,8 +55,10 @@ std::size_t serve_connections(context& ctx, const connect_options& o, const std:
                               std::atomic<bool>* listening = nullptr);
 
 /// The client side: the pipelined phase, the synchronous phase and the
-/// verification, as described above.
-connect_stats run_connections(context& ctx, const connect_options& o);
+/// verification, as described above.  `server_link`, if given, is watched
+/// throughout: the server's end closing stops the run with an error (its
+/// connects would otherwise each time out, one after another).
+connect_stats run_connections(context& ctx, const connect_options& o, const class oob* server_link = nullptr);
 
 void print_connect_header();
 void print_connect(const connect_stats& s);

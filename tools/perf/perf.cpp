@@ -659,6 +659,13 @@ struct remote_run::state {
     watch w(*this, what);
     work_completion wc;
     while (c.poll({&wc, 1}) == 0) w.idle();
+    if (wc.status == wc_status::wr_flush_err && &c != &scq) {
+      // A flushed receive says only that the QP is in error; the cause
+      // (a SEND whose retries ran out, say) is on the send queue.
+      for (work_completion sw; scq.poll({&sw, 1}) == 1;)
+        if (sw.status != wc_status::success && sw.status != wc_status::wr_flush_err)
+          check(sw, "our SEND, before the receive queue was flushed");
+    }
     check(wc, what);
     return wc;
   }
@@ -726,7 +733,8 @@ remote_run::remote_run(context& ctx, const options& o, const std::string& host, 
   qp_init_attr ia;
   ia.send_cq = s.scq;
   ia.recv_cq = s.rcq;
-  ia.cap = {tx, o_.rx_depth, 1, 1, o_.inline_size};
+  // send_lat keeps two receives posted whatever -r says.
+  ia.cap = {tx, std::max<std::uint32_t>(o_.rx_depth, 2), 1, 1, o_.inline_size};
   s.q = s.p.create_qp(ia);
   // [0, max): where the peer writes; [max, 2 max): what this side sends.
   s.buf.assign(2 * std::max<std::size_t>(max_size, 8) + 64, std::byte{0});

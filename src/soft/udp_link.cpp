@@ -175,23 +175,15 @@ udp_link::udp_link(device& d, const device_config& cfg)
     sockaddr_storage ss;
     socklen_t len;
     to_sockaddr(local_, port_, ss, len);
-    // The address must be free: a probe without SO_REUSEPORT finds any
-    // holder (another device, rxe) before our group forms.
-    {
-      const int probe = ::socket(af, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-      if (probe < 0) fail("socket");
-      if (v6_) set_int(probe, IPPROTO_IPV6, IPV6_V6ONLY, 1);
-      const int r = ::bind(probe, reinterpret_cast<sockaddr*>(&ss), len);
-      const int e = errno;
-      ::close(probe);
-      if (r != 0) {
-        errno = e;
-        fail("bind");
-      }
-    }
+    // The address must be free: bound without SO_REUSEPORT, the socket
+    // finds any holder (another device, rxe) and, once bound, keeps out
+    // anyone binding after it, at once (a probe closed before the real
+    // bind let two processes creating a device at the same moment both
+    // pass, and share one group).  SO_REUSEPORT set after the bind lets
+    // our management socket, and only sockets that set it too, join.
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&ss), len) != 0) fail("bind");
     // The management socket joins the group second (index 1).
     const bool steer = set_int(fd_, SOL_SOCKET, SO_REUSEPORT, 1) == 0;
-    if (::bind(fd_, reinterpret_cast<sockaddr*>(&ss), len) != 0) fail("bind");
     if (steer) {
       gsi_fd_ = ::socket(af, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
       sock_fprog prog{static_cast<unsigned short>(std::size(gsi_selector)), const_cast<sock_filter*>(gsi_selector)};

@@ -9,6 +9,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -988,6 +989,67 @@ TEST(device_config, listing_and_resolving_leave_other_devices_addresses_alone) {
   ::unsetenv("AVERBS_DEVICES");
   ::unsetenv("AVERBS_CONFIG");
   std::remove(path.c_str());
+}
+
+// Processes creating a device on one address and port at the same moment
+// (a devices.conf shared, two programs started together): one gets it,
+// the others are refused.  A probe socket closed before the real bind let
+// several pass and share one reuseport group, each silently getting part
+// of the other's traffic.  Four children per round, released together.
+TEST(device_config, of_processes_racing_for_one_address_one_gets_it) {
+  const std::string addr = test_address(0);
+  const std::uint16_t port = test_port();
+  constexpr int kids_per_round = 4;
+  // Attempts made this round, shared: a winner holds the device until
+  // every child has tried (a late child must not find it free again).
+  void* shared = ::mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(shared, MAP_FAILED);
+  auto* attempted = new (shared) std::atomic<int>(0);
+  int doubled = 0, none = 0;
+  for (int round = 0; round < 40; ++round) {
+    attempted->store(0);
+    int go[2];
+    ASSERT_EQ(::pipe(go), 0);
+    std::vector<pid_t> kids;
+    for (int k = 0; k < kids_per_round; ++k) {
+      const pid_t pid = ::fork();
+      ASSERT_GE(pid, 0);
+      if (pid == 0) {
+        char c;
+        ::close(go[1]);
+        if (::read(go[0], &c, 1) != 0) ::_exit(3);  // released when the parent closes it
+        int got = 0;
+        try {
+          soft_device_options o;
+          o.name = "race";
+          o.address = addr;
+          o.port = port;
+          soft_device d(o);
+          got = 1;
+          attempted->fetch_add(1);
+          for (int w = 0; w < 10000 && attempted->load() < kids_per_round; ++w) ::usleep(1000);
+        } catch (const std::system_error&) {
+          attempted->fetch_add(1);
+        }
+        ::_exit(got);
+      }
+      kids.push_back(pid);
+    }
+    ::close(go[0]);
+    ::close(go[1]);  // release them all
+    int winners = 0;
+    for (pid_t pid : kids) {
+      int status = 0;
+      ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) <= 1) << status;
+      winners += WEXITSTATUS(status);
+    }
+    doubled += winners > 1 ? 1 : 0;
+    none += winners == 0 ? 1 : 0;
+  }
+  ::munmap(shared, 4096);
+  EXPECT_EQ(doubled, 0) << "rounds in which two processes both created the device";
+  EXPECT_EQ(none, 0) << "rounds in which no process created it";
 }
 
 // AVERBS_DEVICES: a bad entry is an error naming it (when the device is

@@ -778,9 +778,14 @@ class device final : public progress_source, public clock_listener {
   void run_due_probes() noexcept;
   void send_probe(qp_t* qp) noexcept;
   void qp_to_error(qp_t* qp) noexcept;
+  /// UC and UD: a send queue error stops the send queue only (SQE).
+  void qp_to_sqe(qp_t* qp) noexcept;
   void flush_held_srq_recv(qp_t* qp) noexcept;
   void set_source_port(qp_t* qp) noexcept;
   void flush_qp(qp_t* qp) noexcept;
+  void flush_sq(qp_t* qp) noexcept;
+  /// Posting to a QP in ERR flushes everything, in SQE its send queue.
+  void flush_posted(qp_t* qp) noexcept;
   void check_sq_drained(qp_t* qp) noexcept;
   bool post_cqe(cq_t* cq, const work_completion& wc, bool solicited) noexcept;
   /// Queues an event on `ch` (dropped if its handle has closed).

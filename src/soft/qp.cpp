@@ -490,7 +490,48 @@ void device::qp_to_error(qp_t* qp) noexcept {
   if (qp->cm != nullptr) gsi_->on_qp(qp, qp_note::error);
 }
 
+// IBTA 10.3.1 (Send Queue Error): an error completion of a UC or UD send
+// queue stops that queue only -- its other WQEs complete flushed, later
+// posts too -- while the receive queue works on, until the program moves
+// the QP back to RTS (or on to ERR).  rxe moves such a QP to ERR, which
+// flushes its receives too: a UD server would lose them to one bad send.
+void device::qp_to_sqe(qp_t* qp) noexcept {
+  qp->state = qp_state::sqe;
+  qp->sq_draining = false;
+  flush_sq(qp);
+}
+
+void device::flush_posted(qp_t* qp) noexcept {
+  if (qp->state == qp_state::err)
+    flush_qp(qp);
+  else if (qp->state == qp_state::sqe)
+    flush_sq(qp);
+}
+
 void device::flush_qp(qp_t* qp) noexcept {
+  flush_sq(qp);
+  // Receive queue (not an SRQ's: its receives belong to other QPs too).
+  if (qp->srq == nullptr) {
+    std::uint32_t rc = qp->rq.consumer();
+    const std::uint32_t rp = qp->rq.producer();
+    for (; rc != rp; ++rc) {
+      auto* w = qp->rq.at<recv_wqe>(rc);
+      work_completion wc;
+      wc.wr_id = w->wr_id;
+      wc.status = wc_status::wr_flush_err;
+      wc.opcode = wc_opcode::recv;
+      wc.qp_num = qp->qpn;
+      post_cqe(qp->rcq, wc, false);
+    }
+    qp->rq.release(rp);
+  } else {
+    flush_held_srq_recv(qp);
+  }
+  qp->resp.have_wqe = false;
+  drop_held_requests(qp);  // and the READ being answered: an ERR QP sends nothing
+}
+
+void device::flush_sq(qp_t* qp) noexcept {
   // Send queue: every WQE not yet retired completes, in order, once; the
   // one that failed keeps its error status, the rest are flushed.
   const std::uint32_t mask = qp->sq.size() - 1;
@@ -519,25 +560,6 @@ void device::flush_qp(qp_t* qp) noexcept {
   qp->req.wqe_index = p;
   qp->req.start_index = p;
   qp->req.rd_atomic = 0;
-  // Receive queue (not an SRQ's: its receives belong to other QPs too).
-  if (qp->srq == nullptr) {
-    std::uint32_t rc = qp->rq.consumer();
-    const std::uint32_t rp = qp->rq.producer();
-    for (; rc != rp; ++rc) {
-      auto* w = qp->rq.at<recv_wqe>(rc);
-      work_completion wc;
-      wc.wr_id = w->wr_id;
-      wc.status = wc_status::wr_flush_err;
-      wc.opcode = wc_opcode::recv;
-      wc.qp_num = qp->qpn;
-      post_cqe(qp->rcq, wc, false);
-    }
-    qp->rq.release(rp);
-  } else {
-    flush_held_srq_recv(qp);
-  }
-  qp->resp.have_wqe = false;
-  drop_held_requests(qp);  // and the READ being answered: an ERR QP sends nothing
 }
 
 void device::flush_held_srq_recv(qp_t* qp) noexcept {
@@ -593,7 +615,10 @@ void device::complete_wqes(qp_t* qp) noexcept {
     if (static_cast<std::int32_t>(c - qp->req.start_index) > 0) qp->req.start_index = c;
     if (!ok || overflow) {
       qp->sq_error_completed = !ok;  // that was the send queue's error completion
-      qp_to_error(qp);
+      if (!overflow && qp->type != qp_type::rc && (qp->state == qp_state::rts || qp->state == qp_state::sqd))
+        qp_to_sqe(qp);
+      else
+        qp_to_error(qp);
       return;
     }
   }
@@ -793,14 +818,18 @@ std::error_code device::post_send(qp_t* qp, const send_wr* wrs, std::size_t n, s
     if (std::error_code ec = post_one_send(qp, wrs[k])) {
       if (bad != nullptr) *bad = k;
       if (k != 0) {
-        if (qp->state == qp_state::err) flush_qp(qp);
+        if (qp->state == qp_state::err || qp->state == qp_state::sqe)
+          flush_posted(qp);
         else schedule_requester(qp);
         run();
       }
       return ec;
     }
   }
-  if (qp->state == qp_state::err) flush_qp(qp);  // posting to an error QP flushes (IBTA 10.8.3.3)
+  // Posting to an error QP flushes (IBTA 10.8.3.3), and to the send queue
+  // of a QP in SQE.
+  if (qp->state == qp_state::err || qp->state == qp_state::sqe)
+    flush_posted(qp);
   else schedule_requester(qp);
   run();
   return {};
@@ -846,7 +875,8 @@ std::error_code device::bind_mw1(qp_t* qp, mw_t* mw, std::uint64_t wr_id, std::u
   qp->sq_state[p & (qp->sq.size() - 1)] = send_state{};
   qp->sq.publish(p + 1);
   mw->posted_rkey = new_rkey;
-  if (qp->state == qp_state::err) flush_qp(qp);
+  if (qp->state == qp_state::err || qp->state == qp_state::sqe)
+    flush_posted(qp);
   else schedule_requester(qp);
   run();
   return {};

@@ -793,7 +793,7 @@ void device::requester(qp_t* qp) noexcept {
         ++qp->req.wqe_index;
         ++qp->req.start_index;
         complete_wqes(qp);
-        if (qp->state == qp_state::err) return;
+        if (qp->state != qp_state::rts && qp->state != qp_state::sqd) return;  // ERR, or SQE (UC)
         continue;
       }
       const bool rd = is_read(w->opcode) || is_atomic(w->opcode);

@@ -24,6 +24,7 @@ class traffic : public conformance_test {
     p.b.modify(e, qp_attr_state);
     return p;
   }
+  void send_queue_error_then_rts(qp_type t);
 };
 
 constexpr std::uint32_t all_remote =
@@ -218,6 +219,68 @@ TEST_F(traffic, ud_send_whose_ah_is_destroyed_before_it_leaves_fails) {
   EXPECT_EQ(wc.wr_id, 5u);
   EXPECT_EQ(wc.status, wc_status::loc_qp_op_err);
   EXPECT_TRUE(poll(p.cq_b, 1).empty());
+}
+
+// A UC or UD send queue error moves the QP to SQE (IBTA 10.3.1), not ERR:
+// the failed WQE reports its error, the ones behind it and later posts
+// complete flushed, receives go on working, and a move back to RTS sends
+// again.  (rxe moves such a QP to ERR, flushing its receives too.)
+void traffic::send_queue_error_then_rts(qp_type t) {
+  auto p = connected_pair(with_type(t));
+  const bool ud = t == qp_type::ud;
+  ah h;
+  if (ud) h = make_ah();
+  auto src = make_buffer(64), dst = make_buffer(40 + 64), back = make_buffer(40 + 64);
+  auto send = [&](const qp& from, std::uint32_t to, std::uint64_t id, sge g) {
+    return ud ? post_ud(from, h, to, ud_qkey, {g}, id) : post_send(from, wr_opcode::send, {g}, id);
+  };
+  ASSERT_FALSE(post_recv(p.a, {back.whole()}, 30));  // waits through it all
+  sge bad = src.whole();
+  bad.lkey ^= 1;  // no such key
+  ASSERT_FALSE(send(p.a, p.b.num(), 1, bad));
+  ASSERT_FALSE(send(p.a, p.b.num(), 2, src.whole()));
+  const auto wcs = poll(p.cq_a, 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_TRUE(wc_is(wcs[0], 1, wc_status::loc_prot_err));
+  EXPECT_TRUE(wc_is(wcs[1], 2, wc_status::wr_flush_err));
+  EXPECT_EQ(query_state(p.a), qp_state::sqe);
+  ASSERT_FALSE(send(p.a, p.b.num(), 3, src.whole()));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_a), 3, wc_status::wr_flush_err)) << "posted in SQE";
+  // The receive queue works on.
+  ASSERT_FALSE(send(p.b, p.a.num(), 20, src.whole()));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_b), 20, wc_opcode::send));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 30, wc_opcode::recv)) << "the receive posted before the error";
+  // Back to RTS (cur_state may name SQE): the send queue sends again.
+  qp_attr at;
+  at.state = qp_state::rts;
+  at.cur_state = qp_state::sqe;
+  std::error_code ec;
+  p.a.modify(at, qp_attr_state | qp_attr_cur_state, ec);
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_EQ(query_state(p.a), qp_state::rts);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 40));
+  ASSERT_FALSE(send(p.a, p.b.num(), 4, src.whole()));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 4, wc_opcode::send));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_b), 40, wc_opcode::recv));
+}
+
+TEST_F(traffic, a_ud_send_queue_error_stops_only_the_send_queue) { send_queue_error_then_rts(qp_type::ud); }
+TEST_F(traffic, a_uc_send_queue_error_stops_only_the_send_queue) { send_queue_error_then_rts(qp_type::uc); }
+
+// RC has no SQE: its send queue errors move the QP to ERR, receives
+// flushed.
+TEST_F(traffic, an_rc_send_queue_error_moves_the_qp_to_err) {
+  auto p = connected_pair();
+  auto src = make_buffer(64), back = make_buffer(64);
+  ASSERT_FALSE(post_recv(p.a, {back.whole()}, 30));
+  sge bad = src.whole();
+  bad.lkey ^= 1;
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {bad}, 1));
+  const auto wcs = poll(p.cq_a, 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_TRUE(wc_is(wcs[0], 1, wc_status::loc_prot_err));
+  EXPECT_TRUE(wc_is(wcs[1], 30, wc_status::wr_flush_err));
+  EXPECT_EQ(query_state(p.a), qp_state::err);
 }
 
 TEST_F(traffic, ud_send_without_address_handle_bad_flow) {

@@ -199,11 +199,15 @@ gid host_source(const gid& dst) {
 // Devices this process has opened come first: a device named by the
 // environment or the configuration file but not opened here may be another
 // process's (a devices.conf shared by a client and a server), and creating
-// it would bind its address.  So the order is: an opened device that owns
-// the address; an opened UDP device the host routes it from; then, among
-// the named devices not opened yet, the owner, then one that routes it.
-// Only the one chosen is created.  `own` asks for an owner only (a local
-// address to open), opened or not.
+// it would bind its address.  Resolving (the way to a destination) goes:
+// an opened device that owns the address (the embedded one last); an
+// opened UDP device the host routes it from; a named one that routes it;
+// the named owner; the embedded device, created now.  A client that resolves its server's address before
+// opening anything so gets its own device, not the server's (which only a
+// process serving there would open).  `own` asks for the owner of a local
+// address to open: opened, then named, then embedded.  Only the device
+// chosen is created; the embedded one (every host address, loopback only)
+// comes after every configured one.
 std::error_code find_route(const gid& ip, route& out, bool own) {
   if (ip.is_zero() || address{ip, 0}.is_any() || is_multicast(ip)) return err(errc::invalid_argument);
   struct candidate {
@@ -211,20 +215,16 @@ std::error_code find_route(const gid& ip, route& out, bool own) {
     std::shared_ptr<averbs::detail::device_entry> e;  // null: not created yet
     std::vector<gid> table;
   };
-  std::vector<candidate> udp, loop, named;
+  std::vector<candidate> udp, loop, named, embedded;
   for (averbs::detail::known_device& k : averbs::detail::known_devices()) {
-    if (k.name == "embedded") continue;
     if (k.entry == nullptr) {
       if (!k.address.is_zero()) named.push_back({k.name, nullptr, {k.address}});
       continue;
     }
     if (k.entry->removed.load()) continue;
-    (k.entry->engine->udp_port() != 0 ? udp : loop).push_back({k.name, k.entry, k.entry->engine->gids()});
+    auto& list = k.name == "embedded" ? embedded : k.entry->engine->udp_port() != 0 ? udp : loop;
+    list.push_back({k.name, k.entry, k.entry->engine->gids()});
   }
-  // The in-process device (it binds nothing), after every explicitly
-  // configured one.
-  if (auto e = averbs::detail::find_device("embedded"); e != nullptr && !e->removed.load())
-    loop.push_back({"embedded", e, e->engine->gids()});
   // Creates a named device when chosen; false if it cannot be (its address
   // taken by another process, say): the search goes on.
   auto create = [](candidate& c) {
@@ -272,8 +272,19 @@ std::error_code find_route(const gid& ip, route& out, bool own) {
     }
     return false;
   };
-  if (own ? owner(udp) || owner(loop) || owner(named)
-          : owner(udp) || owner(loop) || router(udp) || owner(named) || router(named))
+  // The embedded device, created if it is not yet (it binds nothing); its
+  // table is the host's addresses.
+  auto embedded_owner = [&] {
+    if (embedded.empty()) {
+      auto e = averbs::detail::find_device("embedded");
+      if (e == nullptr || e->removed.load()) return false;
+      embedded.push_back({"embedded", e, e->engine->gids()});
+    }
+    return owner(embedded);
+  };
+  if (own ? owner(udp) || owner(loop) || owner(named) || embedded_owner()
+          : owner(udp) || owner(loop) || owner(embedded) || router(udp) || router(named) || owner(named) ||
+                embedded_owner())
     return {};
   return err(errc::address_unreachable);
 }

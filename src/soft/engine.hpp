@@ -783,7 +783,8 @@ class device final : public progress_source, public clock_listener {
   void flush_held_srq_recv(qp_t* qp) noexcept;
   void set_source_port(qp_t* qp) noexcept;
   void flush_qp(qp_t* qp) noexcept;
-  void flush_sq(qp_t* qp) noexcept;
+  /// False if the send CQ overran.
+  bool flush_sq(qp_t* qp) noexcept;
   /// Posting to a QP in ERR flushes everything, in SQE its send queue.
   void flush_posted(qp_t* qp) noexcept;
   void check_sq_drained(qp_t* qp) noexcept;

@@ -495,17 +495,18 @@ void device::qp_to_error(qp_t* qp) noexcept {
 // posts too -- while the receive queue works on, until the program moves
 // the QP back to RTS (or on to ERR).  rxe moves such a QP to ERR, which
 // flushes its receives too: a UD server would lose them to one bad send.
+// A CQ overrun while flushing still means ERR.
 void device::qp_to_sqe(qp_t* qp) noexcept {
   qp->state = qp_state::sqe;
   qp->sq_draining = false;
-  flush_sq(qp);
+  if (!flush_sq(qp)) qp_to_error(qp);
 }
 
 void device::flush_posted(qp_t* qp) noexcept {
   if (qp->state == qp_state::err)
     flush_qp(qp);
-  else if (qp->state == qp_state::sqe)
-    flush_sq(qp);
+  else if (qp->state == qp_state::sqe && !flush_sq(qp))
+    qp_to_error(qp);
 }
 
 void device::flush_qp(qp_t* qp) noexcept {
@@ -531,9 +532,10 @@ void device::flush_qp(qp_t* qp) noexcept {
   drop_held_requests(qp);  // and the READ being answered: an ERR QP sends nothing
 }
 
-void device::flush_sq(qp_t* qp) noexcept {
+bool device::flush_sq(qp_t* qp) noexcept {
   // Send queue: every WQE not yet retired completes, in order, once; the
   // one that failed keeps its error status, the rest are flushed.
+  bool room = true;
   const std::uint32_t mask = qp->sq.size() - 1;
   std::uint32_t c = qp->sq.consumer();
   const std::uint32_t p = qp->sq.producer();
@@ -553,13 +555,14 @@ void device::flush_sq(qp_t* qp) noexcept {
     wc.opcode = wc_opcode_of(w->opcode);
     wc.qp_num = qp->qpn;
     wc.byte_len = w->length;
-    post_cqe(qp->scq, wc, false);
+    room = post_cqe(qp->scq, wc, false) && room;
     st = send_state{};
   }
   qp->sq.release(p);
   qp->req.wqe_index = p;
   qp->req.start_index = p;
   qp->req.rd_atomic = 0;
+  return room;
 }
 
 void device::flush_held_srq_recv(qp_t* qp) noexcept {

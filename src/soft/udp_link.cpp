@@ -446,7 +446,11 @@ bool udp_link::transmit_gso(tx_slot* slots, std::size_t n, int fd) noexcept {
 void udp_link::transmit(tx_slot* slots, std::size_t count) noexcept {
   // Runs of two or more packets of one flow, all of one size but the last
   // (which may be shorter), leave as one GSO datagram; the rest one by one,
-  // in order.
+  // in order.  A run's packets also continue one another (same P_Key and
+  // destination QP, consecutive PSNs): a run read while the receiver's
+  // UDP_GRO goes off comes without its segment size and is split by that
+  // rule alone (wire::run_segment_size), so one QP's READ responses beside
+  // its WRITE packets, or a UD QP's sends to two QPs, are separate runs.
   std::size_t single = 0;  // first slot not sent yet
   std::size_t i = 0;
   while (i < count) {
@@ -459,7 +463,8 @@ void udp_link::transmit(tx_slot* slots, std::size_t count) noexcept {
       const tx_slot& b = slots[j];
       if (b.sport != a.sport || b.transport_len > size || b.to.ss_family != a.to.ss_family ||
           std::memcmp(&b.to, &a.to, sizeof(sockaddr_in6)) != 0 || b.p->tclass != a.p->tclass ||
-          b.p->hop_limit != a.p->hop_limit)
+          b.p->hop_limit != a.p->hop_limit ||
+          !wire::continues_run(a.p->header.data(), b.p->header.data(), static_cast<std::uint32_t>(j - i)))
         break;
       ++j;
       if (b.transport_len < size) break;  // a shorter one ends the run

@@ -320,18 +320,19 @@ void parse_headers(const std::byte* p, const opcode_info& oi, std::uint8_t pad, 
 
 }  // namespace
 
+bool continues_run(const std::byte* first, const std::byte* next, std::uint32_t k) noexcept {
+  // P_Key (bytes 2-3), destination QP (5-7), PSN (9-11).
+  return std::memcmp(next + 2, first + 2, 2) == 0 && std::memcmp(next + 5, first + 5, 3) == 0 &&
+         get24(next + 9) == ((get24(first + 9) + k) & psn_mask);
+}
+
 std::size_t run_segment_size(std::span<const std::byte> dgram) noexcept {
   constexpr std::size_t min_packet = bth_size + icrc_size;
   const std::size_t len = dgram.size();
   if (len < 2 * min_packet) return len;
   const std::byte* d = dgram.data();
-  const std::uint32_t psn = get24(d + 9);
-  // Segment k (k >= 1) at offset k * seg continues the run: same P_Key
-  // (bytes 2-3) and destination QP (5-7), PSN + k (9-11).
-  auto continues = [&](std::size_t off, std::uint32_t k) {
-    return std::memcmp(d + off + 2, d + 2, 2) == 0 && std::memcmp(d + off + 5, d + 5, 3) == 0 &&
-           get24(d + off + 9) == ((psn + k) & psn_mask);
-  };
+  // Segment k (k >= 1) at offset k * seg continues the run.
+  auto continues = [&](std::size_t off, std::uint32_t k) { return continues_run(d, d + off, k); };
   // Every segment after the first continues it, and none is shorter than a packet.
   auto splits_at = [&](std::size_t seg) {
     std::uint32_t k = 1;

@@ -237,6 +237,12 @@ decode_error decode_headers(std::span<const std::byte> headers, std::size_t payl
 /// up to a few compares per byte: for the rare datagram that may be a run.
 std::size_t run_segment_size(std::span<const std::byte> dgram) noexcept;
 
+/// Whether a packet whose BTH starts at `next` can be segment `k` (k >= 1)
+/// of a run whose first packet's BTH starts at `first`: the same P_Key and
+/// destination QP, and PSN + k.  The rule run_segment_size() splits by, and
+/// so the rule a sender must build its runs by.
+bool continues_run(const std::byte* first, const std::byte* next, std::uint32_t k) noexcept;
+
 // ---------------------------------------------------------------------------
 // ICRC (IBTA vol. 1 annex A17.3.3): CRC-32 over 8 bytes of 0xFF (the masked
 // LRH), the IP header, the UDP header and the transport packet, with the

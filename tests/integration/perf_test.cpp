@@ -9,6 +9,8 @@
 #include "process.hpp"
 #include "udp_pair.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -589,6 +591,11 @@ TEST(perf_options, perftest_option_forms_are_accepted) {
   child bad({AVERBS_CLI, "perf", "--test=write_bw", "-s0x"}, true);
   EXPECT_EQ(bad.wait(30s), 2) << bad.output();
   EXPECT_NE(bad.output().find("-s: '0x' is not a number"), std::string::npos) << bad.output();
+  // A flag takes no value: "--counters=1" is refused whole, its "1" not
+  // taken for a server to connect to.
+  child flag({AVERBS_CLI, "perf", "--test=write_bw", "--counters=1"}, true);
+  EXPECT_EQ(flag.wait(30s), 2) << flag.output();
+  EXPECT_NE(flag.output().find("unknown option '--counters=1'"), std::string::npos) << flag.output();
 }
 
 TEST(cli_options, bad_numbers_are_usage_errors_in_every_command) {
@@ -612,6 +619,44 @@ TEST(cli_options, bad_numbers_are_usage_errors_in_every_command) {
     EXPECT_EQ(c.wait(30s), 2) << args.back() << ": " << c.output();
     EXPECT_NE(c.output().find(message), std::string::npos) << c.output();
   }
+}
+
+// `averbs devices` with a devices.conf shared by a server and a client
+// lists another process's device (its address in use) and another host's
+// (not an address of this one) without failing: they are not opened here.
+// A broken line still fails, saying why.
+TEST(cli_options, devices_lists_another_processes_and_another_hosts_devices_without_failing) {
+  const std::uint16_t port = test_port();
+  const std::string path = "/tmp/averbs_devices_cli_" + std::to_string(::getpid()) + ".conf";
+  {
+    std::ofstream f(path);
+    f << "in_use    " << test_address(0) << ":" << port << "\n"
+      << "elsewhere 10.255.255.1:" << port << "\n"
+      << "mine      " << test_address(1) << ":" << port << "\n";
+  }
+  const int squat = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  ::inet_pton(AF_INET, test_address(0).c_str(), &sa.sin_addr);
+  ASSERT_EQ(::bind(squat, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  ::setenv("AVERBS_CONFIG", path.c_str(), 1);
+  child c({AVERBS_CLI, "devices"}, true);
+  EXPECT_EQ(c.wait(30s), 0) << c.output();
+  const std::string& out = c.output();
+  EXPECT_NE(out.find("hca_id:\tin_use\n\t(not opened: "), std::string::npos) << out;
+  EXPECT_NE(out.find("hca_id:\telsewhere\n\t(not opened: "), std::string::npos) << out;
+  EXPECT_NE(out.find("hca_id:\tmine\n\ttransport:"), std::string::npos) << out;
+  {
+    std::ofstream f(path, std::ios::app);
+    f << "broken " << test_address(2) << ":" << port << " colour=red\n";
+  }
+  child bad({AVERBS_CLI, "devices"}, true);
+  EXPECT_EQ(bad.wait(30s), 1) << bad.output();
+  EXPECT_NE(bad.output().find("unknown option 'colour=red'"), std::string::npos) << bad.output();
+  ::unsetenv("AVERBS_CONFIG");
+  ::close(squat);
+  std::remove(path.c_str());
 }
 
 TEST(cli_options, a_device_named_wrongly_by_the_environment_says_why) {

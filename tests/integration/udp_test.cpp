@@ -7,6 +7,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -20,7 +21,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <span>
+#include <sstream>
 #include <thread>
+
+#ifndef UDP_GRO
+#define UDP_GRO 104  // linux/udp.h; glibc's netinet/udp.h may lack it
+#endif
 
 namespace averbs::test {
 namespace {
@@ -599,6 +606,90 @@ TEST_F(udp, gso_runs_arrive_whole_with_valid_icrcs) {
   EXPECT_EQ(b.dev.counters().dropped, 0u);
 }
 
+// Every GSO run a device sends splits by its packets' BTHs alone (same
+// P_Key and destination QP, consecutive PSNs), as a receiver must split
+// one read while its UDP_GRO goes off (wire::run_segment_size): a UD QP's
+// sends to two QPs are not one run, though they share size, source port
+// and address.  The receiver here is a UDP_GRO socket of the test's own,
+// which reports each run's segment size.
+TEST_F(udp, every_gso_run_splits_by_its_packets_headers) {
+  if (!can_send_raw()) GTEST_SKIP() << "GSO runs go through the raw-socket path, which needs CAP_NET_RAW";
+  make(a, 0);
+  const int rx = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  ASSERT_GE(rx, 0);
+  const int on = 1;
+  ASSERT_EQ(::setsockopt(rx, SOL_UDP, UDP_GRO, &on, sizeof on), 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_port = htons(test_port());
+  ::inet_pton(AF_INET, test_address(1).c_str(), &at.sin_addr);
+  ASSERT_EQ(::bind(rx, reinterpret_cast<sockaddr*>(&at), sizeof at), 0);
+
+  qp_init_attr ia;
+  ia.send_cq = ia.recv_cq = a.c;
+  ia.cap = {64, 4, 1, 1, 0};
+  ia.type = qp_type::ud;
+  a.q = a.p.create_qp(ia);
+  connect_qp(a.q, qp_type::ud, gid{}, 0, 0, 0, 0);
+  a.buf.assign(1024, std::byte{7});
+  a.m = a.p.reg_mr(a.buf.data(), a.buf.size(), access_local_write);
+  gid to;
+  ASSERT_TRUE(gid::parse(test_address(1), to));
+  ah_attr aa;
+  aa.is_global = true;
+  aa.port_num = 1;
+  aa.grh.dgid = to;
+  ah h = a.p.create_ah(aa);
+  // 16 sends to QP 0x11, then 16 to 0x11 and 0x12 in turn, posted at once.
+  sge sg{reinterpret_cast<std::uintptr_t>(a.buf.data()), 1024, a.m.lkey()};
+  std::vector<send_wr> wrs(32);
+  for (std::size_t i = 0; i < wrs.size(); ++i) {
+    wrs[i].wr_id = i;
+    wrs[i].opcode = wr_opcode::send;
+    wrs[i].sg_list = &sg;
+    wrs[i].num_sge = 1;
+    wrs[i].flags = i + 1 == wrs.size() ? static_cast<std::uint32_t>(send_signaled) : 0u;
+    wrs[i].ah = &h;
+    wrs[i].remote_qpn = i < 16 || i % 2 == 0 ? 0x11 : 0x12;
+    wrs[i].remote_qkey = 0x11111111;
+  }
+  ASSERT_FALSE(a.q.post_send(std::span<const send_wr>(wrs)));
+  const auto sent = poll(a.c, 1);
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].status, wc_status::success);
+
+  std::size_t packets = 0, runs = 0;
+  std::vector<std::byte> d(65536);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (packets < 32 && std::chrono::steady_clock::now() < until) {
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    iovec iov{d.data(), d.size()};
+    msghdr mh{};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = control;
+    mh.msg_controllen = sizeof control;
+    const ssize_t n = ::recvmsg(rx, &mh, 0);
+    if (n <= 0) continue;
+    std::size_t seg = static_cast<std::size_t>(n);
+    for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr; c = CMSG_NXTHDR(&mh, c))
+      if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+        int v;
+        std::memcpy(&v, CMSG_DATA(c), sizeof v);
+        seg = static_cast<std::size_t>(v);
+      }
+    packets += (static_cast<std::size_t>(n) + seg - 1) / seg;
+    if (seg < static_cast<std::size_t>(n)) {
+      ++runs;
+      EXPECT_EQ(wire::run_segment_size(std::span(d.data(), static_cast<std::size_t>(n))), seg)
+          << "a run of " << n << " bytes in segments of " << seg << " does not split by its headers";
+    }
+  }
+  ::close(rx);
+  EXPECT_EQ(packets, 32u);
+  EXPECT_GT(runs, 0u) << "no GSO run arrived: nothing was checked";
+}
+
 // A ping-pong switches the receiver's UDP_GRO off (one datagram per poll
 // reads faster through recvfrom); the bulk transfer that follows switches
 // it back on at its first burst, and every byte arrives, runs included.
@@ -929,9 +1020,12 @@ bool udp_port_free(const std::string& addr, std::uint16_t port) {
 
 // One devices.conf shared by a server and a client: listing the devices
 // or resolving the server's address in the client must not create the
-// server's device (it would bind the server's address and port).  Resolving
-// prefers the devices this process opened and creates only the one it
-// chooses; opening by a local address creates that address's device.
+// server's device (it would bind the server's address and port), whether
+// the client has opened its own device yet or not.  Resolving prefers the
+// devices this process opened and creates only the one it chooses; opening
+// by a local address creates that address's device.  (Devices of earlier
+// tests in this process, if any, may route too: the assertions name the
+// server's device, never which other one routes.)
 TEST(device_config, listing_and_resolving_leave_other_devices_addresses_alone) {
   const std::string srv = test_address(0), cli = test_address(1), lone = test_address(2);
   const std::uint16_t port = test_port();
@@ -953,14 +1047,20 @@ TEST(device_config, listing_and_resolving_leave_other_devices_addresses_alone) {
   EXPECT_TRUE(udp_port_free(srv, port) && udp_port_free(cli, port) && udp_port_free(lone, port))
       << "listing bound a device's address";
 
+  // A client that resolves before opening anything: routed by another
+  // device, the server's left alone.
   context ctx;
+  cm::route r = cm::resolve(ctx, srv_gid);
+  EXPECT_NE(r.device, "cfg_srv");
+  EXPECT_FALSE(r.local);
+  EXPECT_EQ(r.dgid, srv_gid);
+  EXPECT_TRUE(udp_port_free(srv, port)) << "resolving the server's address took it";
+
   device mine = open_device(ctx, "cfg_cli");
   EXPECT_FALSE(udp_port_free(cli, port)) << "an opened device holds its address";
-  cm::route r = cm::resolve(ctx, srv_gid);
-  EXPECT_EQ(r.device, "cfg_cli") << "the device this process opened routes to the server";
+  r = cm::resolve(ctx, srv_gid);
+  EXPECT_NE(r.device, "cfg_srv");
   EXPECT_FALSE(r.local);
-  EXPECT_EQ(r.sgid, cli_gid);
-  EXPECT_EQ(r.dgid, srv_gid);
   EXPECT_TRUE(udp_port_free(srv, port)) << "resolving the server's address took it";
 
   // Opening by a local address creates the device that owns it.
@@ -989,6 +1089,57 @@ TEST(device_config, listing_and_resolving_leave_other_devices_addresses_alone) {
   ::unsetenv("AVERBS_DEVICES");
   ::unsetenv("AVERBS_CONFIG");
   std::remove(path.c_str());
+}
+
+// A configured device at a host address (127.0.0.1 here) owns it ahead of
+// the embedded device, whose table holds every host address but which
+// speaks only in-process: opening or resolving that address gives the
+// configured device.
+TEST(device_config, a_configured_device_owns_a_host_address_ahead_of_the_embedded_one) {
+  const std::uint16_t port = test_port();
+  const std::string path = "/tmp/averbs_config_host_" + std::to_string(::getpid()) + ".conf";
+  {
+    std::ofstream f(path);
+    f << "cfg_host  127.0.0.1:" << port << "\n";
+  }
+  ::setenv("AVERBS_CONFIG", path.c_str(), 1);
+  gid lo;
+  ASSERT_TRUE(gid::parse("127.0.0.1", lo));
+  context ctx;
+  const cm::route r = cm::resolve(ctx, lo);
+  EXPECT_EQ(r.device, "cfg_host");
+  EXPECT_TRUE(r.local);
+  device d = cm::open_device(ctx, lo);
+  EXPECT_EQ(d.name(), "cfg_host");
+  EXPECT_EQ(d.udp_port(), port);
+  ::unsetenv("AVERBS_CONFIG");
+  std::remove(path.c_str());
+}
+
+// A device's management socket shares its address and port (the
+// reuseport group the data socket forms once bound, which a QP1 selector
+// steers): two sockets there, as /proc/net/udp lists them.  If it could not
+// join, connection management would share the data socket, unnoticed.
+TEST(device_config, the_management_socket_joins_the_devices_port) {
+  soft_device_options o;
+  o.name = "joined";
+  o.address = test_address(0);
+  o.port = test_port();
+  soft_device d(o);
+  in_addr ip{};
+  ASSERT_EQ(::inet_pton(AF_INET, o.address.c_str(), &ip), 1);
+  char want[32];
+  std::snprintf(want, sizeof want, "%08X:%04X", ip.s_addr, o.port);  // (as the kernel prints it)
+  std::ifstream f("/proc/net/udp");
+  ASSERT_TRUE(f) << "no /proc/net/udp";
+  std::string line;
+  int sockets = 0;
+  while (std::getline(f, line)) {
+    std::istringstream words(line);
+    std::string slot, local;
+    if (words >> slot >> local && local == want) ++sockets;
+  }
+  EXPECT_EQ(sockets, 2) << "sockets bound to " << want;
 }
 
 // Processes creating a device on one address and port at the same moment

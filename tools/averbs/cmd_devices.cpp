@@ -112,6 +112,14 @@ int print_device(context& ctx, const std::string& name, bool verbose, int only_p
   try {
     d = open_device(ctx, name);  // (the throwing form says which line or value is wrong)
   } catch (const std::system_error& e) {
+    // A device named for another process or host (a devices.conf that a
+    // server and a client share): its address is in use here, or not an
+    // address of this host.  Not an error of this listing.
+    if (e.code() == std::errc::address_in_use || e.code() == std::errc::address_not_available) {
+      std::printf("hca_id:\t%s\n\t(not opened: %s; another process's or another host's device)\n\n",
+                  name.c_str(), e.code().message().c_str());
+      return 0;
+    }
     std::fprintf(stderr, "Failed to open device %s: %s\n", name.c_str(), e.what());
     return 1;
   }

@@ -199,12 +199,21 @@ namespace {
 
 // perftest reads its options with getopt_long: "--size=65536" and
 // "-s65536" mean "-s 65536" there, so they do here.
+// Only options that take a value: "--counters=1" stays one (unknown)
+// argument rather than leaving a "1" that would be taken for the server.
 std::vector<std::string> split_attached_values(std::span<char* const> raw) {
   constexpr std::string_view takes_value = "dpsnmtrQIDixouw";
+  static const std::vector<std::string_view> long_with_value = {
+      "--test",    "--ib-dev",    "--port",     "--addr",       "--faults", "--size",        "--iters",
+      "--mtu",     "--tx-depth",  "--rx-depth", "--cq-mod",     "--inline", "--inline_size", "--duration",
+      "--ib-port", "--gid-index", "--outs",     "--qp-timeout", "--window", "--sync"};
   std::vector<std::string> out;
   for (const char* r : raw) {
     const std::string a = r;
-    if (a.size() > 2 && a[0] == '-' && a[1] == '-' && a.find('=') != std::string::npos) {
+    const auto eq = a.find('=');
+    if (a.size() > 2 && a[0] == '-' && a[1] == '-' && eq != std::string::npos &&
+        std::find(long_with_value.begin(), long_with_value.end(), std::string_view(a).substr(0, eq)) !=
+            long_with_value.end()) {
       out.push_back(a.substr(0, a.find('=')));
       out.push_back(a.substr(a.find('=') + 1));
     } else if (a.size() > 2 && a[0] == '-' && a[1] != '-' &&

@@ -225,7 +225,7 @@ connect_stats run_connections(context& ctx, const connect_options& o, const oob*
   std::vector<qp> sqps(st.sync_connections);
   const auto t1 = clock_type::now();
   for (std::size_t i = 0; i < st.sync_connections; ++i) {
-    check_server("the synchronous connects");
+    if (i % 64 == 0) check_server("the synchronous connects");  // (a poll(2) each time)
     sqps[i] = make_qp(p, c);
     sconns[i] = cm::connector(dev);
     sconns[i].connect(sqps[i], o.server);

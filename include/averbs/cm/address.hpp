@@ -61,9 +61,11 @@ void start_open_device(context& ctx, const gid& ip, averbs::detail::completer<de
 /// the device whose address the host's routing reaches it from.  Devices
 /// are those `list_devices()` names; the ones this process has opened come
 /// first (an owner, then a route), then those the environment or the
-/// configuration file names (an owner, then a route), of which only the
-/// one chosen is created: another may be another process's, and creating
-/// it would bind its address.  Errors: `invalid_argument` for the
+/// configuration file names (a route, then the owner: a client resolving
+/// its server's address before opening anything gets its own device, not
+/// the server's), then the embedded device.  Only the one chosen is
+/// created: another may be another process's, and creating it would bind
+/// its address.  Errors: `invalid_argument` for the
 /// unspecified or a multicast address, `address_unreachable` when no
 /// device owns or reaches it.
 template <completion_token<route> Token>

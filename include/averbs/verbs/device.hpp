@@ -24,7 +24,8 @@ namespace averbs {
 /// created, and those the environment (`AVERBS_DEVICES`) or the
 /// configuration file names.  Listing opens nothing (as
 /// `ibv_get_device_list`): a named device binds its address only when
-/// opened, and a broken entry is listed and says why when opened.
+/// opened, and an entry with a bad value is listed and says why when
+/// opened (a configuration line without an address is not listed).
 std::vector<std::string> list_devices();
 
 namespace detail {

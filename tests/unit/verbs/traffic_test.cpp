@@ -237,12 +237,23 @@ void traffic::send_queue_error_then_rts(qp_type t) {
   ASSERT_FALSE(post_recv(p.a, {back.whole()}, 30));  // waits through it all
   sge bad = src.whole();
   bad.lkey ^= 1;  // no such key
-  ASSERT_FALSE(send(p.a, p.b.num(), 1, bad));
-  ASSERT_FALSE(send(p.a, p.b.num(), 2, src.whole()));
-  const auto wcs = poll(p.cq_a, 2);
-  ASSERT_EQ(wcs.size(), 2u);
+  // The failing send and two behind it, posted together.
+  const std::vector<sge> bad_sg{bad}, good_sg{src.whole()};
+  send_wr wrs[3] = {make_wr(wr_opcode::send, bad_sg, 1), make_wr(wr_opcode::send, good_sg, 2),
+                    make_wr(wr_opcode::send, good_sg, 5)};
+  for (int k = 0; k < 3; ++k) {
+    if (ud) {
+      wrs[k].ah = &h;
+      wrs[k].remote_qpn = p.b.num();
+      wrs[k].remote_qkey = ud_qkey;
+    }
+  }
+  ASSERT_FALSE(p.a.post_send(std::span<const send_wr>(wrs)));
+  const auto wcs = poll(p.cq_a, 3);
+  ASSERT_EQ(wcs.size(), 3u);
   EXPECT_TRUE(wc_is(wcs[0], 1, wc_status::loc_prot_err));
   EXPECT_TRUE(wc_is(wcs[1], 2, wc_status::wr_flush_err));
+  EXPECT_TRUE(wc_is(wcs[2], 5, wc_status::wr_flush_err));
   EXPECT_EQ(query_state(p.a), qp_state::sqe);
   ASSERT_FALSE(send(p.a, p.b.num(), 3, src.whole()));
   EXPECT_TRUE(wc_is(poll_one(p.cq_a), 3, wc_status::wr_flush_err)) << "posted in SQE";
@@ -266,6 +277,30 @@ void traffic::send_queue_error_then_rts(qp_type t) {
 
 TEST_F(traffic, a_ud_send_queue_error_stops_only_the_send_queue) { send_queue_error_then_rts(qp_type::ud); }
 TEST_F(traffic, a_uc_send_queue_error_stops_only_the_send_queue) { send_queue_error_then_rts(qp_type::uc); }
+
+// A send CQ that overruns while a UD QP in SQE flushes its send queue:
+// the QP goes to ERR (a CQ overrun always does).
+TEST_F(traffic, a_cq_overrun_while_flushing_in_sqe_moves_the_qp_to_err) {
+  qp_options o;
+  o.type = qp_type::ud;
+  auto p = connect(o, o, 2);
+  ah h = make_ah();
+  auto src = make_buffer(64);
+  sge bad = src.whole();
+  bad.lkey ^= 1;
+  const std::vector<sge> bad_sg{bad}, good_sg{src.whole()};
+  std::vector<send_wr> wrs;
+  wrs.push_back(make_wr(wr_opcode::send, bad_sg, 1));
+  for (std::uint64_t k = 2; k < 8; ++k) wrs.push_back(make_wr(wr_opcode::send, good_sg, k));
+  for (std::size_t k = 0; k < wrs.size(); ++k) {
+    wrs[k].ah = &h;
+    wrs[k].remote_qpn = p.b.num();
+    wrs[k].remote_qkey = ud_qkey;
+  }
+  ASSERT_FALSE(p.a.post_send(std::span<const send_wr>(wrs)));
+  (void)drain(p.cq_a);
+  EXPECT_EQ(query_state(p.a), qp_state::err);
+}
 
 // RC has no SQE: its send queue errors move the QP to ERR, receives
 // flushed.

@@ -1190,6 +1190,20 @@ TEST(roce_run, middle_packets_and_a_shorter_last_split_at_the_middle_size) {
   EXPECT_EQ(w::run_segment_size(run), 12u + 1024 + 4);
 }
 
+// The rule a sender builds its runs by: the same P_Key and destination
+// QP, PSN + k; across the PSN wrap too.
+TEST(roce_run, a_packet_continues_a_run_of_its_qp_at_the_next_psn_only) {
+  const bytes first = run_packet(w::opcode::uc_send_only, 0x77, w::psn_mask, 64, 0);
+  EXPECT_TRUE(w::continues_run(first.data(), run_packet(w::opcode::uc_send_only, 0x77, 0, 64, 1).data(), 1));
+  EXPECT_TRUE(w::continues_run(first.data(), run_packet(w::opcode::uc_send_only, 0x77, 1, 64, 1).data(), 2));
+  EXPECT_FALSE(w::continues_run(first.data(), run_packet(w::opcode::uc_send_only, 0x77, 1, 64, 1).data(), 1));
+  EXPECT_FALSE(w::continues_run(first.data(), run_packet(w::opcode::uc_send_only, 0x78, 0, 64, 1).data(), 1))
+      << "another destination QP";
+  bytes other_pkey = run_packet(w::opcode::uc_send_only, 0x77, 0, 64, 1);
+  other_pkey[3] ^= std::byte{1};
+  EXPECT_FALSE(w::continues_run(first.data(), other_pkey.data(), 1)) << "another P_Key";
+}
+
 TEST(roce_run, equal_small_messages_split_at_their_size_across_the_psn_wrap) {
   const std::uint32_t qp = 0x77;
   std::vector<bytes> parts;

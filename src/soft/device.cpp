@@ -1091,11 +1091,46 @@ std::uint32_t device::cqe_of(cq_t* cq) const {
   return cq->cqe;
 }
 
+void device::purge_cq_events(const cq_t* cq) noexcept {
+  if (cq->events == nullptr) return;
+  const std::uint32_t id = cq->event_id();
+  cq->events->purge([id](const async_event& e) { return e.type == event_type::cq_err && e.element == id; });
+}
+
+void device::purge_srq_events(const srq_t* srq) noexcept {
+  if (srq->pd->events == nullptr) return;
+  const std::uint32_t id = srq->event_id();
+  srq->pd->events->purge([id](const async_event& e) {
+    return (e.type == event_type::srq_limit_reached || e.type == event_type::srq_err) && e.element == id;
+  });
+}
+
+void device::purge_qp_events(const qp_t* qp) noexcept {
+  if (qp->pd->events == nullptr) return;
+  const std::uint32_t qpn = qp->qpn;
+  qp->pd->events->purge([qpn](const async_event& e) {
+    switch (e.type) {
+      case event_type::qp_fatal:
+      case event_type::qp_req_err:
+      case event_type::qp_access_err:
+      case event_type::comm_est:
+      case event_type::sq_drained:
+      case event_type::path_mig:
+      case event_type::path_mig_err:
+      case event_type::qp_last_wqe_reached:
+        return e.element == qpn;
+      default:
+        return false;
+    }
+  });
+}
+
 std::error_code device::destroy_cq(cq_t* cq) {
   std::lock_guard lock(lock_);
   if (cq->users != 0) return err(errc::busy);
   fail_all(cq->notifies, err(errc::operation_aborted));
   const std::uint32_t i = cq->handle;
+  purge_cq_events(cq);
   cqs_[i].reset();
   free_cqs_.push_back(i);
   --live_cqs_;
@@ -1110,6 +1145,7 @@ void device::release_cq(cq_t* cq) noexcept {
     return;
   }
   const std::uint32_t i = cq->handle;
+  purge_cq_events(cq);
   cqs_[i].reset();
   free_cqs_.push_back(i);
   --live_cqs_;
@@ -1251,6 +1287,7 @@ std::error_code device::destroy_srq(srq_t* srq) {
   if (srq->users != 0) return err(errc::busy);
   pd_t* pd = srq->pd;
   const std::uint32_t i = srq->handle;
+  purge_srq_events(srq);
   srqs_[i].reset();
   free_srqs_.push_back(i);
   --live_srqs_;
@@ -1266,6 +1303,7 @@ void device::release_srq(srq_t* srq) noexcept {
   }
   pd_t* pd = srq->pd;
   const std::uint32_t i = srq->handle;
+  purge_srq_events(srq);
   srqs_[i].reset();
   free_srqs_.push_back(i);
   --live_srqs_;
@@ -1375,9 +1413,11 @@ void device::fatal() {
   // polled (the device is gone), and must not wake a waiter with success.
   for (auto& c : cqs_)
     if (c != nullptr) fail_all(c->notifies, err(errc::device_removed));
+  // device_fatal first (device.hpp: the first event a handle then gets),
+  // ahead of the QPs' own (LAST_WQE_REACHED of those on an SRQ).
+  broadcast_event(event_type::device_fatal, 0);
   for (auto& q : qps_)
     if (q != nullptr && q->state != qp_state::reset && q->state != qp_state::err) qp_to_error(q.get());
-  broadcast_event(event_type::device_fatal, 0);
   for (auto& ch : channels_) fail_all(ch->waiters, err(errc::device_removed));
 }
 

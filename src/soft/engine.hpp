@@ -120,14 +120,29 @@ struct parked {
 /// allocated when the handle opens: raising one never allocates (it
 /// happens where running out of memory could not be reported).
 struct event_channel {
-  static constexpr std::size_t capacity = 4096;  // further events are dropped, oldest kept
+  // Further events are dropped, oldest kept -- but the last slot is kept
+  // for device_fatal, which a program that never read its events must
+  // still get (device.hpp promises it).
+  static constexpr std::size_t capacity = 4096;
   std::vector<async_event> ring = std::vector<async_event>(capacity);
   std::size_t head = 0, count = 0;
   std::vector<parked> waiters;
   bool push(const async_event& e) noexcept {
-    if (count == capacity) return false;
+    if (count == capacity || (count == capacity - 1 && e.type != event_type::device_fatal)) return false;
     ring[(head + count++) % capacity] = e;
     return true;
+  }
+  /// Drops the queued events of an object being freed (its type's events
+  /// naming `element`), as the kernel drops a destroyed object's: a later
+  /// object in its slot, with its number, must not get them.
+  template <class Names>
+  void purge(Names names) noexcept {
+    std::size_t kept = 0;
+    for (std::size_t k = 0; k < count; ++k) {
+      const async_event e = ring[(head + k) % capacity];
+      if (!names(e)) ring[(head + kept++) % capacity] = e;
+    }
+    count = kept;
   }
   bool pop(async_event& e) noexcept {
     if (count == 0) return false;
@@ -498,6 +513,10 @@ class link {
   /// peers are this engine (in-process); false on a wire, which may carry
   /// rxe, whose responder acknowledges only what asks.
   virtual bool peers_ack_unasked() const noexcept { return true; }
+  /// A UD QP exists: received datagrams should carry their IP traffic
+  /// class and hop limit (UD's GRH reports them), at the cost of control
+  /// messages on every read from then on.
+  virtual void want_ip_fields() noexcept {}
 };
 
 /// Injected faults on a link (a runtime setting of the shipped build).
@@ -789,6 +808,10 @@ class device final : public progress_source, public clock_listener {
   void flush_posted(qp_t* qp) noexcept;
   void check_sq_drained(qp_t* qp) noexcept;
   bool post_cqe(cq_t* cq, const work_completion& wc, bool solicited) noexcept;
+  /// Drop an object's queued events as its slot is freed.
+  void purge_cq_events(const cq_t* cq) noexcept;
+  void purge_srq_events(const srq_t* srq) noexcept;
+  void purge_qp_events(const qp_t* qp) noexcept;
   /// Queues an event on `ch` (dropped if its handle has closed).
   void raise_event(event_channel* ch, event_type t, std::uint32_t element) noexcept;
   /// A port or device event: every handle gets it.

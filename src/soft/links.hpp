@@ -38,6 +38,7 @@ class fault_link final : public link {
   std::uint16_t max_run() const noexcept override { return 1; }
   std::size_t send_batch() const noexcept override { return inner_.send_batch(); }
   bool peers_ack_unasked() const noexcept override { return inner_.peers_ack_unasked(); }
+  void want_ip_fields() noexcept override { inner_.want_ip_fields(); }
   bool management_active(std::chrono::steady_clock::time_point now) const noexcept override {
     return inner_.management_active(now);
   }
@@ -82,6 +83,12 @@ class fault_link final : public link {
 /// in a SO_REUSEPORT group whose classic BPF program sends every packet for
 /// QP1 to the second, so a MAD never queues behind a burst of data, and the
 /// engine reads that socket first and between packets of a long run.
+/// What a received datagram's IP header said (UD's GRH reports it).
+struct ip_fields {
+  std::uint8_t tclass = 0;
+  std::uint8_t hop_limit = 64;
+};
+
 class udp_link final : public link {
  public:
   udp_link(device& d, const device_config& cfg);
@@ -93,6 +100,7 @@ class udp_link final : public link {
   std::size_t poll_priority() noexcept override;
   bool wants_icrc() const noexcept override { return true; }
   bool peers_ack_unasked() const noexcept override { return false; }
+  void want_ip_fields() noexcept override;
   std::uint16_t wire_src_port(const packet& p) const noexcept override { return raw_fd_ >= 0 ? p.sport : port_; }
   std::uint16_t wire_dst_port() const noexcept override { return port_; }
   std::uint64_t receive_overflows() const noexcept override;
@@ -136,7 +144,7 @@ class udp_link final : public link {
   /// into -- and queues `p`; false if it was dropped (`p` stays the
   /// caller's).
   bool deliver(packet* p, const std::byte* data, std::size_t len, const gid& from, std::uint16_t from_port,
-               bool front) noexcept;
+               bool front, const struct ip_fields& ip) noexcept;
   /// Whether datagram `dgram` (its ICRC `icrc`) from `from`:`from_port`
   /// passes the ICRC check, with an IPv4 ID we cannot see found from it
   /// (icrc_matches_id, which learns the source's count).
@@ -245,6 +253,11 @@ class udp_link final : public link {
 
   device& dev_;
   bool v6_ = false;
+  // The shared socket reports each datagram's traffic class and hop limit
+  // (set once the first UD QP is created; a read then always takes control
+  // messages, and no peer socket opens: its recv() reads none).
+  bool ip_fields_ = false;
+  ip_fields ip_fields_of(const msghdr& h) const noexcept;
   int fd_ = -1;
   int gsi_fd_ = -1;  // QP1's datagrams (-1: they arrive on fd_)
   int raw_fd_ = -1;
@@ -276,9 +289,17 @@ class udp_link final : public link {
   wire::icrc_prefix_cache rx_prefixes_;  // deliver()'s ICRC check
   // Receive slots, set up once; a slot's packet is replaced when taken.
   std::array<packet*, rx_batch> rx_{};
+  // Room for UDP_GRO's segment size and, once a UD QP exists, the traffic
+  // class and hop limit (IP_TOS/IP_TTL, IPV6_TCLASS/IPV6_HOPLIMIT).
+  struct alignas(cmsghdr) cmsg_space {
+    char b[3 * CMSG_SPACE(sizeof(int))];
+    char* data() noexcept { return b; }
+    static constexpr std::size_t size() noexcept { return sizeof b; }
+  };
   std::array<sockaddr_storage, rx_batch> rx_from_{};
   std::array<mmsghdr, rx_batch> rx_msgs_{};
   std::array<iovec, rx_batch> rx_iov_{};
+  std::array<cmsg_space, rx_batch> rx_control_{};  // the traffic class and hop limit, once wanted
   // UDP GRO receive (with `gso`): room for a whole run per slot.
   bool gro_ = false;
   std::uint32_t gro_streak_ = 0;  // polls in a row that found a datagram
@@ -304,12 +325,7 @@ class udp_link final : public link {
   std::unique_ptr<std::byte[]> gro_buf_;
   std::array<mmsghdr, gro_slots> gro_msgs_{};
   std::array<iovec, gro_slots> gro_iov_{};
-  struct alignas(cmsghdr) gro_cmsg_space {
-    char b[CMSG_SPACE(sizeof(int))];
-    char* data() noexcept { return b; }
-    static constexpr std::size_t size() noexcept { return sizeof b; }
-  };
-  std::array<gro_cmsg_space, gro_slots> gro_control_{};
+  std::array<cmsg_space, gro_slots> gro_control_{};
 
   // The peer socket: while the traffic is a ping-pong with one source (UDP_GRO
   // off, `peer_after` datagrams in a row from one address and port), a

@@ -157,6 +157,9 @@ std::error_code device::create_qp(pd_t* pd, const qp_init& init, qp_t*& out) {
   qp->comp.timer_gen = ++qp_generation_ << 32;
   qp->type = init.type;
   qp->pd = pd;
+  // Where a receive taken from the SRQ is copied (next_recv cannot report
+  // running out of memory; the entry size never changes).
+  if (init.srq != nullptr) qp->resp.srq_wqe.resize(init.srq->q.entry_size());
   qp->scq = init.send_cq;
   qp->rcq = init.recv_cq != nullptr ? init.recv_cq : init.send_cq;
   qp->srq = init.srq;
@@ -190,6 +193,8 @@ std::error_code device::create_qp(pd_t* pd, const qp_init& init, qp_t*& out) {
   ++qp->rcq->users;
   if (qp->srq != nullptr) ++qp->srq->users;
   ++live_qps_;
+  // UD's GRH reports each datagram's traffic class and hop limit.
+  if (init.type == qp_type::ud) link_->want_ip_fields();
   out = qp.get();
   qps_[index] = std::move(qp);
   return {};
@@ -363,7 +368,10 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
       qp->req = {};
       qp->req.scheduled = scheduled;
       qp->req.next_ready = next_ready;
+      std::vector<std::byte> srq_wqe =
+          std::move(qp->resp.srq_wqe);  // (reserved at create: no allocation later)
       qp->resp = {};
+      qp->resp.srq_wqe = std::move(srq_wqe);
       qp->resp.lazy_listed = lazy_listed;  // still in lazy_acks_
       qp->resp.ack_listed = ack_listed;    // still in ack_ready_
       qp->comp = {};
@@ -684,6 +692,7 @@ void device::destroy_qp_locked(qp_t* qp) noexcept {
   auto drop_cq = [this](cq_t* cq) {
     if (--cq->users == 0 && cq->released) {
       const std::uint32_t i = cq->handle;
+      purge_cq_events(cq);
       cqs_[i].reset();
       free_cqs_.push_back(i);
       --live_cqs_;
@@ -696,6 +705,7 @@ void device::destroy_qp_locked(qp_t* qp) noexcept {
   if (srq_t* srq = qp->srq; srq != nullptr && --srq->users == 0 && srq->released) {
     pd_t* spd = srq->pd;
     const std::uint32_t i = srq->handle;
+    purge_srq_events(srq);
     srqs_[i].reset();
     free_srqs_.push_back(i);
     --live_srqs_;
@@ -707,6 +717,7 @@ void device::destroy_qp_locked(qp_t* qp) noexcept {
   }
   pd_t* pd = qp->pd;
   const std::uint32_t index = qp->index;
+  purge_qp_events(qp);
   qps_[index].reset();
   free_qps_.push_back(index);
   --live_qps_;

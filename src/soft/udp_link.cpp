@@ -722,6 +722,38 @@ std::uint64_t udp_link::receive_overflows() const noexcept {
   return socket_drops(fd_) + socket_drops(gsi_fd_) + socket_drops(peer_fd_) + closed_peer_drops_;
 }
 
+void udp_link::want_ip_fields() noexcept {
+  if (ip_fields_) return;
+  const bool ok =
+      v6_ ? set_int(fd_, IPPROTO_IPV6, IPV6_RECVTCLASS, 1) == 0 &&
+                set_int(fd_, IPPROTO_IPV6, IPV6_RECVHOPLIMIT, 1) == 0
+          : set_int(fd_, IPPROTO_IP, IP_RECVTOS, 1) == 0 && set_int(fd_, IPPROTO_IP, IP_RECVTTL, 1) == 0;
+  ip_fields_ = ok;  // (else the defaults, as before)
+}
+
+ip_fields udp_link::ip_fields_of(const msghdr& h) const noexcept {
+  ip_fields out;
+  for (const cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr;
+       c = CMSG_NXTHDR(const_cast<msghdr*>(&h), const_cast<cmsghdr*>(c))) {
+    int v = -1;
+    if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS && c->cmsg_len >= CMSG_LEN(1)) {
+      v = std::to_integer<int>(*reinterpret_cast<const std::byte*>(CMSG_DATA(c)));  // one byte
+      out.tclass = static_cast<std::uint8_t>(v);
+    } else if ((c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TTL) ||
+               (c->cmsg_level == IPPROTO_IPV6 &&
+                (c->cmsg_type == IPV6_TCLASS || c->cmsg_type == IPV6_HOPLIMIT))) {
+      if (c->cmsg_len < CMSG_LEN(sizeof(int))) continue;
+      std::memcpy(&v, CMSG_DATA(c), sizeof v);
+      if (v < 0 || v > 255) continue;
+      if (c->cmsg_type == IPV6_TCLASS && c->cmsg_level == IPPROTO_IPV6)
+        out.tclass = static_cast<std::uint8_t>(v);
+      else
+        out.hop_limit = static_cast<std::uint8_t>(v);
+    }
+  }
+  return out;
+}
+
 std::size_t udp_link::poll() noexcept { return gro_ ? receive_gro() : receive(fd_, 2, false); }
 
 std::size_t udp_link::poll_priority() noexcept { return gsi_fd_ >= 0 ? receive(gsi_fd_, 1, true) : 0; }
@@ -742,6 +774,9 @@ std::size_t udp_link::receive(int fd, int rounds, bool front) noexcept {
         h.msg_name = &rx_from_[i];
       }
       rx_msgs_[i].msg_hdr.msg_namelen = sizeof(sockaddr_storage);  // recvmmsg shrinks it
+      // The management socket's reads need none (QP1's GRH is the CM's).
+      rx_msgs_[i].msg_hdr.msg_control = ip_fields_ && !front ? rx_control_[i].data() : nullptr;
+      rx_msgs_[i].msg_hdr.msg_controllen = ip_fields_ && !front ? rx_control_[i].size() : 0;
     }
     auto& msgs = rx_msgs_;
     const int r = ::recvmmsg(fd, msgs.data(), want, MSG_DONTWAIT, nullptr);
@@ -753,7 +788,8 @@ std::size_t udp_link::receive(int fd, int rounds, bool front) noexcept {
         ++dev_.counters_.dropped;
         continue;  // the buffer is reused
       }
-      if (!deliver(rx_[i], rx_[i]->buf, msgs[i].msg_len, from, from_port, front)) continue;
+      const ip_fields ip = ip_fields_ && !front ? ip_fields_of(msgs[i].msg_hdr) : ip_fields{};
+      if (!deliver(rx_[i], rx_[i]->buf, msgs[i].msg_len, from, from_port, front, ip)) continue;
       rx_[i] = nullptr;
       ++total;
     }
@@ -824,7 +860,7 @@ udp_link::peer_read udp_link::read_peer() noexcept {
     dev_.free_packet(p);
     return peer_read::dropped;
   }
-  if (deliver(p, p->buf, n, from, from_port, for_qp1(p->buf, n))) return peer_read::queued;
+  if (deliver(p, p->buf, n, from, from_port, for_qp1(p->buf, n), ip_fields{})) return peer_read::queued;
   dev_.free_packet(p);
   return peer_read::dropped;
 }
@@ -859,6 +895,10 @@ std::size_t udp_link::drain_peer(std::size_t limit, bool* emptied) noexcept {
 
 void udp_link::note_source(const gid& from, std::uint16_t port, bool lone) noexcept {
   if (peer_closing_) return;
+  // Reading a peer socket takes no control message: not while the IP
+  // fields are wanted (one open before then closes at the next other
+  // source or burst).
+  if (ip_fields_ && peer_fd_ < 0) return;
   if (peer_fd_ >= 0) {
     if (port != peer_port_ || from != peer_from_) other_source_ = true;
     return;
@@ -985,7 +1025,8 @@ std::size_t udp_link::receive_shared() noexcept {
       gro_msgs_[i].msg_hdr.msg_controllen = gro_control_[i].size();
     }
     int r;
-    if (want == 1 && gro_state_ == gro_state::off) {  // recvfrom: no message header, no control message
+    if (want == 1 && gro_state_ == gro_state::off &&
+        !ip_fields_) {  // recvfrom: no header, no control message
       msghdr& h = gro_msgs_[first].msg_hdr;
       const ssize_t len = ::recvfrom(fd_, gro_iov_[first].iov_base, gro_slot_size, MSG_DONTWAIT,
                                      static_cast<sockaddr*>(h.msg_name), &h.msg_namelen);
@@ -1032,6 +1073,7 @@ std::size_t udp_link::receive_shared() noexcept {
           std::memcpy(&v, CMSG_DATA(c), sizeof v);
           if (v > 0) seg = static_cast<std::size_t>(v);
         }
+      const ip_fields ip = ip_fields_ ? ip_fields_of(h) : ip_fields{};
       const std::byte* base = gro_buf_.get() + i * gro_slot_size;
       const bool keep = in_place && i == 0;
       if (seg == len && gro_state_ != gro_state::on) {
@@ -1075,7 +1117,8 @@ std::size_t udp_link::receive_shared() noexcept {
           continue;
         }
         if (!keep) std::memcpy(p->buf, base + off, n);
-        if (deliver(p, keep ? base + off : p->buf, n, from, from_port, false)) ++delivered;
+        if (deliver(p, keep ? base + off : p->buf, n, from, from_port, false, ip))
+          ++delivered;
         else dev_.free_packet(p);
       }
       total += delivered;
@@ -1173,8 +1216,8 @@ bool udp_link::next_id_matches(const rx_flow& f, std::size_t transport_len, std:
          rx_id_icrc_.delta(transport_len, static_cast<std::uint16_t>(f.last + 1)) == d;
 }
 
-bool udp_link::deliver(packet* p, const std::byte* data, std::size_t len, const gid& from, std::uint16_t from_port,
-                       bool front) noexcept {
+bool udp_link::deliver(packet* p, const std::byte* data, std::size_t len, const gid& from,
+                       std::uint16_t from_port, bool front, const ip_fields& ip) noexcept {
   const std::span<const std::byte> dgram(data, len);
   wire::packet_view v;
   if (wire::decode(dgram, true, v) != wire::decode_error::ok) {
@@ -1197,11 +1240,11 @@ bool udp_link::deliver(packet* p, const std::byte* data, std::size_t len, const 
   p->src = from;
   p->dst = local_;
   p->sport = from_port;
-  // The socket does not report the TTL and TOS (that would cost two control
-  // messages per datagram); a recycled packet must not report the ones it
-  // was last sent with either.  UD's GRH and the CM see these defaults.
-  p->hop_limit = 64;
-  p->tclass = 0;
+  // As the socket reported them once a UD QP exists (UD's GRH shows them),
+  // else defaults: a recycled packet must not report the ones it was last
+  // sent with.
+  p->hop_limit = ip.hop_limit;
+  p->tclass = ip.tclass;
   p->has_icrc = false;
   if (front) dev_.receive_front_locked(p);
   else dev_.receive_locked(p);

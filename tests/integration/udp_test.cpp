@@ -201,9 +201,10 @@ TEST_F(udp, an_empty_datagram_is_counted_as_dropped) {
   EXPECT_EQ(a.dev.counters().dropped, 1u);
 }
 
-// A received packet reuses a buffer the device sent from before: the TTL
-// and TOS that UD's GRH reports must not be that old packet's.
-TEST_F(udp, ud_grh_does_not_report_a_recycled_packets_ttl_and_tos) {
+// UD's GRH reports the traffic class and hop limit the datagram came with
+// (rxe copies the IP header there), and a received packet that reuses a
+// buffer the device sent from before does not report that old packet's.
+TEST_F(udp, ud_grh_reports_the_datagrams_ttl_and_tos_not_a_recycled_packets) {
   make(a, 0);
   make(b, 1);
   make_qps(qp_type::ud, 4096);
@@ -231,6 +232,12 @@ TEST_F(udp, ud_grh_does_not_report_a_recycled_packets_ttl_and_tos) {
   odd.grh.traffic_class = 0x68;
   odd.grh.hop_limit = 7;
   exchange(b, a, b.p.create_ah(odd));  // b's free list now holds a packet sent with these
+  // (The TOS and TTL leave as the AH says through the raw socket; without
+  // one the kernel's defaults may go instead.)
+  if (can_send_raw()) {
+    EXPECT_EQ(a.buf[20 + 1], std::byte{0x68}) << "TOS as sent";
+    EXPECT_EQ(a.buf[20 + 8], std::byte{7}) << "TTL as sent";
+  }
   ah_attr plain;
   plain.grh.dgid = b.g;
   exchange(a, b, a.p.create_ah(plain));

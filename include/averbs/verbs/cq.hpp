@@ -43,7 +43,11 @@ class cq {
   /// `ibv_get_cq_event` as one request).  Completions already queued do not
   /// count.  Any number may be parked; one completion releases all that it
   /// satisfies.  `cancel_notifies()` and destroying the CQ complete them with
-  /// `operation_aborted`.
+  /// `operation_aborted`.  As with `ibv_req_notify_cq`, arm before the last
+  /// poll (arm, poll, then wait): with `use_awaitable` the request is made
+  /// only when the coroutine suspends, so a completion added by another
+  /// thread between its poll and its `co_await` is not counted -- there,
+  /// arm with a completion port or a callback and poll again after.
   template <completion_token<void> Token>
   auto async_notify(bool solicited_only, Token&& token) const {
     return detail::initiate<void>(detail::context_of(obj_.get()), detail::group_of(obj_.get()),

@@ -184,6 +184,76 @@ TEST_F(events_test, cq_err_when_a_cq_overflows) {
   EXPECT_EQ(query_state(p.a), qp_state::err);
 }
 
+// An event still queued for a CQ when it is destroyed goes with it (the
+// kernel drops a destroyed object's events): the next CQ, which takes the
+// freed slot and so the same number, must not read it as its own.  A
+// second handle, whose events nobody reads meanwhile, holds them.
+TEST_F(events_test, a_destroyed_cqs_unread_event_does_not_name_the_next_cq_in_its_slot) {
+  device d2 = open_device(*ctx, dev.name());
+  pd p2 = d2.alloc_pd();
+  cq small = d2.create_cq(1), rcq = d2.create_cq(16);
+  qp_init_attr ia;
+  ia.send_cq = small;
+  ia.recv_cq = rcq;
+  ia.cap = {16, 16, 1, 1, 0};
+  qp a = p2.create_qp(ia);
+  qp_options o;
+  auto b_cq = dev.create_cq(16);
+  qp b = make_qp(o, b_cq, b_cq);
+  bring_up(a, o, b.num(), 100, 200);
+  bring_up(b, o, a.num(), 200, 100);
+  auto src = make_buffer(8), remote = make_buffer(8);
+  for (std::uint64_t i = 1; i <= 2; ++i)
+    ASSERT_FALSE(
+        post_send(a, wr_opcode::rdma_write, {src.whole()}, i, send_signaled, remote.addr(), remote.m.rkey()));
+  (void)poll(b_cq, 1);  // (drives the device)
+  const std::uint32_t old = small.handle();
+  a.destroy();
+  small.destroy();
+  cq again = d2.create_cq(4);
+  ASSERT_EQ(again.handle(), old) << "the new CQ did not take the freed slot: nothing to check";
+  auto r = d2.async_get_event(use_request);
+  d2.cancel_events();
+  std::error_code ec;
+  const async_event ev = r.get(ec);
+  EXPECT_FALSE(!ec && ev.type == event_type::cq_err && ev.element == again.handle())
+      << "the destroyed CQ's overflow was delivered as the new CQ's";
+}
+
+// A handle whose events nobody reads fills its queue; the device's removal
+// still reaches it: device_fatal has the queue's last place.
+TEST_F(events_test, device_fatal_arrives_after_a_full_queue_of_unread_events) {
+  device d2 = open_device(*ctx, dev.name());
+  for (int i = 0; i < 5000; ++i)
+    dev_holder->set_port_state(i % 2 == 0 ? port_state::down : port_state::active);
+  dev_holder.reset();
+  async_event last{};
+  std::size_t got = 0;
+  for (;;) {
+    std::error_code ec;
+    const async_event ev = d2.get_event(ec);
+    if (ec) break;
+    last = ev;
+    ++got;
+  }
+  EXPECT_GT(got, 4000u);
+  EXPECT_EQ(last.type, event_type::device_fatal) << "after " << got << " events";
+}
+
+// On removal device_fatal is a handle's first event (device.hpp), ahead of
+// the LAST_WQE_REACHED its QPs on an SRQ raise as they go to ERR.
+TEST_F(events_test, removal_raises_device_fatal_before_the_qps_events) {
+  srq s = pd_.create_srq({8, 1, 0});
+  qp_options o;
+  auto p = connect(o, o, 256, 256, s);
+  auto first = dev.async_get_event(use_request);
+  dev_holder.reset();
+  std::error_code ec;
+  const async_event ev = first.get(ec);
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_EQ(ev.type, event_type::device_fatal);
+}
+
 // ---------------------------------------------------------------------------
 // Port events
 

@@ -272,10 +272,14 @@ std::error_code find_route(const gid& ip, route& out, bool own) {
     }
     return false;
   };
-  // The embedded device, created if it is not yet (it binds nothing); its
-  // table is the host's addresses.
+  // The embedded device, created if it is not yet (it binds nothing) and
+  // only if it owns the address (its table is the host's addresses):
+  // created by a search it cannot answer, it would come ahead of the
+  // configured devices in later ones (an opened owner).
   auto embedded_owner = [&] {
     if (embedded.empty()) {
+      const std::vector<gid> host = averbs::soft::host_addresses();
+      if (std::find(host.begin(), host.end(), ip) == host.end()) return false;
       auto e = averbs::detail::find_device("embedded");
       if (e == nullptr || e->removed.load()) return false;
       embedded.push_back({"embedded", e, e->engine->gids()});

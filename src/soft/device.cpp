@@ -117,6 +117,8 @@ void write_one(int fd) noexcept {
 constexpr std::size_t timer_room = 16;
 }  // namespace
 
+std::vector<gid> host_addresses() { return host_gids(); }
+
 void complete_parked(const parked& p, const std::error_code& ec, void* result) noexcept {
   detail::complete_request(*p.ctx, p.id, ec, result);
   detail::context_release(*p.ctx);

@@ -519,6 +519,10 @@ class link {
   virtual void want_ip_fields() noexcept {}
 };
 
+/// The host's addresses as GIDs (IPv4-mapped first, then IPv6; 127.0.0.1
+/// if none): the embedded device's GID table.
+std::vector<gid> host_addresses();
+
 /// Injected faults on a link (a runtime setting of the shipped build).
 struct fault_config {
   double drop = 0;       // probability per packet

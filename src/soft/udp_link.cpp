@@ -814,6 +814,8 @@ std::size_t udp_link::receive_gro() noexcept {
     if (now < peer_shared_at_) return n;
     return n + receive_shared();
   }
+  // The IP fields wanted now (a UD QP): its recv() reads none, so it goes.
+  if (ip_fields_) return close_peer();
   if (++peer_polls_ % peer_shared_every != 0) return receive_peer();
   other_source_ = false;
   const std::size_t n = receive_shared();

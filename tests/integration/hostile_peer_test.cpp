@@ -2031,6 +2031,26 @@ TEST_F(hostile_peer, a_packet_for_no_qp_counts_as_dropped_not_received) {
   EXPECT_EQ(after.bytes_received, before.bytes_received);
 }
 
+// UD's GRH reports the traffic class and hop limit the datagram came with
+// (rxe copies its IP header there): a peer's socket sets them here, so no
+// raw socket is needed.
+TEST_F(hostile_peer, a_ud_grh_reports_the_datagrams_tos_and_ttl) {
+  make_qp(qp_type::ud);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post_recvs(m, 2, 128);
+  const int tos = 0x68, ttl = 7;
+  ASSERT_EQ(::setsockopt(fd_, IPPROTO_IP, IP_TOS, &tos, sizeof tos), 0);
+  ASSERT_EQ(::setsockopt(fd_, IPPROTO_IP, IP_TTL, &ttl, sizeof ttl), 0);
+  send(wire::opcode::ud_send_only, 0, filled(16, 1), {.deth = {ud_qkey, peer_qpn}});
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+  EXPECT_NE(wcs[0].wc_flags & wc_grh, 0u);
+  // IPv4 in the 40-byte GRH area: the header in its last 20 bytes.
+  EXPECT_EQ(buf_[20 + 1], std::byte{0x68}) << "TOS";
+  EXPECT_EQ(buf_[20 + 8], std::byte{7}) << "TTL";
+}
+
 // The key checks come with the header checks (rxe's check_keys()): a
 // datagram with another Q_Key, or a packet with another P_Key, is dropped
 // without counting as received, and counts in the port's Q_Key or P_Key

@@ -638,6 +638,13 @@ TEST(cli_options, devices_lists_another_processes_and_another_hosts_devices_with
   sockaddr_in sa{};
   sa.sin_family = AF_INET;
   sa.sin_port = htons(port);
+  ::inet_pton(AF_INET, "10.255.255.1", &sa.sin_addr);
+  if (::bind(squat, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) {
+    ::close(squat);
+    std::remove(path.c_str());
+    GTEST_SKIP()
+        << "10.255.255.1 can be bound here (net.ipv4.ip_nonlocal_bind): no other host's address to list";
+  }
   ::inet_pton(AF_INET, test_address(0).c_str(), &sa.sin_addr);
   ASSERT_EQ(::bind(squat, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
   ::setenv("AVERBS_CONFIG", path.c_str(), 1);

@@ -207,6 +207,7 @@ TEST_F(events_test, a_destroyed_cqs_unread_event_does_not_name_the_next_cq_in_it
     ASSERT_FALSE(
         post_send(a, wr_opcode::rdma_write, {src.whole()}, i, send_signaled, remote.addr(), remote.m.rkey()));
   (void)poll(b_cq, 1);  // (drives the device)
+  ASSERT_EQ(query_state(a), qp_state::err) << "the CQ did not overflow: nothing to check";
   const std::uint32_t old = small.handle();
   a.destroy();
   small.destroy();

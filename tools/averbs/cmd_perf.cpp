@@ -47,7 +47,8 @@ int help() {
       "  -x, --gid-index N  source GID index (default 0)\n"
       "  -i, --ib-port 1    the port (an averbs device has one)\n"
       "  -F, --CPU-freq     accepted for perftest's command lines; no effect\n"
-      "  -u, --qp-timeout T QP local ACK timeout, 4.096 us * 2^T (default 14, 67 ms)\n"
+      "  -u, --qp-timeout T QP local ACK timeout, 4.096 us * 2^T (default 14, 67 ms; the connect test's QPs "
+      "too)\n"
       "  -p, --port PORT    out-of-band TCP port between the two processes (18515)\n"
       "      --report_gbits bandwidth in Gb/s (10^9 bits) instead of MB/s (2^20 bytes)\n"
       "      --addr A[:P]   create the device (named by -d, default udp0) bound to\n"
@@ -326,6 +327,7 @@ int cmd_perf(std::span<char* const> raw_args) {
       o.outstanding_reads = static_cast<std::uint32_t>(number(1, 128));
     } else if (a == "-u" || a == "--qp-timeout") {
       o.qp_timeout = static_cast<std::uint8_t>(number(1, 31));
+      co.ack_timeout = o.qp_timeout;
     } else if (a == "-w" || a == "--window") {
       co.window = static_cast<std::size_t>(number(1, 1'000'000));
     } else if (a == "--sync") {

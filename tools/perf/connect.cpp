@@ -126,6 +126,8 @@ std::size_t serve_connections(context& ctx, const connect_options& o, const std:
 
 connect_stats run_connections(context& ctx, const connect_options& o, const oob* server_link) {
   connect_stats st;
+  cm::conn_params params;
+  params.ack_timeout = o.ack_timeout;
   auto check_server = [&](const char* phase) {
     if (server_link != nullptr && server_link->peer_closed())
       throw std::runtime_error(
@@ -151,7 +153,7 @@ connect_stats run_connections(context& ctx, const connect_options& o, const oob*
     const std::size_t i = issued++;
     qps[i] = make_qp(p, c);
     conns[i] = cm::connector(dev);
-    conns[i].async_connect(qps[i], o.server, {}, bind_port(port, tag_connect | i));
+    conns[i].async_connect(qps[i], o.server, {}, params, bind_port(port, tag_connect | i));
   };
   while (issued < n && issued < o.window) issue();
   completion_entry e[64];
@@ -235,7 +237,7 @@ connect_stats run_connections(context& ctx, const connect_options& o, const oob*
     if (i % 64 == 0) check_server("the synchronous connects");  // (a poll(2) each time)
     sqps[i] = make_qp(p, c);
     sconns[i] = cm::connector(dev);
-    sconns[i].connect(sqps[i], o.server);
+    sconns[i].connect(sqps[i], o.server, {}, params);
   }
   st.sync_seconds = seconds_since(t1);
   st.sync_per_second = static_cast<double>(st.sync_connections) / st.sync_seconds;

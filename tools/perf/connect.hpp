@@ -29,6 +29,7 @@ struct connect_options {
   std::size_t sync_connections = 0;  // 0: min(connections, 10000)
   bool verify = true;
   std::uint16_t oob_port = 18515;
+  std::uint8_t ack_timeout = 14;  // -u: the connections' QPs' (conn_params::ack_timeout)
 };
 
 struct connect_stats {

@@ -218,6 +218,14 @@ void device::receive_front_locked(packet* p) {
 }
 
 void device::transmit(packet* p) noexcept {
+  // A port that is not ACTIVE (soft_device::set_port_state: a cable
+  // pulled) carries nothing: RC finds out by its retry timer, as on a link
+  // that went down.
+  if (port_state_ != port_state::active) {
+    ++counters_.dropped;
+    free_packet(p);
+    return;
+  }
   counters_.packets_sent += p->run;
   counters_.bytes_sent += p->payload_len;
   if (link_->wants_icrc()) compute_icrc(p);
@@ -1000,6 +1008,10 @@ std::error_code device::create_ah(pd_t* pd, const ah_attr& attr, ah_t*& out) {
   if (attr.grh.dgid.is_zero()) return err(errc::invalid_argument);
   std::lock_guard lock(lock_);
   if (attr.grh.sgid_index >= gids_.size()) return err(errc::invalid_argument);
+  // IPv4 to IPv4, IPv6 to IPv6: the kernel's route resolution refuses a
+  // mixed pair (EINVAL), and no datagram could carry it.
+  if (gids_[attr.grh.sgid_index].is_ipv4_mapped() != attr.grh.dgid.is_ipv4_mapped())
+    return err(errc::invalid_argument);
   if (live_ahs_ >= limits::max_ah) return err(errc::no_resources);
   const std::uint32_t i = take_slot(ahs_, free_ahs_);
   ahs_[i] = std::make_unique<ah_t>();
@@ -1650,6 +1662,11 @@ void device::send_mad(const gid& src, const gid& dst, std::uint32_t dqpn, std::s
   p->op = &wire::info(p->hdr.bth.opcode);
   p->hdr.bth.pad = wire::pad_for(p->payload_len);
   p->header_len = static_cast<std::uint8_t>(wire::encode(p->hdr, p->header));
+  if (port_state_ != port_state::active) {  // (as transmit())
+    ++counters_.dropped;
+    free_packet(p);
+    return;
+  }
   ++counters_.packets_sent;
   counters_.bytes_sent += p->payload_len;
   if (link_->wants_icrc()) compute_icrc(p);
@@ -1730,6 +1747,11 @@ void device::run() noexcept {
       rx_head_ = p->next;
       if (rx_head_ == nullptr) rx_tail_ = nullptr;
       if (p == rx_front_last_) rx_front_last_ = nullptr;
+      if (port_state_ != port_state::active) {  // nothing arrives on a port that is down
+        ++counters_.dropped;
+        free_packet(p);
+        continue;
+      }
       // The receive side parses the encoded bytes: the same code a packet
       // from the wire meets (the UDP link already did, with the same checks).
       if (!p->decoded && wire::decode_headers(std::span(p->header.data(), p->header_len), p->payload_len, p->hdr,

@@ -255,7 +255,8 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
     return err(errc::invalid_argument);
   // RoCE needs a GRH (rdma_check_ah_attr) naming a local source GID.
   auto bad_av = [&](const ah_attr& ah) {
-    return !ah.is_global || ah.port_num != 1 || ah.grh.sgid_index >= gids_.size() || ah.grh.dgid.is_zero();
+    return !ah.is_global || ah.port_num != 1 || ah.grh.sgid_index >= gids_.size() || ah.grh.dgid.is_zero() ||
+           gids_[ah.grh.sgid_index].is_ipv4_mapped() != ah.grh.dgid.is_ipv4_mapped();  // (one family)
   };
   if ((mask & m_av) != 0 && bad_av(a.ah)) return err(errc::invalid_argument);
   // No alternate path on RoCE: the kernel refuses one for a RoCE port

@@ -72,7 +72,9 @@ class soft_device {
   const std::string& name() const noexcept;
 
   /// Sets the port state and raises `port_active` / `port_err` (a cable
-  /// pulled or plugged).
+  /// pulled or plugged).  A port that is not ACTIVE sends and receives
+  /// nothing (counted as `dropped`): RC runs out of retries, as on a link
+  /// that went down; connection management stops too.
   void set_port_state(port_state s);
 
   /// Replaces the injected faults (same syntax as the option; "" for none).

@@ -365,6 +365,10 @@ TEST_F(events_test, each_opened_handle_gets_port_events_and_its_own_objects_even
     ASSERT_TRUE(theirs.wait_for(0ns)) << "a port event reaches every handle";
     EXPECT_EQ(parked.get().type, event_type::port_err);
     EXPECT_EQ(theirs.get().type, event_type::port_err);
+    // Up again (a port that is down carries nothing): both handles hear it.
+    dev_holder->set_port_state(port_state::active);
+    EXPECT_EQ(dev.get_event().type, event_type::port_active);
+    EXPECT_EQ(other.get_event().type, event_type::port_active);
 
     // The other handle's CQ overflows: the event is the other handle's.
     cq full = other.create_cq(1);

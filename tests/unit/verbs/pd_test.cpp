@@ -4,6 +4,8 @@
 // a removed device.
 #include "verbs_fixture.hpp"
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <future>
 
@@ -275,6 +277,57 @@ TEST_F(pd_test, create_ah_with_zero_dgid_bad_flow) {
   ah_attr a = loopback_av();
   a.grh.dgid = gid{};
   EXPECT_EQ(create_ah(a), errc::invalid_argument);
+}
+
+// IPv4 to IPv4 and IPv6 to IPv6 only (the kernel's route resolution
+// refuses a mixed pair; no datagram could carry one): an AH or a QP's path
+// whose source GID and destination differ in family is refused, where it
+// was taken and every packet then dropped.
+TEST_F(pd_test, an_address_vector_mixing_ipv4_and_ipv6_bad_flow) {
+  gid v6;
+  ASSERT_TRUE(gid::parse("::1", v6));
+  soft_device mixed({"mixed_" + std::to_string(::getpid()), &clock, {gid::from_ipv4(0x7F000001), v6}});
+  device d = open_device(*ctx, mixed.name());
+  pd p = d.alloc_pd();
+  ah_attr a;
+  a.is_global = true;
+  a.port_num = 1;
+  a.grh.sgid_index = 1;  // ::1
+  a.grh.dgid = gid::from_ipv4(0x7F000001);
+  std::error_code ec;
+  p.create_ah(a, ec);
+  EXPECT_EQ(ec, errc::invalid_argument) << "IPv6 source, IPv4 destination";
+  a.grh.sgid_index = 0;  // 127.0.0.1
+  a.grh.dgid = v6;
+  p.create_ah(a, ec);
+  EXPECT_EQ(ec, errc::invalid_argument) << "IPv4 source, IPv6 destination";
+  a.grh.sgid_index = 1;
+  ah ok = p.create_ah(a, ec);
+  EXPECT_FALSE(ec) << ec.message();
+
+  cq c = d.create_cq(4);
+  qp_init_attr ia;
+  ia.send_cq = ia.recv_cq = c;
+  ia.cap = {4, 4, 1, 1, 0};
+  qp q = p.create_qp(ia);
+  qp_attr at;
+  at.state = qp_state::init;
+  at.port_num = 1;
+  q.modify(at, qp_attr_state | qp_attr_pkey_index | qp_attr_port | qp_attr_access_flags);
+  at = {};
+  at.state = qp_state::rtr;
+  at.ah = a;
+  at.ah.grh.dgid = gid::from_ipv4(0x7F000001);  // from ::1
+  at.path_mtu = mtu::mtu_1024;
+  at.dest_qp_num = 1234;
+  at.max_dest_rd_atomic = 1;
+  at.min_rnr_timer = 1;
+  q.modify(at,
+           qp_attr_state | qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn | qp_attr_rq_psn |
+               qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer,
+           ec);
+  EXPECT_EQ(ec, errc::invalid_argument) << "a QP path from ::1 to 127.0.0.1";
+  EXPECT_EQ(q.query().state, qp_state::init);
 }
 
 TEST_F(pd_test, destroy_ah) {

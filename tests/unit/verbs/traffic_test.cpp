@@ -318,6 +318,29 @@ TEST_F(traffic, an_rc_send_queue_error_moves_the_qp_to_err) {
   EXPECT_EQ(query_state(p.a), qp_state::err);
 }
 
+// A port that is down (a cable pulled: soft_device::set_port_state)
+// carries nothing: an RC send runs out of retries and nothing arrives;
+// up again, a new connection works.
+TEST_F(traffic, a_port_that_is_down_carries_nothing) {
+  qp_options oa;
+  oa.retry_cnt = 2;
+  auto p = connect(oa, qp_options{});
+  auto src = make_buffer(64), dst = make_buffer(64);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 70));
+  dev_holder->set_port_state(port_state::down);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 50));
+  const auto wcs = poll(p.cq_a, 1, std::chrono::milliseconds(50));
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_TRUE(wc_is(wcs[0], 50, wc_status::retry_exc_err));
+  EXPECT_TRUE(quiet(p.cq_b)) << "a SEND arrived through a port that is down";
+  dev_holder->set_port_state(port_state::active);
+  auto q = connected_pair();
+  ASSERT_FALSE(post_recv(q.b, {dst.whole()}, 71));
+  ASSERT_FALSE(post_send(q.a, wr_opcode::send, {src.whole()}, 51));
+  EXPECT_TRUE(wc_ok(poll_one(q.cq_a), 51, wc_opcode::send));
+  EXPECT_TRUE(wc_ok(poll_one(q.cq_b), 71, wc_opcode::recv));
+}
+
 TEST_F(traffic, ud_send_without_address_handle_bad_flow) {
   auto p = connected_pair(with_type(qp_type::ud));
   auto local = make_buffer(64);

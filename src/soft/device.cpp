@@ -596,7 +596,7 @@ std::error_code device::dealloc_pd(pd_t* pd) {
   if (pd->children != 0) return err(errc::busy);
   const std::uint32_t i = pd->handle;
   pds_[i].reset();
-  free_pds_.push_back(i);
+  free_slot(free_pds_, i);
   --live_pds_;
   return {};
 }
@@ -609,7 +609,7 @@ void device::release_pd(pd_t* pd) noexcept {
   }
   const std::uint32_t i = pd->handle;
   pds_[i].reset();
-  free_pds_.push_back(i);
+  free_slot(free_pds_, i);
   --live_pds_;
 }
 
@@ -620,7 +620,7 @@ void drop_child(pd_t* pd, std::vector<std::unique_ptr<pd_t>>& pds, std::vector<s
   if (--pd->children == 0 && pd->released) {
     const std::uint32_t i = pd->handle;
     pds[i].reset();
-    free_pds.push_back(i);
+    free_slot(free_pds, i);
     --live;
   }
 }
@@ -1031,7 +1031,7 @@ std::error_code device::destroy_ah(ah_t* ah) {
   pd_t* pd = ah->pd;
   const std::uint32_t i = ah->handle;
   ahs_[i].reset();
-  free_ahs_.push_back(i);
+  free_slot(free_ahs_, i);
   --live_ahs_;
   drop_child(pd, pds_, free_pds_, live_pds_);
   return {};
@@ -1146,7 +1146,7 @@ std::error_code device::destroy_cq(cq_t* cq) {
   const std::uint32_t i = cq->handle;
   purge_cq_events(cq);
   cqs_[i].reset();
-  free_cqs_.push_back(i);
+  free_slot(free_cqs_, i);
   --live_cqs_;
   return {};
 }
@@ -1161,7 +1161,7 @@ void device::release_cq(cq_t* cq) noexcept {
   const std::uint32_t i = cq->handle;
   purge_cq_events(cq);
   cqs_[i].reset();
-  free_cqs_.push_back(i);
+  free_slot(free_cqs_, i);
   --live_cqs_;
 }
 
@@ -1303,7 +1303,7 @@ std::error_code device::destroy_srq(srq_t* srq) {
   const std::uint32_t i = srq->handle;
   purge_srq_events(srq);
   srqs_[i].reset();
-  free_srqs_.push_back(i);
+  free_slot(free_srqs_, i);
   --live_srqs_;
   drop_child(pd, pds_, free_pds_, live_pds_);
   return {};
@@ -1319,7 +1319,7 @@ void device::release_srq(srq_t* srq) noexcept {
   const std::uint32_t i = srq->handle;
   purge_srq_events(srq);
   srqs_[i].reset();
-  free_srqs_.push_back(i);
+  free_slot(free_srqs_, i);
   --live_srqs_;
   drop_child(pd, pds_, free_pds_, live_pds_);
 }

@@ -40,6 +40,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <span>
 #include <string>
 #include <system_error>
@@ -518,6 +519,17 @@ class link {
   /// messages on every read from then on.
   virtual void want_ip_fields() noexcept {}
 };
+
+/// Puts a freed slot's index on its free list.  Out of memory -- a destroy
+/// cannot report it -- the slot is given up instead (never reused), not
+/// the process.
+template <class List>
+void free_slot(List& list, std::uint32_t i) noexcept {
+  try {
+    list.push_back(i);
+  } catch (const std::bad_alloc&) {
+  }
+}
 
 /// The host's addresses as GIDs (IPv4-mapped first, then IPv6; 127.0.0.1
 /// if none): the embedded device's GID table.

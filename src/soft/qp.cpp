@@ -695,7 +695,7 @@ void device::destroy_qp_locked(qp_t* qp) noexcept {
       const std::uint32_t i = cq->handle;
       purge_cq_events(cq);
       cqs_[i].reset();
-      free_cqs_.push_back(i);
+      free_slot(free_cqs_, i);
       --live_cqs_;
     }
   };
@@ -708,11 +708,11 @@ void device::destroy_qp_locked(qp_t* qp) noexcept {
     const std::uint32_t i = srq->handle;
     purge_srq_events(srq);
     srqs_[i].reset();
-    free_srqs_.push_back(i);
+    free_slot(free_srqs_, i);
     --live_srqs_;
     if (--spd->children == 0 && spd->released) {
       pds_[spd->handle].reset();
-      free_pds_.push_back(spd->handle);
+      free_slot(free_pds_, spd->handle);
       --live_pds_;
     }
   }
@@ -720,11 +720,11 @@ void device::destroy_qp_locked(qp_t* qp) noexcept {
   const std::uint32_t index = qp->index;
   purge_qp_events(qp);
   qps_[index].reset();
-  free_qps_.push_back(index);
+  free_slot(free_qps_, index);
   --live_qps_;
   if (--pd->children == 0 && pd->released) {
     pds_[pd->handle].reset();
-    free_pds_.push_back(pd->handle);
+    free_slot(free_pds_, pd->handle);
     --live_pds_;
   }
 }

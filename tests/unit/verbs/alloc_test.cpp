@@ -204,6 +204,51 @@ std::size_t fail_each_allocation(Verb&& verb, Failed&& failed) {
   return 0;
 }
 
+// Destroying needs no memory the engine could run short of: with every
+// allocation failing, a QP, an SRQ, a CQ, an AH and a PD are destroyed
+// (the engine's noexcept paths gave their slots back through lists that
+// grew, and a bad_alloc there terminated the process); a destroy the
+// handle layer could not start says so and works once memory returns;
+// creating works again after.
+TEST_F(control_memory, destroying_objects_short_of_memory_terminates_nothing) {
+  pd p = dev.alloc_pd();
+  cq c = dev.create_cq(4);
+  srq s = p.create_srq({4, 1, 0});
+  qp_init_attr ia;
+  ia.send_cq = c;
+  ia.recv_cq = c;
+  ia.srq = s;
+  ia.cap = {4, 0, 1, 1, 0};
+  qp q = p.create_qp(ia);
+  ah_attr a;
+  a.is_global = true;
+  a.port_num = 1;
+  a.grh.dgid = gid::from_ipv4(0x7F000001);
+  ah h = p.create_ah(a);
+  std::error_code ec[5];
+  fail_allocations_on_this_thread(true);
+  q.destroy(ec[0]);
+  h.destroy(ec[1]);
+  s.destroy(ec[2]);
+  c.destroy(ec[3]);
+  p.dealloc(ec[4]);
+  fail_allocations_on_this_thread(false);
+  // (Any destroy that could not start, short of memory, is done now.)
+  if (ec[0]) q.destroy();
+  if (ec[1]) h.destroy();
+  if (ec[2]) s.destroy();
+  if (ec[3]) c.destroy();
+  if (ec[4]) p.dealloc();
+  pd p2 = dev.alloc_pd();
+  cq c2 = dev.create_cq(4);
+  ia.send_cq = ia.recv_cq = c2;
+  ia.srq = {};
+  ia.cap = {4, 4, 1, 1, 0};
+  qp q2 = p2.create_qp(ia);
+  ah h2 = p2.create_ah(a);
+  EXPECT_EQ(query_state(q2), qp_state::reset);
+}
+
 TEST_F(control_memory, a_registration_short_of_memory_leaves_no_key_behind) {
   // Forty registrations; one that failed after taking its key used to
   // leave the key naming the freed region.

@@ -217,15 +217,18 @@ void device::receive_front_locked(packet* p) {
   rx_front_last_ = p;
 }
 
+// A port that is not ACTIVE (soft_device::set_port_state: a cable pulled)
+// carries nothing either way: RC finds out by its retry timer, as on a
+// link that went down.
+bool device::port_carries(packet* p) noexcept {
+  if (port_state_ == port_state::active) return true;
+  ++counters_.dropped;
+  free_packet(p);
+  return false;
+}
+
 void device::transmit(packet* p) noexcept {
-  // A port that is not ACTIVE (soft_device::set_port_state: a cable
-  // pulled) carries nothing: RC finds out by its retry timer, as on a link
-  // that went down.
-  if (port_state_ != port_state::active) {
-    ++counters_.dropped;
-    free_packet(p);
-    return;
-  }
+  if (!port_carries(p)) return;
   counters_.packets_sent += p->run;
   counters_.bytes_sent += p->payload_len;
   if (link_->wants_icrc()) compute_icrc(p);
@@ -1004,14 +1007,8 @@ std::error_code device::invalidate_rkey(pd_t* pd, std::uint32_t rkey, qp_t* qp) 
 // AH
 
 std::error_code device::create_ah(pd_t* pd, const ah_attr& attr, ah_t*& out) {
-  if (attr.port_num != 1 || !attr.is_global) return err(errc::invalid_argument);
-  if (attr.grh.dgid.is_zero()) return err(errc::invalid_argument);
+  if (!valid_av(attr)) return err(errc::invalid_argument);
   std::lock_guard lock(lock_);
-  if (attr.grh.sgid_index >= gids_.size()) return err(errc::invalid_argument);
-  // IPv4 to IPv4, IPv6 to IPv6: the kernel's route resolution refuses a
-  // mixed pair (EINVAL), and no datagram could carry it.
-  if (gids_[attr.grh.sgid_index].is_ipv4_mapped() != attr.grh.dgid.is_ipv4_mapped())
-    return err(errc::invalid_argument);
   if (live_ahs_ >= limits::max_ah) return err(errc::no_resources);
   const std::uint32_t i = take_slot(ahs_, free_ahs_);
   ahs_[i] = std::make_unique<ah_t>();
@@ -1662,11 +1659,7 @@ void device::send_mad(const gid& src, const gid& dst, std::uint32_t dqpn, std::s
   p->op = &wire::info(p->hdr.bth.opcode);
   p->hdr.bth.pad = wire::pad_for(p->payload_len);
   p->header_len = static_cast<std::uint8_t>(wire::encode(p->hdr, p->header));
-  if (port_state_ != port_state::active) {  // (as transmit())
-    ++counters_.dropped;
-    free_packet(p);
-    return;
-  }
+  if (!port_carries(p)) return;
   ++counters_.packets_sent;
   counters_.bytes_sent += p->payload_len;
   if (link_->wants_icrc()) compute_icrc(p);
@@ -1747,11 +1740,7 @@ void device::run() noexcept {
       rx_head_ = p->next;
       if (rx_head_ == nullptr) rx_tail_ = nullptr;
       if (p == rx_front_last_) rx_front_last_ = nullptr;
-      if (port_state_ != port_state::active) {  // nothing arrives on a port that is down
-        ++counters_.dropped;
-        free_packet(p);
-        continue;
-      }
+      if (!port_carries(p)) continue;
       // The receive side parses the encoded bytes: the same code a packet
       // from the wire meets (the UDP link already did, with the same checks).
       if (!p->decoded && wire::decode_headers(std::span(p->header.data(), p->header_len), p->payload_len, p->hdr,

@@ -675,6 +675,17 @@ class device final : public progress_source, public clock_listener {
   std::uint64_t node_guid() const noexcept { return node_guid_; }
   bool removed() const noexcept { return fatal_; }
   const std::vector<gid>& gid_table() const noexcept { return gids_; }
+  /// An address vector a packet can leave by (an AH's, a QP path's): a
+  /// GRH (RoCE, rdma_check_ah_attr) on port 1 naming one of our GIDs, a
+  /// destination, both of one family (the kernel's route resolution
+  /// refuses a mixed pair).  The GID table never changes: no lock needed.
+  bool valid_av(const ah_attr& av) const noexcept {
+    return av.is_global && av.port_num == 1 && av.grh.sgid_index < gids_.size() && !av.grh.dgid.is_zero() &&
+           gids_[av.grh.sgid_index].is_ipv4_mapped() == av.grh.dgid.is_ipv4_mapped();
+  }
+  /// Whether the port carries packets (ACTIVE); else `p` is dropped and
+  /// counted (soft_device::set_port_state: a cable pulled).
+  bool port_carries(packet* p) noexcept;
   mtu active_mtu() const noexcept;
   /// Sends one 256-byte MAD from QP1 to `dqpn` at `dst` (UD SEND_ONLY,
   /// Q_Key 0x80010000), ahead of queued data.

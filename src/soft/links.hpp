@@ -257,7 +257,9 @@ class udp_link final : public link {
   // (set once the first UD QP is created; a read then always takes control
   // messages, and no peer socket opens: its recv() reads none).
   bool ip_fields_ = false;
-  ip_fields ip_fields_of(const msghdr& h) const noexcept;
+  /// A datagram's control messages in one pass: UDP_GRO's segment size
+  /// into `seg` (left as it is without one), the IP fields once wanted.
+  ip_fields control_of(const msghdr& h, std::size_t& seg) const noexcept;
   int fd_ = -1;
   int gsi_fd_ = -1;  // QP1's datagrams (-1: they arrive on fd_)
   int raw_fd_ = -1;

@@ -253,12 +253,7 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
                              access_remote_atomic | access_mw_bind | 0x3FF00000u)) !=
           0)  // (+ optional range)
     return err(errc::invalid_argument);
-  // RoCE needs a GRH (rdma_check_ah_attr) naming a local source GID.
-  auto bad_av = [&](const ah_attr& ah) {
-    return !ah.is_global || ah.port_num != 1 || ah.grh.sgid_index >= gids_.size() || ah.grh.dgid.is_zero() ||
-           gids_[ah.grh.sgid_index].is_ipv4_mapped() != ah.grh.dgid.is_ipv4_mapped();  // (one family)
-  };
-  if ((mask & m_av) != 0 && bad_av(a.ah)) return err(errc::invalid_argument);
+  if ((mask & m_av) != 0 && !valid_av(a.ah)) return err(errc::invalid_argument);
   // No alternate path on RoCE: the kernel refuses one for a RoCE port
   // whatever the IBTA table allows (_ib_modify_qp: "Ban them in roce
   // mode"), and nothing here would ever migrate to it.

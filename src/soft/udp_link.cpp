@@ -731,12 +731,17 @@ void udp_link::want_ip_fields() noexcept {
   ip_fields_ = ok;  // (else the defaults, as before)
 }
 
-ip_fields udp_link::ip_fields_of(const msghdr& h) const noexcept {
+ip_fields udp_link::control_of(const msghdr& h, std::size_t& seg) const noexcept {
   ip_fields out;
   for (const cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr;
        c = CMSG_NXTHDR(const_cast<msghdr*>(&h), const_cast<cmsghdr*>(c))) {
     int v = -1;
-    if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS && c->cmsg_len >= CMSG_LEN(1)) {
+    if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
+      std::memcpy(&v, CMSG_DATA(c), sizeof v);
+      if (v > 0) seg = static_cast<std::size_t>(v);
+    } else if (!ip_fields_) {
+      continue;  // (none comes)
+    } else if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS && c->cmsg_len >= CMSG_LEN(1)) {
       v = std::to_integer<int>(*reinterpret_cast<const std::byte*>(CMSG_DATA(c)));  // one byte
       out.tclass = static_cast<std::uint8_t>(v);
     } else if ((c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TTL) ||
@@ -788,7 +793,8 @@ std::size_t udp_link::receive(int fd, int rounds, bool front) noexcept {
         ++dev_.counters_.dropped;
         continue;  // the buffer is reused
       }
-      const ip_fields ip = ip_fields_ && !front ? ip_fields_of(msgs[i].msg_hdr) : ip_fields{};
+      std::size_t unused = 0;
+      const ip_fields ip = ip_fields_ && !front ? control_of(msgs[i].msg_hdr, unused) : ip_fields{};
       if (!deliver(rx_[i], rx_[i]->buf, msgs[i].msg_len, from, from_port, front, ip)) continue;
       rx_[i] = nullptr;
       ++total;
@@ -1069,13 +1075,7 @@ std::size_t udp_link::receive_shared() noexcept {
         continue;
       }
       std::size_t seg = len;
-      for (const cmsghdr* c = CMSG_FIRSTHDR(&h); c != nullptr; c = CMSG_NXTHDR(const_cast<msghdr*>(&h), const_cast<cmsghdr*>(c)))
-        if (c->cmsg_level == SOL_UDP && c->cmsg_type == UDP_GRO) {
-          int v = 0;
-          std::memcpy(&v, CMSG_DATA(c), sizeof v);
-          if (v > 0) seg = static_cast<std::size_t>(v);
-        }
-      const ip_fields ip = ip_fields_ ? ip_fields_of(h) : ip_fields{};
+      const ip_fields ip = control_of(h, seg);  // (one pass over the control messages)
       const std::byte* base = gro_buf_.get() + i * gro_slot_size;
       const bool keep = in_place && i == 0;
       if (seg == len && gro_state_ != gro_state::on) {

@@ -95,6 +95,22 @@ unsigned interface_mtu(const gid& addr) {
   return mtu;
 }
 
+// The hop limit the kernel's route resolution gives a unicast RoCE
+// destination (ib_resolve_eth_dmac): the namespace's default for the
+// family, which a fresh socket reports (a route's own hoplimit metric is
+// not looked up).  64 if the socket cannot be had.
+std::uint8_t default_hop_limit(bool v6) {
+  const int fd = ::socket(v6 ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  int v = -1;
+  socklen_t len = sizeof v;
+  if (fd >= 0) {
+    if (::getsockopt(fd, v6 ? IPPROTO_IPV6 : IPPROTO_IP, v6 ? IPV6_UNICAST_HOPS : IP_TTL, &v, &len) != 0)
+      v = -1;
+    ::close(fd);
+  }
+  return v >= 1 && v <= 255 ? static_cast<std::uint8_t>(v) : 64;
+}
+
 // The largest IB MTU whose packets fit a link MTU, as rxe chooses it: the
 // link must also carry the IP, UDP, BTH and extension headers and the ICRC.
 mtu ib_mtu_for(unsigned link_mtu) {
@@ -377,6 +393,8 @@ device::device(const device_config& cfg)
     std::random_device rd;
     key_random_ = (std::uint64_t{rd()} << 32) ^ rd();  // memory keys' bytes (alloc_key)
   }
+  hop_limit_v4_ = default_hop_limit(false);
+  hop_limit_v6_ = default_hop_limit(true);
   ep_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (ep_ < 0) throw std::system_error(errno, std::system_category(), "epoll_create1");
   clock_is_steady_ = dynamic_cast<const steady_clock*>(clock_) != nullptr;
@@ -1016,6 +1034,7 @@ std::error_code device::create_ah(pd_t* pd, const ah_attr& attr, ah_t*& out) {
   ahs_[i]->handle = i;
   ahs_[i]->gen = ++ah_gen_;
   ahs_[i]->attr = attr;
+  ahs_[i]->attr.grh.hop_limit = route_hop_limit(attr.grh.dgid);
   ahs_[i]->sgid = gids_[attr.grh.sgid_index];
   ++pd->children;
   ++live_ahs_;

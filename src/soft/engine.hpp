@@ -683,6 +683,13 @@ class device final : public progress_source, public clock_listener {
     return av.is_global && av.port_num == 1 && av.grh.sgid_index < gids_.size() && !av.grh.dgid.is_zero() &&
            gids_[av.grh.sgid_index].is_ipv4_mapped() == av.grh.dgid.is_ipv4_mapped();
   }
+  /// The hop limit a packet to `dst` leaves with.  As the kernel's RoCE
+  /// route resolution does for a user AH or a connected QP's path
+  /// (ib_resolve_eth_dmac), the route's replaces the AV's: a zero-filled
+  /// AV does not send TTL 0, and query reports what is sent.
+  std::uint8_t route_hop_limit(const gid& dst) const noexcept {
+    return dst.is_ipv4_mapped() ? hop_limit_v4_ : hop_limit_v6_;
+  }
   /// Whether the port carries packets (ACTIVE); else `p` is dropped and
   /// counted (soft_device::set_port_state: a cable pulled).
   bool port_carries(packet* p) noexcept;
@@ -899,6 +906,8 @@ class device final : public progress_source, public clock_listener {
   averbs::clock* clock_;
   std::uint64_t node_guid_;
   std::vector<gid> gids_;
+  std::uint8_t hop_limit_v4_ = 64;  // route_hop_limit(), read at creation
+  std::uint8_t hop_limit_v6_ = 64;
   port_state port_state_ = port_state::active;
   std::uint32_t bad_pkey_cntr_ = 0;   // PortInfo P_KeyViolations (query_port)
   std::uint32_t qkey_viol_cntr_ = 0;  // PortInfo Q_KeyViolations

@@ -290,6 +290,7 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
   if ((mask & m_qkey) != 0) qp->qkey = a.qkey;
   if ((mask & m_av) != 0) {
     qp->av = a.ah;
+    qp->av.grh.hop_limit = route_hop_limit(a.ah.grh.dgid);
     qp->sgid = gids_[a.ah.grh.sgid_index];
   }
   if ((mask & m_mig) != 0) qp->path_mig_state = a.path_mig_state;

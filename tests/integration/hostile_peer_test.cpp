@@ -79,7 +79,6 @@ class hostile_peer : public ::testing::Test {
 
   mtu path_mtu_ = mtu::mtu_1024;    ///< make_qp()'s, unless a test changes it first
   std::uint8_t av_tclass_ = 0;      ///< likewise, the AV's traffic class
-  std::uint8_t av_hop_limit_ = 64;  ///< and hop limit
   std::uint32_t max_recv_sge_ = 4;  ///< likewise
 
   /// make_qp() up to RTR: a responder only.
@@ -114,7 +113,7 @@ class hostile_peer : public ::testing::Test {
     at.ah.is_global = true;
     at.ah.grh.dgid = peer_gid_;
     at.ah.grh.traffic_class = av_tclass_;
-    at.ah.grh.hop_limit = av_hop_limit_;
+    at.ah.grh.hop_limit = 7;  // the route's replaces it
     std::uint32_t mask = qp_attr_state | qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn | qp_attr_rq_psn;
     if (t == qp_type::rc) mask |= qp_attr_max_dest_rd_atomic | qp_attr_min_rnr_timer;
     qp_.modify(at, mask);
@@ -473,14 +472,18 @@ TEST_F(hostile_peer, rdma_write_wrapping_the_address_space_is_refused) {
   EXPECT_TRUE(std::all_of(buf_.begin(), buf_.end(), [](std::byte b) { return b == std::byte{0}; }));
 }
 
-// The AV's traffic class and hop limit go on every packet, those of a GSO
-// run too (the run's socket serves every flow of its source port: they go
-// as control messages with the run).
-TEST_F(hostile_peer, a_gso_run_carries_the_avs_traffic_class_and_hop_limit) {
+// The AV's traffic class and the route's hop limit (which replaces the
+// AV's, as the kernel's route resolution does) go on every packet, those
+// of a GSO run too (the run's socket serves every flow of its source port:
+// they go as control messages with the run).
+TEST_F(hostile_peer, a_gso_run_carries_the_avs_traffic_class_and_the_routes_hop_limit) {
   if (!can_send_raw())
     GTEST_SKIP() << "GSO runs need the raw socket (CAP_NET_RAW); without it no packet carries the AV's";
+  int route = 0;
+  socklen_t len = sizeof route;
+  ASSERT_EQ(::getsockopt(fd_, IPPROTO_IP, IP_TTL, &route, &len), 0)
+      << "a socket's default TTL is the route's";
   av_tclass_ = 0x68;  // DSCP 26
-  av_hop_limit_ = 7;
   make_qp(qp_type::rc);
   int on = 1;
   ASSERT_EQ(::setsockopt(fd_, IPPROTO_IP, IP_RECVTOS, &on, sizeof on), 0);
@@ -507,7 +510,7 @@ TEST_F(hostile_peer, a_gso_run_carries_the_avs_traffic_class_and_hop_limit) {
       if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TTL) std::memcpy(&ttl, CMSG_DATA(c), sizeof ttl);
     }
     ++packets;
-    if (tos != 0x68 || ttl != 7) {
+    if (tos != 0x68 || ttl != route) {
       ++wrong;
       ADD_FAILURE() << "packet " << packets << ": TOS " << tos << ", TTL " << ttl;
     }

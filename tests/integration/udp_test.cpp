@@ -230,13 +230,13 @@ TEST_F(udp, ud_grh_reports_the_datagrams_ttl_and_tos_not_a_recycled_packets) {
   ah_attr odd;
   odd.grh.dgid = a.g;
   odd.grh.traffic_class = 0x68;
-  odd.grh.hop_limit = 7;
-  exchange(b, a, b.p.create_ah(odd));  // b's free list now holds a packet sent with these
-  // (The TOS and TTL leave as the AH says through the raw socket; without
-  // one the kernel's defaults may go instead.)
+  odd.grh.hop_limit = 7;               // the route's replaces it (64)
+  exchange(b, a, b.p.create_ah(odd));  // b's free list now holds a packet sent with this TOS
+  // (The TOS leaves as the AH says through the raw socket; without one the
+  // kernel's default may go instead.)
   if (can_send_raw()) {
     EXPECT_EQ(a.buf[20 + 1], std::byte{0x68}) << "TOS as sent";
-    EXPECT_EQ(a.buf[20 + 8], std::byte{7}) << "TTL as sent";
+    EXPECT_EQ(a.buf[20 + 8], std::byte{64}) << "TTL as sent";
   }
   ah_attr plain;
   plain.grh.dgid = b.g;

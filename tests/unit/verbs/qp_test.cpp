@@ -825,7 +825,7 @@ TEST_F(qp_test, failed_rtr_modify_changes_no_attribute) {
   a.max_dest_rd_atomic = 9;
   a.min_rnr_timer = 3;
   a.qp_access_flags = access_remote_read;
-  a.ah.grh.hop_limit = 3;
+  a.ah.grh.traffic_class = 3;
   a.path_mtu = static_cast<mtu>(6);  // the one bad value
   EXPECT_EQ(modify(q, a,
                    qp_attr_state | qp_attr_access_flags |
@@ -839,7 +839,7 @@ TEST_F(qp_test, failed_rtr_modify_changes_no_attribute) {
   EXPECT_EQ(after.min_rnr_timer, before.min_rnr_timer);
   EXPECT_EQ(after.qp_access_flags, before.qp_access_flags);
   EXPECT_EQ(after.path_mtu, before.path_mtu);
-  EXPECT_EQ(after.ah.grh.hop_limit, before.ah.grh.hop_limit);
+  EXPECT_EQ(after.ah.grh.traffic_class, before.ah.grh.traffic_class);
   EXPECT_EQ(after.ah.grh.dgid, before.ah.grh.dgid);
 }
 
@@ -960,7 +960,7 @@ TEST_F(qp_test, rc_query_returns_every_attribute_set) {
   EXPECT_TRUE(got.ah.is_global);
   EXPECT_EQ(got.ah.grh.dgid, gid::from_ipv4(0x7F000001));
   EXPECT_EQ(got.ah.grh.sgid_index, 0);
-  EXPECT_EQ(got.ah.grh.hop_limit, 5);
+  EXPECT_EQ(got.ah.grh.hop_limit, route_hop_limit()) << "the route's, not the AV's 5 (ib_resolve_eth_dmac)";
   EXPECT_EQ(got.ah.grh.traffic_class, 3);
   EXPECT_EQ(got.ah.port_num, 1);
   EXPECT_FALSE(got.sq_draining);
@@ -1017,7 +1017,7 @@ TEST_F(qp_test, sqd_to_sqd_changes_path_and_retry_attributes) {
   a.rnr_retry = 1;
   a.max_rd_atomic = 2;
   a.max_dest_rd_atomic = 2;
-  a.ah.grh.hop_limit = 9;
+  a.ah.grh.traffic_class = 9;
   ASSERT_EQ(modify(q, a,
                    qp_attr_state | qp_attr_timeout | qp_attr_retry_cnt | qp_attr_rnr_retry |
                        qp_attr_max_qp_rd_atomic | qp_attr_max_dest_rd_atomic | qp_attr_av),
@@ -1029,7 +1029,7 @@ TEST_F(qp_test, sqd_to_sqd_changes_path_and_retry_attributes) {
   EXPECT_EQ(got.rnr_retry, 1);
   EXPECT_EQ(got.max_rd_atomic, 2);
   EXPECT_EQ(got.max_dest_rd_atomic, 2);
-  EXPECT_EQ(got.ah.grh.hop_limit, 9);
+  EXPECT_EQ(got.ah.grh.traffic_class, 9);
 }
 
 TEST_F(qp_test, query_in_init_returns_port_pkey_and_access) {

@@ -959,7 +959,7 @@ TEST_F(traffic, ud_grh_area_holds_a_valid_ipv4_header_and_the_payload_follows) {
   auto byte = [&](std::size_t i) { return std::to_integer<unsigned>(dst.bytes[i]); };
   EXPECT_EQ(byte(20), 0x45u);  // version 4, IHL 5
   EXPECT_EQ((byte(22) << 8) | byte(23), 20u + 8u + 12u + 8u + 64u + 4u);  // IP + UDP + BTH + DETH + payload + ICRC
-  EXPECT_EQ(byte(28), 64u);    // TTL = the AH's hop limit
+  EXPECT_EQ(byte(28), route_hop_limit());                                 // TTL: the route's
   EXPECT_EQ(byte(29), 17u);    // UDP
   std::uint32_t sum = 0;
   for (std::size_t i = 20; i < 40; i += 2) sum += (byte(i) << 8) | byte(i + 1);
@@ -973,6 +973,38 @@ TEST_F(traffic, ud_grh_area_holds_a_valid_ipv4_header_and_the_payload_follows) {
   }
   EXPECT_TRUE(has_pattern(dst, 17, 40, 64));
   EXPECT_TRUE(dst.all('\xEE', 104));
+}
+
+// A RoCE AV's hop limit is the route's, as the kernel makes it for a user
+// AH or a connected QP's path (ib_resolve_eth_dmac): a zero-filled AV
+// does not send TTL 0, and a QP's query reports the hop limit it sends.
+TEST_F(traffic, the_routes_hop_limit_replaces_the_avs) {
+  const int route = route_hop_limit();
+  ASSERT_GT(route, 0);
+
+  auto p = connected_pair(with_type(qp_type::ud));
+  auto src = make_buffer(8), dst = make_buffer(40 + 8);
+  for (const std::uint8_t asked : {0, 7}) {
+    ah_attr a;
+    a.is_global = true;
+    a.grh.dgid = gid::from_ipv4(0x7F000001);
+    a.grh.hop_limit = asked;
+    a.port_num = 1;
+    ah h = pd_.create_ah(a);
+    ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 1));
+    ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.whole()}, 2));
+    EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 2, wc_opcode::send));
+    EXPECT_TRUE(wc_ok(poll_one(p.cq_b), 1, wc_opcode::recv));
+    EXPECT_EQ(std::to_integer<int>(dst.bytes[28]), route) << "TTL sent for an AH asking " << int{asked};
+  }
+
+  const qp_options o;
+  qp q = make_qp(o, p.cq_a, p.cq_a);
+  q.modify(init_attr(o), init_mask(o.type));
+  qp_attr r = rtr_attr(o, p.b.num(), 0);
+  r.ah.grh.hop_limit = 0;
+  q.modify(r, rtr_mask(o.type));
+  EXPECT_EQ(q.query().ah.grh.hop_limit, route);
 }
 
 // The GRH area's lengths are the datagram's as it came, pad included (rxe

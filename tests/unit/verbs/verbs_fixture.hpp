@@ -233,6 +233,9 @@ class verbs_test : public ::testing::Test {
 // test never leaves a stale parked request behind).
 
 #include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -243,6 +246,17 @@ namespace averbs::test {
 inline std::uint32_t net32(std::uint32_t v) { return htonl(v); }
 
 /// The next key of an R_Key: same index, key byte + 1 (`ibv_inc_rkey`).
+/// The IPv4 hop limit the host's route gives (a fresh socket's default
+/// TTL): what a RoCE AV's hop limit becomes.
+inline int route_hop_limit() {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  int v = -1;
+  socklen_t len = sizeof v;
+  if (fd >= 0 && ::getsockopt(fd, IPPROTO_IP, IP_TTL, &v, &len) != 0) v = -1;
+  if (fd >= 0) ::close(fd);
+  return v;
+}
+
 inline std::uint32_t inc_rkey(std::uint32_t k) { return (k & ~0xFFu) | ((k + 1) & 0xFFu); }
 
 /// Byte `i` of the deterministic pattern `seed` (never the same for two

@@ -14,11 +14,16 @@ namespace averbs::soft {
 bool parse_faults(const std::string& text, fault_config& out, std::string& error) {
   fault_config f;
   std::string_view rest = text;
-  while (!rest.empty()) {
+  std::vector<std::string> seen;  // keys given, by canonical name: each once
+  for (bool more = !rest.empty(); more;) {
     const auto comma = rest.find(',');
     const std::string_view item = rest.substr(0, comma);
-    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-    if (item.empty()) continue;
+    more = comma != std::string_view::npos;
+    rest = more ? rest.substr(comma + 1) : std::string_view{};
+    if (item.empty()) {
+      error = "empty item in '" + text + "' (items are key=value, separated by single commas)";
+      return false;
+    }
     const auto eq = item.find('=');
     if (eq == std::string_view::npos) {
       error = "expected key=value, got '" + std::string(item) + "'";
@@ -26,6 +31,12 @@ bool parse_faults(const std::string& text, fault_config& out, std::string& error
     }
     const std::string key(item.substr(0, eq));
     const std::string value(item.substr(eq + 1));
+    const std::string canonical = key == "duplicate" ? "dup" : key;
+    if (std::find(seen.begin(), seen.end(), canonical) != seen.end()) {
+      error = "'" + canonical + "' is given twice";
+      return false;
+    }
+    seen.push_back(canonical);
     if (key == "seed" || key == "delay_us") {
       // Whole numbers: a seed as given; a delay up to a minute.
       std::uint64_t n = 0;
@@ -66,6 +77,11 @@ bool parse_faults(const std::string& text, fault_config& out, std::string& error
       return false;
     }
     *rate = v;
+  }
+  // (Checked after the loop: the items may come in any order.)
+  if (std::find(seen.begin(), seen.end(), "delay_us") != seen.end() && f.delay == 0 && f.reorder == 0) {
+    error = "delay_us without delay or reorder has no effect";
+    return false;
   }
   out = f;
   return true;

@@ -7,10 +7,13 @@
 #include <averbs/error.hpp>
 #include <averbs/verbs/soft_device.hpp>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <sstream>
 #include <string_view>
@@ -34,7 +37,9 @@ registry& reg() {
   throw std::system_error(make_error_code(errc::invalid_argument), what);
 }
 
-std::shared_ptr<device_entry> make_entry(const soft_device_options& o) {
+// `where` names the source in every message: "soft_device" (the API),
+// "AVERBS_DEVICES", or the configuration file's "path:line".
+std::shared_ptr<device_entry> make_entry(const soft_device_options& o, const std::string& where) {
   auto e = std::make_shared<device_entry>();
   e->name = o.name;
   soft::device_config cfg;
@@ -42,7 +47,7 @@ std::shared_ptr<device_entry> make_entry(const soft_device_options& o) {
   cfg.clock = o.clock;
   cfg.gids = o.gids;
   if (!o.address.empty() && !gid::parse(o.address, cfg.address))
-    bad_option("soft_device address '" + o.address + "' is not an IPv4 or IPv6 address");
+    bad_option(where + ": address '" + o.address + "' is not an IPv4 or IPv6 address");
   if (!o.address.empty()) {
     // A device sends from its address and puts it in every ICRC: the
     // wildcard (it would bind every address and compute ICRCs with a
@@ -51,11 +56,14 @@ std::shared_ptr<device_entry> make_entry(const soft_device_options& o) {
     const auto& a = cfg.address.raw;  // (unsigned char)
     const bool v4 = cfg.address.is_ipv4_mapped();
     const bool any = cfg.address.is_zero() || (v4 && a[12] == 0 && a[13] == 0 && a[14] == 0 && a[15] == 0);
-    if (any) bad_option("soft_device address '" + o.address + "' is unspecified (the wildcard)");
+    if (any) bad_option(where + ": address '" + o.address + "' is unspecified (the wildcard)");
     const bool multicast =
         v4 ? (a[12] & 0xF0) == 0xE0 || (a[12] == 0xFF && a[13] == 0xFF && a[14] == 0xFF && a[15] == 0xFF)
            : a[0] == 0xFF;
-    if (multicast) bad_option("soft_device address '" + o.address + "' is a multicast or broadcast address");
+    if (multicast) bad_option(where + ": address '" + o.address + "' is a multicast or broadcast address");
+    // Port 0 would bind an ephemeral port no peer knows to send to.
+    if (o.port == 0)
+      bad_option(where + ": port 0 (a device needs a known RoCE port; 4791 is the standard one)");
   }
   cfg.port = o.port;
   cfg.check_icrc = o.check_icrc;
@@ -63,7 +71,8 @@ std::shared_ptr<device_entry> make_entry(const soft_device_options& o) {
   cfg.raw_send = o.raw_send;
   cfg.gso = o.gso;
   std::string error;
-  if (!o.faults.empty() && !soft::parse_faults(o.faults, cfg.faults, error)) bad_option("faults: " + error);
+  if (!o.faults.empty() && !soft::parse_faults(o.faults, cfg.faults, error))
+    bad_option(where + ": faults: " + error);
   e->engine = std::make_shared<soft::device>(cfg);
   return e;
 }
@@ -97,8 +106,66 @@ void split_address(const std::string& text, soft_device_options& o, const std::s
   o.port = port;
 }
 
-// The device configuration file: $AVERBS_CONFIG, else /etc/averbs/devices.conf.
-// One device per line, '#' starts a comment:
+/// One device the environment or the configuration file names.  What is
+/// wrong with the source as a whole (its syntax, a file that cannot be
+/// read) is an error for every device it would name; what is wrong with
+/// one entry is that device's business, an error when it is opened.
+struct named_device {
+  std::string name;
+  std::string address;               // as written ("" if missing)
+  std::vector<std::string> options;  // the configuration file's words after the address
+  std::string where;                 // "AVERBS_DEVICES" or "path:line"
+  std::string also;                  // where the same source names it again, if it does
+};
+
+bool has_space(std::string_view s) { return s.find_first_of(" \t\r\n\v\f") != std::string_view::npos; }
+
+std::string_view trim(std::string_view s) {
+  const auto b = s.find_first_not_of(" \t\r\n\v\f");
+  if (b == std::string_view::npos) return {};
+  return s.substr(b, s.find_last_not_of(" \t\r\n\v\f") - b + 1);
+}
+
+// A name given twice in one source is an error for that name (which entry
+// was meant?), wherever the two are.
+void mark_repeats(std::vector<named_device>& v) {
+  for (std::size_t i = 0; i < v.size(); ++i)
+    for (std::size_t j = 0; j < i; ++j)
+      if (v[i].name == v[j].name) {
+        v[i].also = v[j].where;
+        if (v[j].also.empty()) v[j].also = v[i].where;
+      }
+}
+
+// AVERBS_DEVICES="name@address[:port],...": devices a program finds by name
+// without creating them itself (the tools, unmodified applications).
+// Spaces around an item, its name or its address are ignored.
+std::vector<named_device> environment_devices() {
+  std::vector<named_device> v;
+  const char* env = std::getenv("AVERBS_DEVICES");
+  if (env == nullptr || trim(env).empty()) return v;
+  std::string_view rest = env;
+  for (bool more = true; more;) {
+    const auto comma = rest.find(',');
+    const std::string_view item = trim(rest.substr(0, comma));
+    more = comma != std::string_view::npos;
+    rest = more ? rest.substr(comma + 1) : std::string_view{};
+    const auto at = item.find('@');
+    const std::string_view name = trim(item.substr(0, at));
+    if (at == std::string_view::npos || name.empty() || has_space(name))
+      bad_option("AVERBS_DEVICES: '" + std::string(item) +
+                 "' is not name@address[:port] (items separated by commas)");
+    if (name == "embedded")
+      bad_option("AVERBS_DEVICES: 'embedded' is the name of the in-process device; give this one another");
+    v.push_back({std::string(name), std::string(trim(item.substr(at + 1))), {}, "AVERBS_DEVICES", {}});
+  }
+  mark_repeats(v);
+  return v;
+}
+
+// The device configuration file: $AVERBS_CONFIG, else /etc/averbs/devices.conf
+// (whose absence means no devices).  One device per line, '#' starts a
+// comment:
 //
 //   # name   address[:port]     options
 //   udp0     127.0.0.2:4791     faults=drop=0.01,seed=3  icrc=1  raw=1
@@ -106,49 +173,60 @@ void split_address(const std::string& text, soft_device_options& o, const std::s
 //
 // Options: faults=SPEC (as AVERBS_FAULTS), icrc=0|1 (check received
 // ICRCs), raw=0|1 (send through a raw socket when permitted), gso=0|1
-// (send runs of packets as UDP GSO datagrams).
-bool from_config_file(const std::string& name, soft_device_options& o, std::vector<std::string>* names) {
+// (send runs of packets as UDP GSO datagrams).  A regular file of at most
+// 1 MiB: opened without blocking and checked before it is read, so a FIFO
+// or a device file named by mistake cannot hang the program (this runs
+// under the registry's lock).
+std::vector<named_device> config_devices() {
+  constexpr std::size_t max_size = std::size_t{1} << 20;
   const char* env = std::getenv("AVERBS_CONFIG");
   const std::string path = env != nullptr ? env : "/etc/averbs/devices.conf";
-  std::ifstream in(path);
-  std::error_code fs_ec;
-  if (!in || std::filesystem::is_directory(path, fs_ec)) {  // (a directory opens, and reads as empty)
-    if (env != nullptr && names == nullptr) bad_option("AVERBS_CONFIG: cannot read '" + path + "'");
-    return false;
+  const std::string what = (env != nullptr ? "AVERBS_CONFIG: '" : "'") + path + "'";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT && env == nullptr) return {};
+    bad_option(what + ": " + std::generic_category().message(errno));
   }
+  std::string text;
+  struct stat st {};
+  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  bool read_error = false;
+  if (regular) {
+    text.resize(max_size + 1);
+    std::size_t got = 0;
+    while (got < text.size()) {
+      const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        read_error = n < 0;
+        break;
+      }
+      got += static_cast<std::size_t>(n);
+    }
+    text.resize(got);
+  }
+  ::close(fd);
+  if (!regular) bad_option(what + " is not a regular file");
+  if (read_error) bad_option(what + ": read error");
+  if (text.size() > max_size) bad_option(what + " is larger than 1 MiB");
+
+  std::vector<named_device> v;
+  std::istringstream lines(text);
   std::string line;
-  for (int n = 1; std::getline(in, line); ++n) {
+  for (int n = 1; std::getline(lines, line); ++n) {
     if (const auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
     std::istringstream words(line);
-    std::string dev, addr;
-    if (!(words >> dev)) continue;
-    const std::string where = path + ":" + std::to_string(n);
-    // Another device's line, however broken, is that device's business:
-    // opening it says what is wrong (as for a bad option or address).
-    if (names == nullptr && dev != name) continue;
-    if (!(words >> addr)) {
-      if (names != nullptr) continue;  // listed without it; opening it says why
-      bad_option(where + ": '" + dev + "' needs an address");
-    }
-    if (names != nullptr) {
-      names->push_back(dev);
-      continue;
-    }
-    o.name = dev;
-    split_address(addr, o, where);
-    for (std::string opt; words >> opt;) {
-      const auto eq = opt.find('=');
-      const std::string key = opt.substr(0, eq), value = eq == std::string::npos ? "" : opt.substr(eq + 1);
-      if (key == "faults") o.faults = value;
-      else if (key == "icrc" && (value == "0" || value == "1")) o.check_icrc = value == "1";
-      else if (key == "raw" && (value == "0" || value == "1")) o.raw_send = value == "1";
-      else if (key == "gso" && (value == "0" || value == "1")) o.gso = value == "1";
-      else bad_option(where + ": unknown option '" + opt + "' (faults=, icrc=0|1, raw=0|1, gso=0|1)");
-    }
-    return true;
+    named_device d;
+    if (!(words >> d.name)) continue;
+    d.where = path + ":" + std::to_string(n);
+    if (d.name == "embedded")
+      bad_option(d.where + ": 'embedded' is the name of the in-process device; give this one another");
+    words >> d.address;
+    for (std::string opt; words >> opt;) d.options.push_back(opt);
+    v.push_back(std::move(d));
   }
-  if (in.bad() && names == nullptr) bad_option(path + ": read error");  // not the end of the file
-  return false;
+  mark_repeats(v);
+  return v;
 }
 
 // An on/off environment variable: 0 or 1, else an error (a "no" read as
@@ -161,27 +239,34 @@ bool switch_from_environment(const char* var, bool otherwise) {
   return s == "1";
 }
 
-// AVERBS_DEVICES="name@address[:port],...": devices a program finds by name
-// without creating them itself (the tools, unmodified applications).
-// AVERBS_FAULTS and AVERBS_ICRC=0 apply to all of them.
-bool from_environment(const std::string& name, soft_device_options& o) {
-  const char* env = std::getenv("AVERBS_DEVICES");
-  if (env == nullptr) return false;
-  std::string_view rest = env;
-  while (!rest.empty()) {
-    const auto comma = rest.find(',');
-    const std::string_view item = rest.substr(0, comma);
-    rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-    const auto at = item.find('@');
-    if (at == std::string_view::npos || item.substr(0, at) != name) continue;
-    o.name = name;
-    split_address(std::string(item.substr(at + 1)), o, "AVERBS_DEVICES");
+// A named device's options.  AVERBS_FAULTS, AVERBS_ICRC and AVERBS_GSO
+// apply to every device AVERBS_DEVICES names.
+soft_device_options options_of(const named_device& d) {
+  if (!d.also.empty()) bad_option(d.where + ": '" + d.name + "' is named twice (also " + d.also + ")");
+  if (d.address.empty()) bad_option(d.where + ": '" + d.name + "' needs an address");
+  soft_device_options o;
+  o.name = d.name;
+  split_address(d.address, o, d.where);
+  for (const std::string& opt : d.options) {
+    const auto eq = opt.find('=');
+    const std::string key = opt.substr(0, eq), value = eq == std::string::npos ? "" : opt.substr(eq + 1);
+    if (key == "faults" && !value.empty())
+      o.faults = value;
+    else if (key == "icrc" && (value == "0" || value == "1"))
+      o.check_icrc = value == "1";
+    else if (key == "raw" && (value == "0" || value == "1"))
+      o.raw_send = value == "1";
+    else if (key == "gso" && (value == "0" || value == "1"))
+      o.gso = value == "1";
+    else
+      bad_option(d.where + ": unknown option '" + opt + "' (faults=SPEC, icrc=0|1, raw=0|1, gso=0|1)");
+  }
+  if (d.where == "AVERBS_DEVICES") {
     if (const char* f = std::getenv("AVERBS_FAULTS")) o.faults = f;
     o.check_icrc = switch_from_environment("AVERBS_ICRC", o.check_icrc);
     o.gso = switch_from_environment("AVERBS_GSO", o.gso);
-    return true;
   }
-  return false;
+  return o;
 }
 
 }  // namespace
@@ -192,18 +277,16 @@ std::shared_ptr<device_entry> find_device(const std::string& name) {
   std::lock_guard lock(r.mu);
   auto it = r.devices.find(n);
   if (it != r.devices.end()) return it->second;
-  if (n == "embedded") {
-    auto e = make_entry({.name = "embedded"});
+  const auto add = [&](std::shared_ptr<device_entry> e) {
     r.devices.emplace(n, e);
     return e;
-  }
+  };
+  if (n == "embedded") return add(make_entry({.name = "embedded"}, "embedded"));
   // The environment names devices ahead of the configuration file.
-  soft_device_options o;
-  if (from_environment(n, o) || from_config_file(n, o, nullptr)) {
-    auto e = make_entry(o);
-    r.devices.emplace(n, e);
-    return e;
-  }
+  for (const named_device& d : environment_devices())
+    if (d.name == n) return add(make_entry(options_of(d), d.where));
+  for (const named_device& d : config_devices())
+    if (d.name == n) return add(make_entry(options_of(d), d.where));
   return nullptr;
 }
 
@@ -212,7 +295,7 @@ std::shared_ptr<device_entry> register_device(const soft_device_options& o) {
   registry& r = reg();
   std::lock_guard lock(r.mu);
   if (r.devices.count(o.name) != 0) throw std::system_error(make_error_code(errc::already_exists), o.name);
-  auto e = make_entry(o);
+  auto e = make_entry(o, "soft_device");
   r.devices.emplace(o.name, e);
   return e;
 }
@@ -235,37 +318,24 @@ std::vector<known_device> known_devices() {
     for (auto& [name, e] : r.devices) known[name] = {name, e, {}};
   }
   // Named but not created: as find_device would create them, the
-  // environment ahead of the configuration file.
-  auto add = [&](const std::string& name, auto&& options_of) {
-    if (name.empty() || known.count(name) != 0) return;
-    known_device k{name, nullptr, {}};
+  // environment ahead of the configuration file.  A source that cannot be
+  // read names nothing here; opening a device says why.
+  const auto add = [&](const named_device& d) {
+    if (known.count(d.name) != 0) return;
+    known_device k{d.name, nullptr, {}};
     try {
-      soft_device_options o;
-      if (options_of(name, o)) gid::parse(o.address, k.address);
+      gid::parse(options_of(d).address, k.address);
     } catch (const std::system_error&) {
       // Broken: listed without an address; opening it says why.
     }
-    known[name] = std::move(k);
+    known[d.name] = std::move(k);
   };
-  if (const char* env = std::getenv("AVERBS_DEVICES")) {
-    std::string_view rest = env;
-    while (!rest.empty()) {
-      const auto comma = rest.find(',');
-      const std::string_view item = rest.substr(0, comma);
-      rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
-      if (const auto at = item.find('@'); at != std::string_view::npos)
-        add(std::string(item.substr(0, at)), from_environment);
+  for (auto* source : {&environment_devices, &config_devices}) {
+    try {
+      for (const named_device& d : source()) add(d);
+    } catch (const std::system_error&) {
     }
   }
-  std::vector<std::string> configured;
-  try {
-    soft_device_options unused;
-    from_config_file("", unused, &configured);
-  } catch (const std::system_error&) {
-  }
-  for (const std::string& n : configured)
-    add(n,
-        [](const std::string& name, soft_device_options& o) { return from_config_file(name, o, nullptr); });
   std::vector<known_device> v;
   v.push_back(known.count("embedded") != 0 ? known["embedded"] : known_device{"embedded", nullptr, {}});
   for (auto& [name, k] : known)  // (a map: by name)

@@ -341,6 +341,26 @@ TEST(perf_two_processes, a_stranger_on_the_out_of_band_port_stops_the_server) {
   EXPECT_NE(server.output().find("is not averbs perf"), std::string::npos) << server.output();
 }
 
+// The peer's GID must be a unicast address of this device's family: a
+// group address, the wildcard or the other family is refused by name
+// (a multicast one used to be taken, and our RC traffic sent there).
+TEST(perf_two_processes, a_peer_gid_no_qp_can_reach_stops_the_server_naming_it) {
+  for (const char* bad : {"224.0.0.1", "0.0.0.0", "::1"}) {
+    const std::uint16_t port = test_port();
+    child server(perf_cmd(0, port, {"--test", "write_bw"}, false), true);
+    oob fake = oob::connect(test_address(0), static_cast<std::uint16_t>(port + 1), 30s);
+    fake.send_params(fake.recv_params());  // agrees with whatever the server runs
+    const perf::peer_info theirs = fake.recv_info();
+    perf::peer_info mine = theirs;
+    mine.qpn = 0x123;
+    ASSERT_TRUE(gid::parse(bad, mine.g));
+    fake.send_info(mine);
+    EXPECT_EQ(server.wait(30s), 1) << bad << ": " << server.output();
+    EXPECT_NE(server.output().find("the peer sent GID "), std::string::npos)
+        << bad << ": " << server.output();
+  }
+}
+
 // Every 32nd send is signaled: with -n a multiple of 32 a size's last
 // send waits for an ACK the other end's device still holds when it stops
 // to agree the size is over.  Both ends keep their devices running
@@ -588,6 +608,10 @@ TEST(perf_options, perftest_option_forms_are_accepted) {
   ASSERT_NE(at, std::string::npos) << c.output();
   ASSERT_EQ(std::sscanf(c.output().c_str() + at, " 4096 %zu", &iters), 1) << c.output();
   EXPECT_EQ(iters, 7u);
+  // Octal too, as strtol base 0 reads it; -u 0 (no ACK timeout) as perftest allows.
+  child octal({AVERBS_CLI, "perf", "--test=write_bw", "-s", "010", "-n", "5", "-u", "0"}, true);
+  ASSERT_EQ(octal.wait(60s), 0) << octal.output();
+  EXPECT_NE(octal.output().find("\n 8 "), std::string::npos) << "-s 010 is 8 bytes: " << octal.output();
   child bad({AVERBS_CLI, "perf", "--test=write_bw", "-s0x"}, true);
   EXPECT_EQ(bad.wait(30s), 2) << bad.output();
   EXPECT_NE(bad.output().find("-s: '0x' is not a number"), std::string::npos) << bad.output();
@@ -674,6 +698,21 @@ TEST(cli_options, a_device_named_wrongly_by_the_environment_says_why) {
   EXPECT_NE(c.output().find("bad port '70000'"), std::string::npos) << c.output();
 }
 
+// A device that does not exist is named in the message; a command that
+// cannot even make its context (no descriptors left) says so and exits 1,
+// where it used to abort.
+TEST(cli_options, a_missing_device_or_no_descriptors_is_a_message_not_an_abort) {
+  child missing({AVERBS_CLI, "perf", "--test", "send_lat", "-d", "no_such_device"}, true);
+  EXPECT_EQ(missing.wait(30s), 1) << missing.output();
+  EXPECT_NE(missing.output().find("no device named 'no_such_device'"), std::string::npos) << missing.output();
+  for (const char* cmd : {"nop", "devices"}) {
+    child starved({"/bin/sh", "-c", std::string("ulimit -n 5 && exec ") + AVERBS_CLI + " " + cmd}, true);
+    EXPECT_EQ(starved.wait(30s), 1) << cmd << ": " << starved.output();
+    EXPECT_NE(starved.output().find("Too many open files"), std::string::npos)
+        << cmd << ": " << starved.output();
+  }
+}
+
 TEST(perf_options, out_of_range_values_are_usage_errors) {
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
       {{"--test", "write_bw", "-t", "0"}, "-t: '0' is not a number from 1 to 15000"},
@@ -694,6 +733,9 @@ TEST(perf_options, out_of_range_values_are_usage_errors) {
        "-D runs a bandwidth test for a time, at one size: not with this test"},
       {{"--test", "write_bw", "-D", "2", "-n", "100"}, "not with -n"},
       {{"--test", "write_bw", "-x", "256"}, "-x: '256' is not a number from 0 to 255"},
+      // Every connection stays open, two QPs each on a loopback device:
+      // refused before the handles for them are allocated.
+      {{"--test", "connect", "-n", "600000"}, "need more QPs than device 'embedded' has (at most 524280"},
   };
   for (const auto& [args, message] : cases) {
     std::vector<std::string> argv{AVERBS_CLI, "perf"};

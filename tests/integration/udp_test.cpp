@@ -12,6 +12,7 @@
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1222,7 +1223,7 @@ TEST(device_config, of_processes_racing_for_one_address_one_gets_it) {
 TEST(device_config, bad_environment_entries_are_errors_that_say_why) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"env_port@127.0.0.2:70000", "bad port '70000'"},
-      {"env_empty@", "has no address"},
+      {"env_empty@", "needs an address"},
       {"env_empty_port@:4792", "has no address"},
       {"env_word@localhost", "is not an IPv4 or IPv6 address"},
       // A device sends from its address and puts it in every ICRC.
@@ -1257,12 +1258,118 @@ TEST(device_config, bad_environment_entries_are_errors_that_say_why) {
   ::unsetenv("AVERBS_DEVICES");
 }
 
+// What is wrong with a source as a whole is an error naming the source for
+// every device it would name; what is wrong with one entry is an error for
+// that entry's device.  Nothing is skipped or half-read in silence, and a
+// configuration "file" that is a FIFO is refused, not read forever.
+TEST(device_config, malformed_sources_are_errors_that_say_where) {
+  const std::string addr = test_address(0);
+  const std::uint16_t port = test_port();
+  const std::string at = addr + ":" + std::to_string(port);
+  context ctx;
+  const auto message_of = [&](const std::string& name) -> std::string {
+    try {
+      (void)open_device(ctx, name);
+    } catch (const std::system_error& e) {
+      EXPECT_EQ(e.code(), errc::invalid_argument) << e.what();
+      return e.what();
+    }
+    return "(opened)";
+  };
+  const auto says = [](const std::string& what, const std::string& part) {
+    return what.find(part) != std::string::npos;
+  };
+
+  // Spaces around items are not part of names or addresses.
+  ::setenv(
+      "AVERBS_DEVICES",
+      (" env_sp_a @ " + test_address(1) + ":" + std::to_string(port) + " ,  env_sp_b@" + at + " ").c_str(),
+      1);
+  std::error_code ec;
+  device spaced = open_device(ctx, "env_sp_b", ec);
+  EXPECT_FALSE(ec) << ec.message();
+  const auto names = list_devices();
+  EXPECT_NE(std::find(names.begin(), names.end(), "env_sp_a"), names.end()) << "listed without its spaces";
+  spaced = {};
+
+  ::setenv("AVERBS_DEVICES", ("env_ok@" + at + ",env_eq=127.0.0.9").c_str(), 1);
+  EXPECT_TRUE(says(message_of("env_ok"), "AVERBS_DEVICES: 'env_eq=127.0.0.9' is not name@address"))
+      << "the whole variable is refused, not the broken item skipped";
+  ::setenv("AVERBS_DEVICES", ("env_ok@" + at + ",,env_b@" + at).c_str(), 1);
+  EXPECT_TRUE(says(message_of("env_ok"), "is not name@address"));
+  ::setenv("AVERBS_DEVICES", ("embedded@" + at).c_str(), 1);
+  EXPECT_TRUE(says(message_of("env_other"), "'embedded' is the name of the in-process device"));
+  ::setenv("AVERBS_DEVICES", ("env_twice@" + at + ",env_twice@" + test_address(1)).c_str(), 1);
+  EXPECT_TRUE(says(message_of("env_twice"), "'env_twice' is named twice"));
+  ::unsetenv("AVERBS_DEVICES");
+
+  const std::string path = "/tmp/averbs_config_malformed_" + std::to_string(::getpid()) + ".conf";
+  ::setenv("AVERBS_CONFIG", path.c_str(), 1);
+  {
+    std::ofstream f(path);
+    f << "cfg_twice " << at << "\n"
+      << "cfg_nofaults " << at << " faults\n"
+      << "cfg_twice " << test_address(1) << ":" << port << "\n";
+  }
+  EXPECT_TRUE(says(message_of("cfg_twice"), ":1: 'cfg_twice' is named twice (also " + path + ":3)"));
+  EXPECT_TRUE(says(message_of("cfg_nofaults"), ":2: unknown option 'faults'"));
+  {
+    std::ofstream f(path);
+    f << "cfg_fine " << at << "\nembedded " << at << "\n";
+  }
+  EXPECT_TRUE(says(message_of("cfg_fine"), ":2: 'embedded' is the name of the in-process device"));
+  {
+    std::ofstream f(path);
+    f << "cfg_faulty " << at << " faults=drop=2\n";
+  }
+  EXPECT_TRUE(says(message_of("cfg_faulty"), path + ":1: faults: drop is a probability"))
+      << "the line is named";
+  std::remove(path.c_str());
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  EXPECT_TRUE(says(message_of("cfg_fifo"), "is not a regular file"));
+  std::remove(path.c_str());
+  ::unsetenv("AVERBS_CONFIG");
+
+  // In code: an address needs a port a peer can send to.
+  soft_device_options o;
+  o.name = "api_port0";
+  o.address = addr;
+  o.port = 0;
+  try {
+    soft_device sd(o);
+    ADD_FAILURE() << "port 0 was accepted";
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument);
+    EXPECT_TRUE(says(e.what(), "soft_device: port 0")) << e.what();
+  }
+}
+
 // Fault specifications: probabilities 0..1 and finite, whole numbers for a
 // seed and a delay, nothing silently read as something else.
 TEST(device_config, fault_specifications_are_checked) {
-  for (const char* bad : {"drop=nan", "drop=inf", "drop=1.5", "drop=-0.1", "delay_us=1e16", "delay_us=inf",
-                          "delay_us=60000001", "delay_us=3.5", "seed=1e20", "seed=3.7", "seed=-1", "colour=1",
-                          "drop", "drop= 0.5", "drop=+0.5", "drop=0,5", "drop="}) {
+  for (const char* bad : {"drop=nan",
+                          "drop=inf",
+                          "drop=1.5",
+                          "drop=-0.1",
+                          "delay_us=1e16",
+                          "delay_us=inf",
+                          "delay_us=60000001",
+                          "delay_us=3.5",
+                          "seed=1e20",
+                          "seed=3.7",
+                          "seed=-1",
+                          "colour=1",
+                          "drop",
+                          "drop= 0.5",
+                          "drop=+0.5",
+                          "drop=0,5",
+                          "drop=",
+                          ",",
+                          "drop=0.1,",
+                          "drop=0.1,,seed=1",
+                          "drop=0.1,drop=0.5",
+                          "dup=0.1,duplicate=0.2",
+                          "delay_us=5,seed=1"}) {
     soft_device_options o;
     o.name = std::string("faults_") + bad;
     o.faults = bad;

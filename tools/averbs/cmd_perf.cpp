@@ -60,7 +60,7 @@ int help() {
       "                     (these three with --addr; a device named by the\n"
       "                     environment or the configuration file is set there)\n"
       "      --counters     print the device's packet counters at the end\n\n"
-      "connect: -n N RC connections through the connection manager, pipelined\n"
+      "connect: -n N (5 or more) RC connections through the connection manager, pipelined\n"
       "(-w, --window W in flight, default 256), then --sync S more one at a time\n"
       "(1 or more; default min(N, 10000)); prints conn/s for both and memory per\n"
       "QP.  Each pipelined connection carries one SEND unless --no-verify.  The\n"
@@ -101,11 +101,24 @@ void print_counters(const device_counters& c) {
       static_cast<unsigned long long>(c.receive_overflows));
 }
 
+// The device named `name`, or an error that names it and says where
+// devices come from.
+device open_named(context& ctx, const std::string& name) {
+  try {
+    return open_device(ctx, name);
+  } catch (const std::system_error& e) {
+    if (e.code() != errc::not_found) throw;
+    throw std::system_error(e.code(), "no device named '" + name +
+                                          "' (devices come from --addr, AVERBS_DEVICES or the configuration "
+                                          "file; 'averbs devices -l' lists them)");
+  }
+}
+
 // --test connect.  Loopback devices run the server on a second thread with
 // its own context; network devices run one end per process.
 int run_connect(const perf::options& o, perf::connect_options co, const std::string& host, bool show_counters) {
   context ctx;
-  device dev = open_device(ctx, o.device);
+  device dev = open_named(ctx, o.device);
   const bool remote = dev.udp_port() != 0;
   const gid own = dev.query_gid(1, 0);
   co.device = o.device;
@@ -114,6 +127,21 @@ int run_connect(const perf::options& o, perf::connect_options co, const std::str
     std::fprintf(stderr, "averbs perf: device '%s' has no network link; give it an address (--addr)\n",
                  o.device.c_str());
     return 2;
+  }
+  // Every connection stays open to the end, and on a loopback device both
+  // of its QPs are this device's: refused before anything is allocated.
+  if (!remote || !host.empty()) {
+    const std::size_t sync =
+        co.sync_connections != 0 ? co.sync_connections : std::min<std::size_t>(co.connections, 10000);
+    const std::size_t per = remote ? 1 : 2, room = dev.query().max_qp / per;
+    if (co.connections + sync > room) {
+      std::fprintf(stderr,
+                   "averbs perf: %zu + %zu connections kept open need more QPs than device '%s' has "
+                   "(at most %zu connections%s)\n",
+                   co.connections, sync, o.device.c_str(), room,
+                   remote ? "" : ", two QPs each in one process");
+      return 2;
+    }
   }
   std::printf("---------------------------------------------------------------------------------------\n");
   std::printf("                    Connection setup (IB CM over QP1, RC)\n");
@@ -246,14 +274,13 @@ int cmd_perf(std::span<char* const> raw_args) {
       }
       return args[++i];
     };
-    // A whole number in [lo, hi], decimal or 0x hexadecimal (perftest's
-    // strtol base 0); anything else is a usage error.
+    // A whole number in [lo, hi], read as perftest reads it (strtol base
+    // 0: decimal, 0x hexadecimal, 0 octal); anything else is a usage error.
     auto number = [&](long lo, long hi) -> long {
       const std::string v = value();
       char* end = nullptr;
       errno = 0;
-      const bool hex = v.size() > 2 && v[0] == '0' && (v[1] == 'x' || v[1] == 'X');
-      const long n = std::strtol(v.c_str(), &end, hex ? 16 : 10);
+      const long n = std::strtol(v.c_str(), &end, 0);
       if (end == v.c_str() || *end != '\0' || errno == ERANGE || n < lo || n > hi) {
         std::fprintf(stderr, "averbs perf: %s: '%s' is not a number from %ld to %ld\n", a.c_str(), v.c_str(),
                      lo, hi);
@@ -326,7 +353,7 @@ int cmd_perf(std::span<char* const> raw_args) {
     } else if (a == "-o" || a == "--outs") {
       o.outstanding_reads = static_cast<std::uint32_t>(number(1, 128));
     } else if (a == "-u" || a == "--qp-timeout") {
-      o.qp_timeout = static_cast<std::uint8_t>(number(1, 31));
+      o.qp_timeout = static_cast<std::uint8_t>(number(0, 31));  // 0: no timeout (IBTA), as perftest allows
       co.ack_timeout = o.qp_timeout;
     } else if (a == "-w" || a == "--window") {
       co.window = static_cast<std::size_t>(number(1, 1'000'000));
@@ -411,7 +438,7 @@ int cmd_perf(std::span<char* const> raw_args) {
     const auto sizes = perf::sizes_for(o);
     // A device with a network link runs one end per process; the loopback
     // devices run both ends here.
-    const device probe = open_device(ctx, o.device);
+    const device probe = open_named(ctx, o.device);
     const bool two_processes = probe.udp_port() != 0;
     // perftest's rule: the port's active MTU (a UDP device's follows its
     // interface's MTU, as rxe's), and a larger one asked for is lowered to it.

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 
 namespace {
 
@@ -58,8 +59,17 @@ int main(int argc, char** argv) {
     std::printf("averbs %s\n", AVERBS_VERSION_STRING);
     return 0;
   }
-  for (const command& c : commands)
-    if (c.name == name) return c.run(std::span<char* const>(argv + 2, static_cast<std::size_t>(argc - 2)));
+  for (const command& c : commands) {
+    if (c.name != name) continue;
+    // What a command does not handle itself (no descriptors or memory for
+    // a context, say) is still a message and an exit status, not an abort.
+    try {
+      return c.run(std::span<char* const>(argv + 2, static_cast<std::size_t>(argc - 2)));
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "averbs %s: %s\n", argv[1], e.what());
+      return 1;
+    }
+  }
   std::fprintf(stderr, "averbs: unknown command '%s'\n\n", argv[1]);
   return usage(stderr);
 }

@@ -721,6 +721,24 @@ struct remote_run::state {
   }
 };
 
+namespace {
+// Why a GID the peer sent cannot be the other end of our QP, or null: it
+// must be a unicast address of our GID's family (the device would refuse a
+// mixed pair only as "invalid argument", and send to a group address).
+const char* unusable_peer_gid(const gid& peer, const gid& own) {
+  const auto& a = peer.raw;
+  const bool v4 = peer.is_ipv4_mapped();
+  if (v4 != own.is_ipv4_mapped())
+    return v4 ? "an IPv4 address (this device's is IPv6)" : "an IPv6 address (this device's is IPv4)";
+  if (peer.is_zero() || (v4 && a[12] == 0 && a[13] == 0 && a[14] == 0 && a[15] == 0))
+    return "the unspecified address";
+  if (v4 ? (a[12] & 0xF0) == 0xE0 || (a[12] == 0xFF && a[13] == 0xFF && a[14] == 0xFF && a[15] == 0xFF)
+         : a[0] == 0xFF)
+    return "a multicast or broadcast address";
+  return nullptr;
+}
+}  // namespace
+
 remote_run::remote_run(context& ctx, const options& o, const std::string& host, std::size_t max_size)
     : o_(o), host_(host), s_(std::make_unique<state>()) {
   state& s = *s_;
@@ -758,6 +776,8 @@ remote_run::remote_run(context& ctx, const options& o, const std::string& host, 
   s.peer = s.link.recv_info();
   if (s.peer.qpn == 0 || s.peer.qpn > 0xFFFFFF)
     throw std::runtime_error("the peer sent QP number " + std::to_string(s.peer.qpn));
+  if (const char* why = unusable_peer_gid(s.peer.g, g))
+    throw std::runtime_error("the peer sent GID " + s.peer.g.to_string() + ", " + why);
   if (s.peer.size < s.half)
     throw std::runtime_error("the peer's buffer (" + std::to_string(s.peer.size) +
                              " bytes) is smaller than the largest message");

@@ -1494,7 +1494,11 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       if ((ops & wire::op_inv) != 0 && invalidate_rkey(qp->pd, p->hdr.ieth_rkey, qp)) {
         // The message arrived; only the invalidation failed.  The requester
         // is acknowledged, the receive fails and this QP stops (rxe class J).
-        if (rc && p->hdr.bth.ack_req) send_ack(qp, wire::aeth_ack_unlimited, psn);
+        // Acknowledged whether or not it asked: an unasked last packet waits
+        // for the lazy ACK, which a QP in ERR never sends, and its resends
+        // would find this QP dropping them until the requester ran out of
+        // retries for a message that arrived.
+        if (rc) send_ack(qp, wire::aeth_ack_unlimited, psn);
         wc.status = wc_status::rem_inv_req_err;
         consume_recv(qp);
         post_cqe(qp->rcq, wc, false);

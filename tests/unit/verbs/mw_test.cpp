@@ -529,6 +529,29 @@ TEST_F(mw_test, send_with_invalidate_of_a_type1_key_fails_the_receive) {
   EXPECT_EQ(query_state(p.a), qp_state::rts);
 }
 
+// The same for an unsignaled SEND_WITH_INV, whose last packet does not ask
+// for an ACK (the responder's lazy ACK covers it): the responder, moving to
+// ERR, acknowledges it anyway, so the requester does not resend a message
+// that arrived until it runs out of retries.
+TEST_F(mw_test, a_failed_invalidation_is_acknowledged_even_unasked) {
+  qp_options oa;
+  oa.retry_cnt = 1;
+  auto p = connect(oa, qp_options{});
+  auto region = make_buffer(4096, region_access), dst = make_buffer(64);
+  mw w = pd_.alloc_mw(mw_type::type1);
+  std::uint32_t key = 0;
+  ASSERT_FALSE(p.b.bind_mw(w, 1, 0, {region.m.lkey(), region.addr(), 4096, access_remote_write}, &key));
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 15));
+  send_wr s = make_wr(wr_opcode::send_with_inv, {}, 16);
+  s.imm_data = key;
+  s.flags = 0;  // unsignaled
+  ASSERT_FALSE(p.a.post_send(s));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_b), 15, wc_status::rem_inv_req_err));
+  advance(std::chrono::seconds(2), std::chrono::milliseconds(10));  // past retry_cnt + 1 timeouts of 67 ms
+  EXPECT_TRUE(drain(p.cq_a).empty()) << "the unsignaled SEND_WITH_INV that arrived completed in error";
+  EXPECT_EQ(query_state(p.a), qp_state::rts);
+}
+
 TEST_F(mw_test, dereg_of_a_region_with_a_bound_window_bad_flow) {
   auto p = connected_pair();
   auto region = make_buffer(4096, region_access);

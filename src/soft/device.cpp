@@ -1635,8 +1635,10 @@ void device::receive_gsi(packet* p) noexcept {
   const bool qkey_ok = p->hdr.deth.qkey == wire::gsi_qkey;
   if (p->hdr.bth.opcode != static_cast<std::uint8_t>(wire::opcode::ud_send_only) || !pkey_ok || !qkey_ok ||
       p->payload_len != mad.size()) {
-    if (!pkey_ok) ++bad_pkey_cntr_;
-    else if (!qkey_ok && p->hdr.bth.opcode == static_cast<std::uint8_t>(wire::opcode::ud_send_only)) ++qkey_viol_cntr_;
+    if (!pkey_ok)
+      count_violation(bad_pkey_cntr_);
+    else if (!qkey_ok && (p->op->headers & wire::hdr_deth) != 0)
+      count_violation(qkey_viol_cntr_);
     ++counters_.dropped;
     return;
   }
@@ -1793,11 +1795,11 @@ void device::run() noexcept {
       // in the port's P_Key and Q_Key violation counters.
       if (ok && (p->hdr.bth.pkey & 0x7FFF) != (wire::default_pkey & 0x7FFF)) {
         ok = false;
-        ++bad_pkey_cntr_;
+        count_violation(bad_pkey_cntr_);
       }
       if (ok && qp->type == qp_type::ud && p->hdr.deth.qkey != qp->qkey) {
         ok = false;  // silently dropped (IBTA 10.2.5)
-        ++qkey_viol_cntr_;
+        count_violation(qkey_viol_cntr_);
       }
       if (!ok) {
         ++counters_.dropped;

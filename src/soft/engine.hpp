@@ -911,6 +911,11 @@ class device final : public progress_source, public clock_listener {
   port_state port_state_ = port_state::active;
   std::uint32_t bad_pkey_cntr_ = 0;   // PortInfo P_KeyViolations (query_port)
   std::uint32_t qkey_viol_cntr_ = 0;  // PortInfo Q_KeyViolations
+  /// PortInfo's violation counters are 16 bits and stop at their maximum
+  /// (as rxe's), not wrap.
+  static void count_violation(std::uint32_t& c) noexcept {
+    if (c < 0xFFFF) ++c;
+  }
   mtu active_mtu_ = mtu::mtu_4096;  // from the interface MTU of a UDP device
   bool fatal_ = false;  // the device was removed
   direct_memory direct_;

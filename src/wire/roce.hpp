@@ -424,8 +424,10 @@ enum class nak_code : std::uint8_t {
 inline constexpr std::uint8_t aeth_ack_unlimited = 0x1F;  ///< ACK, credits invalid
 constexpr std::uint8_t aeth_rnr_nak(std::uint8_t timer) noexcept { return 0x20 | (timer & 0x1F); }
 constexpr std::uint8_t aeth_nak(nak_code c) noexcept { return 0x60 | static_cast<std::uint8_t>(c); }
+/// Bits 6:5 of the syndrome; a syndrome with bit 7 set is reserved too
+/// (IBTA 9.7.5.2.1 defines 0x00-0x7F only; rxe's check_ack refuses the rest).
 constexpr aeth_type aeth_type_of(std::uint8_t syndrome) noexcept {
-  return static_cast<aeth_type>((syndrome >> 5) & 3);
+  return (syndrome & 0x80) != 0 ? aeth_type::reserved : static_cast<aeth_type>((syndrome >> 5) & 3);
 }
 
 /// The RNR NAK timer code's delay in nanoseconds (code 0 is 655.36 ms).

@@ -1849,6 +1849,14 @@ TEST_F(hostile_peer, an_ack_of_the_reserved_aeth_type_is_a_bad_response) {
   EXPECT_EQ(wcs[0].status, wc_status::bad_resp_err);
 }
 
+// So is a syndrome with bit 7 set: 0x9F is not the ACK 0x1F it aliases
+// in bits 6:0 (it used to complete the SEND).
+TEST_F(hostile_peer, an_ack_whose_syndrome_has_bit_7_set_is_a_bad_response) {
+  const auto wcs = send_answered_with(0x80 | 0x1F);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::bad_resp_err);
+}
+
 // A NAK code the specification reserves is a remote operational error,
 // as rxe reports it.
 TEST_F(hostile_peer, a_reserved_nak_code_is_a_remote_operational_error) {
@@ -2052,6 +2060,37 @@ TEST_F(hostile_peer, a_ud_grh_reports_the_datagrams_tos_and_ttl) {
   // IPv4 in the 40-byte GRH area: the header in its last 20 bytes.
   EXPECT_EQ(buf_[20 + 1], std::byte{0x68}) << "TOS";
   EXPECT_EQ(buf_[20 + 8], std::byte{7}) << "TTL";
+}
+
+// PortInfo's violation counters are 16 bits: they stop at 65535, as rxe's
+// (they used to go on to 65536 and beyond, which a 16-bit reader sees as
+// small).  A Q_Key violation on QP1 counts whatever UD opcode carries it.
+TEST_F(hostile_peer, key_violation_counters_stop_at_their_16_bit_maximum) {
+  make_qp(qp_type::ud);
+  wire::transport_headers h;
+  h.bth.opcode = static_cast<std::uint8_t>(wire::opcode::ud_send_only_imm);
+  h.bth.dest_qp = 1;
+  h.deth = {0x22222222, peer_qpn};
+  send_as_is(h, filled(256, 0));
+  (void)drain(std::chrono::milliseconds(20));
+  EXPECT_EQ(dev_.query_port(1).qkey_viol_cntr, 1u) << "QP1, SEND_ONLY_WITH_IMMEDIATE, another Q_Key";
+
+  h.bth.opcode = static_cast<std::uint8_t>(wire::opcode::ud_send_only);
+  h.bth.dest_qp = qp_.num();
+  const std::vector<std::byte> pkt = packet_bytes(h, filled(16, 1));
+  ASSERT_FALSE(pkt.empty());
+  std::uint64_t target = dev_.counters().dropped;
+  for (int sent = 0; sent < 65600;) {
+    for (int i = 0; i < 256; ++i, ++sent)
+      ASSERT_EQ(::sendto(fd_, pkt.data(), pkt.size(), 0, reinterpret_cast<sockaddr*>(&to_), sizeof to_),
+                static_cast<ssize_t>(pkt.size()));
+    target += 256;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    work_completion wc[16];
+    while (dev_.counters().dropped < target && std::chrono::steady_clock::now() < until) (void)cq_.poll(wc);
+    ASSERT_EQ(dev_.counters().dropped, target) << "after " << sent << " datagrams";
+  }
+  EXPECT_EQ(dev_.query_port(1).qkey_viol_cntr, 0xFFFFu);
 }
 
 // The key checks come with the header checks (rxe's check_keys()): a

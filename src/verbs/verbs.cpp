@@ -519,6 +519,57 @@ std::vector<gid> device::gids() const {
   return obj_->eng->gids();
 }
 
+std::uint32_t device::find_gid(std::uint8_t port, const gid& g, std::error_code& ec) const noexcept {
+  ec = {};
+  if (obj_ == nullptr || port != 1) {
+    ec = make_error_code(errc::invalid_argument);
+    return 0;
+  }
+  const std::vector<gid>& table = obj_->eng->gid_table();  // (never changes)
+  for (std::uint32_t i = 0; i < table.size(); ++i)
+    if (table[i] == g) return i;
+  ec = make_error_code(errc::not_found);
+  return 0;
+}
+
+std::uint32_t device::find_gid(std::uint8_t port, const gid& g) const {
+  std::error_code ec;
+  const std::uint32_t i = find_gid(port, g, ec);
+  if (ec) throw std::system_error(ec, "averbs::device::find_gid");
+  return i;
+}
+
+ah_attr device::init_ah_from_wc(std::uint8_t port, const work_completion& wc,
+                                std::span<const std::byte, 40> grh, std::error_code& ec) const noexcept {
+  ec = {};
+  wire::grh_fields f;
+  if (obj_ == nullptr || port != 1 || (wc.wc_flags & wc_grh) == 0 || !wire::parse_grh_area(grh, f)) {
+    ec = make_error_code(errc::invalid_argument);
+    return {};
+  }
+  ah_attr a;
+  a.is_global = true;
+  a.port_num = port;
+  a.sl = wc.sl;
+  std::memcpy(a.grh.dgid.raw.data(), f.src.data(), 16);
+  gid to;
+  std::memcpy(to.raw.data(), f.dst.data(), 16);
+  a.grh.sgid_index = static_cast<std::uint8_t>(find_gid(port, to, ec));
+  if (ec) return {};
+  a.grh.traffic_class = f.traffic_class;
+  a.grh.flow_label = f.flow_label;
+  a.grh.hop_limit = 0xFF;
+  return a;
+}
+
+ah_attr device::init_ah_from_wc(std::uint8_t port, const work_completion& wc,
+                                std::span<const std::byte, 40> grh) const {
+  std::error_code ec;
+  ah_attr a = init_ah_from_wc(port, wc, grh, ec);
+  if (ec) throw std::system_error(ec, "averbs::device::init_ah_from_wc");
+  return a;
+}
+
 device_counters device::counters() const {
   if (obj_ == nullptr) return {};
   return obj_->eng->counters();

@@ -716,6 +716,42 @@ std::size_t build_ip_udp(const ip_udp_params& p, std::size_t transport_len,
   return ip_len + udp_header;
 }
 
+bool parse_grh_area(std::span<const std::byte, 40> area, grh_fields& out) noexcept {
+  const std::byte* v4 = area.data() + 20;
+  const bool says_v6 = (get32(area.data()) >> 28) == 6;
+  bool is_v4 = (std::to_integer<unsigned>(v4[0]) >> 4) == 4;
+  // Both plausible: the IPv4 header must be whole (IHL 5, as RoCEv2 sends
+  // it) and its checksum valid, else the area is an IPv6 header whose
+  // addresses happen to look so.
+  if (says_v6 && is_v4) {
+    std::uint32_t sum = 0;
+    for (std::size_t i = 0; i < ipv4_min_header; i += 2) sum += get16(v4 + i);
+    while (sum >> 16) sum = (sum & 0xFFFF) + (sum >> 16);
+    is_v4 = (std::to_integer<unsigned>(v4[0]) & 0xF) == 5 && sum == 0xFFFF;
+  }
+  grh_fields f;
+  if (is_v4) {
+    constexpr std::array<std::byte, 12> mapped{std::byte{0}, std::byte{0}, std::byte{0},    std::byte{0},
+                                               std::byte{0}, std::byte{0}, std::byte{0},    std::byte{0},
+                                               std::byte{0}, std::byte{0}, std::byte{0xFF}, std::byte{0xFF}};
+    std::copy(mapped.begin(), mapped.end(), f.src.begin());
+    std::copy(mapped.begin(), mapped.end(), f.dst.begin());
+    std::copy_n(v4 + 12, 4, f.src.begin() + 12);
+    std::copy_n(v4 + 16, 4, f.dst.begin() + 12);
+    f.traffic_class = std::to_integer<std::uint8_t>(v4[1]);
+  } else if (says_v6) {
+    const std::uint32_t word0 = get32(area.data());
+    f.traffic_class = static_cast<std::uint8_t>(word0 >> 20);
+    f.flow_label = word0 & 0xFFFFF;
+    std::copy_n(area.data() + 8, 16, f.src.begin());
+    std::copy_n(area.data() + 24, 16, f.dst.begin());
+  } else {
+    return false;
+  }
+  out = f;
+  return true;
+}
+
 std::optional<std::uint32_t> icrc_prefix_cache::get(std::span<const std::byte, 16> src,
                                                     std::span<const std::byte, 16> dst, std::uint16_t src_port,
                                                     std::uint16_t dst_port, std::size_t transport_len) noexcept {

@@ -369,6 +369,21 @@ inline bool is_ipv4_mapped(std::span<const std::byte, 16> gid) noexcept {
 std::size_t build_ip_udp(const ip_udp_params& p, std::size_t transport_len,
                          std::span<std::byte> out) noexcept;
 
+/// What a UD receive's 40-byte GRH area says of the datagram it came in:
+/// its addresses as GIDs, traffic class and flow label.  RoCEv2 puts the
+/// IPv6 header there, or 20 bytes of zero and the IPv4 header.
+struct grh_fields {
+  std::array<std::byte, 16> src{};  ///< the sender's GID
+  std::array<std::byte, 16> dst{};  ///< the receiver's
+  std::uint8_t traffic_class = 0;
+  std::uint32_t flow_label = 0;  ///< IPv6 only
+};
+/// Reads a GRH area as libibverbs' ibv_init_ah_from_wc does: IPv4 when
+/// bytes 20-39 hold an IPv4 header of 20 bytes with a valid checksum (or
+/// when bytes 0-3 do not say IPv6), else IPv6.  False if neither version
+/// is there.
+bool parse_grh_area(std::span<const std::byte, 40> area, grh_fields& out) noexcept;
+
 /// icrc_prefix() of the headers build_ip_udp() writes, for the last few
 /// flows and lengths seen: a packet's IP and UDP headers differ from the
 /// last one's of its flow in nothing the ICRC covers but, at most, the

@@ -13,9 +13,12 @@
 #include <averbs/verbs/pd.hpp>
 #include <averbs/verbs/types.hpp>
 
+#include <cstddef>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 namespace averbs {
@@ -124,6 +127,24 @@ class device {
 
   /// The used part of the GID table of port 1.
   std::vector<gid> gids() const;
+  /// The index of `g` in port `port`'s GID table (`ibv_find_gid_index`).
+  /// Errors: `not_found` (not in the table), `invalid_argument` (a port
+  /// other than 1, an empty handle).
+  std::uint32_t find_gid(std::uint8_t port, const gid& g) const;
+  std::uint32_t find_gid(std::uint8_t port, const gid& g, std::error_code& ec) const noexcept;
+  /// The address vector that answers a UD receive (`ibv_init_ah_from_wc`),
+  /// from its completion and the first 40 bytes of its buffer (the GRH
+  /// area): the destination is the sender's GID, the source GID the one the
+  /// datagram was sent to, the traffic class (and the IPv6 flow label) are
+  /// those it came with, the hop limit 0xFF (the route's replaces it when
+  /// the AH is created, as the kernel does).  For `pd::create_ah`.  Errors:
+  /// `invalid_argument` (no `wc_grh` flag, a port other than 1, an area
+  /// holding no IP header), `not_found` (the datagram was sent to a GID
+  /// this device does not have).
+  ah_attr init_ah_from_wc(std::uint8_t port, const work_completion& wc,
+                          std::span<const std::byte, 40> grh) const;
+  ah_attr init_ah_from_wc(std::uint8_t port, const work_completion& wc, std::span<const std::byte, 40> grh,
+                          std::error_code& ec) const noexcept;
   /// Packet and error counters.
   device_counters counters() const;
   /// The UDP port of the device's RoCEv2 link; 0 for an in-process

@@ -1007,6 +1007,57 @@ TEST_F(traffic, the_routes_hop_limit_replaces_the_avs) {
   EXPECT_EQ(q.query().ah.grh.hop_limit, route);
 }
 
+// The answer to a UD receive (ibv_init_ah_from_wc): an AV from the
+// receive's completion and GRH area that reaches the sender.  An area
+// without the GRH flag, with no IP header, or naming a GID the device does
+// not have is refused.
+TEST_F(traffic, init_ah_from_wc_answers_the_sender) {
+  auto p = connected_pair(with_type(qp_type::ud));
+  ah_attr to_b;
+  to_b.grh.dgid = gid::from_ipv4(0x7F000001);
+  to_b.grh.traffic_class = 0x68;
+  ah h = pd_.create_ah(to_b);
+  auto src = make_buffer(16), dst = make_buffer(40 + 16), back = make_buffer(40 + 16);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 1));
+  ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.whole()}, 2));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 2, wc_opcode::send));
+  const work_completion wc = poll_one(p.cq_b);
+  ASSERT_TRUE(wc_ok(wc, 1, wc_opcode::recv));
+  const std::span<const std::byte, 40> area(dst.bytes.data(), 40);
+
+  const ah_attr a = dev.init_ah_from_wc(1, wc, area);
+  EXPECT_TRUE(a.is_global);
+  EXPECT_EQ(a.port_num, 1);
+  EXPECT_EQ(a.grh.dgid, gid::from_ipv4(0x7F000001)) << "the sender";
+  EXPECT_EQ(a.grh.sgid_index, 0);
+  EXPECT_EQ(a.grh.traffic_class, 0x68) << "the class it came with";
+  EXPECT_EQ(a.grh.hop_limit, 0xFF);
+  ah reply = pd_.create_ah(a);
+  ASSERT_FALSE(post_recv(p.a, {back.whole()}, 3));
+  ASSERT_FALSE(post_ud(p.b, reply, wc.src_qp, ud_qkey, {src.whole()}, 4));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_b), 4, wc_opcode::send));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 3, wc_opcode::recv)) << "the answer reached the sender";
+
+  std::error_code ec;
+  work_completion no_grh = wc;
+  no_grh.wc_flags &= ~wc_grh;
+  dev.init_ah_from_wc(1, no_grh, area, ec);
+  EXPECT_EQ(ec, errc::invalid_argument) << "no GRH";
+  dev.init_ah_from_wc(2, wc, area, ec);
+  EXPECT_EQ(ec, errc::invalid_argument) << "port 2";
+  std::array<std::byte, 40> zeros{};
+  dev.init_ah_from_wc(1, wc, zeros, ec);
+  EXPECT_EQ(ec, errc::invalid_argument) << "no IP header";
+  std::array<std::byte, 40> elsewhere;
+  std::copy_n(dst.bytes.begin(), 40, elsewhere.begin());
+  elsewhere[39] = std::byte{9};  // sent to 127.0.0.9 (the checksum no longer holds: read as IPv4 anyway)
+  dev.init_ah_from_wc(1, wc, elsewhere, ec);
+  EXPECT_EQ(ec, errc::not_found) << "a GID the device does not have";
+  EXPECT_EQ(dev.find_gid(1, gid::from_ipv4(0x7F000001)), 0u);
+  dev.find_gid(1, gid::from_ipv4(0x7F000009), ec);
+  EXPECT_EQ(ec, errc::not_found);
+}
+
 // The GRH area's lengths are the datagram's as it came, pad included (rxe
 // copies the real header): 13 bytes of payload travel with 3 of pad.
 TEST_F(traffic, ud_grh_lengths_count_the_pad) {

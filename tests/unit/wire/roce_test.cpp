@@ -1259,3 +1259,66 @@ TEST(roce_run, packets_of_another_qp_or_pkey_or_a_psn_out_of_order_are_not_a_run
   tail.resize(w::bth_size);
   EXPECT_EQ(w::run_segment_size(joined({a, tail})), a.size() + tail.size());
 }
+
+// ---------------------------------------------------------------------------
+// A UD receive's GRH area read back (ibv_init_ah_from_wc's rule)
+
+namespace {
+
+/// The 40-byte GRH area a UD receive holds for a datagram with these IP
+/// headers: the IPv6 header, or 20 zero bytes and the IPv4 header.
+std::array<std::byte, 40> grh_area(const w::ip_udp_params& p) {
+  std::array<std::byte, 64> hdr{};
+  std::array<std::byte, 40> area{};
+  const std::size_t n = w::build_ip_udp(p, 40, hdr);
+  if (n == 28) std::copy_n(hdr.begin(), 20, area.begin() + 20);
+  if (n == 48) std::copy_n(hdr.begin(), 40, area.begin());
+  return area;
+}
+
+}  // namespace
+
+TEST(roce_grh, an_ipv4_area_gives_mapped_addresses_and_the_tos) {
+  w::ip_udp_params p;
+  p.src_gid = gid_v4(192, 0, 2, 7);
+  p.dst_gid = gid_v4(192, 0, 2, 9);
+  p.traffic_class = 0x68;
+  w::grh_fields f;
+  ASSERT_TRUE(w::parse_grh_area(grh_area(p), f));
+  EXPECT_EQ(f.src, p.src_gid);
+  EXPECT_EQ(f.dst, p.dst_gid);
+  EXPECT_EQ(f.traffic_class, 0x68);
+  EXPECT_EQ(f.flow_label, 0u);
+}
+
+TEST(roce_grh, an_ipv6_area_gives_its_addresses_class_and_flow_label) {
+  w::ip_udp_params p;
+  p.src_gid = gid_fd00(1);
+  p.dst_gid = gid_fd00(2);
+  p.traffic_class = 0xB8;
+  p.flow_label = 0x12345;
+  w::grh_fields f;
+  ASSERT_TRUE(w::parse_grh_area(grh_area(p), f));
+  EXPECT_EQ(f.src, p.src_gid);
+  EXPECT_EQ(f.dst, p.dst_gid);
+  EXPECT_EQ(f.traffic_class, 0xB8);
+  EXPECT_EQ(f.flow_label, 0x12345u);
+}
+
+// An IPv6 header whose bytes 20-39 (the middle of its addresses) start like
+// an IPv4 header is still IPv6 unless that "header" has a valid checksum;
+// an area that holds neither is refused.
+TEST(roce_grh, ipv6_addresses_that_look_like_an_ipv4_header_stay_ipv6) {
+  w::ip_udp_params p;
+  p.src_gid = gid_fd00(1);
+  p.dst_gid = gid_fd00(2);
+  auto area = grh_area(p);
+  area[20] = std::byte{0x45};  // (inside the source address)
+  w::grh_fields f;
+  ASSERT_TRUE(w::parse_grh_area(area, f));
+  EXPECT_EQ(f.dst, p.dst_gid);
+  std::array<std::byte, 16> src = p.src_gid;
+  src[12] = std::byte{0x45};
+  EXPECT_EQ(f.src, src);
+  EXPECT_FALSE(w::parse_grh_area(std::array<std::byte, 40>{}, f));
+}

@@ -1348,20 +1348,19 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       return;
     }
     const wire::atomic_eth& a = p->hdr.atomic;
-    if ((a.va & 7) != 0) {
-      error(resp_error::invalid_request, wc_status::success);
-      return;
-    }
     std::byte* host = nullptr;
     std::uint64_t addr = 0;
+    // The R_Key first, then the alignment, as rxe orders them: an unaligned
+    // atomic with a bad key is an access error.
     if (!resolve_rkey(qp, a.rkey, a.va, 8, access_remote_atomic, host, addr)) {
       error(resp_error::access, wc_status::success);
       return;
     }
-    // An aligned VA can still name an unaligned address (a zero-based MR or
-    // window over an unaligned buffer); an atomic there would be a split
-    // lock, or a bus error on other CPUs.  rxe checks the real address too.
-    if ((host != nullptr ? reinterpret_cast<std::uintptr_t>(host) : addr) % 8 != 0) {
+    // An unaligned VA is an invalid request (IBTA 9.4.5); so is an aligned
+    // one that names an unaligned address (a zero-based MR or window over
+    // an unaligned buffer), where an atomic would be a split lock, or a bus
+    // error on other CPUs.  rxe checks the real address too.
+    if ((a.va & 7) != 0 || (host != nullptr ? reinterpret_cast<std::uintptr_t>(host) : addr) % 8 != 0) {
       error(resp_error::invalid_request, wc_status::success);
       return;
     }

@@ -520,6 +520,20 @@ TEST_F(hostile_peer, a_gso_run_carries_the_avs_traffic_class_and_the_routes_hop_
   if (dev_.counters().gso_runs == 0) GTEST_SKIP() << "no GSO run was sent (the single packets were right)";
 }
 
+// An unaligned atomic with a key that names nothing: the key is checked
+// first (as rxe), so it is a remote access error, not an invalid request;
+// with a good key, the same VA is an invalid request.
+TEST_F(hostile_peer, an_unaligned_atomic_with_a_bad_key_is_an_access_error) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 64, access_local_write | access_remote_atomic);
+  wire::transport_headers h;
+  h.atomic = {reinterpret_cast<std::uintptr_t>(buf_.data()) + 4, m.rkey() ^ 0x100, 5, 0};
+  send(wire::opcode::rc_fetch_add, 0, {}, h);
+  auto ack = next_ack();
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_EQ(ack->aeth.syndrome, wire::aeth_nak(wire::nak_code::remote_access_error));
+}
+
 // A zero-based region over an unaligned buffer: VA 0 is 8-byte aligned, the
 // address it names is not.  The atomic is refused, not executed.
 TEST_F(hostile_peer, atomic_at_an_unaligned_address_is_refused) {

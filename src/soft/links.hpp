@@ -257,6 +257,11 @@ class udp_link final : public link {
   // (set once the first UD QP is created; a read then always takes control
   // messages, and no peer socket opens: its recv() reads none).
   bool ip_fields_ = false;
+  // DREQs read from the management socket wait here while the data socket
+  // is read once more, then queue behind what it held (poll_priority).
+  std::array<packet*, 8> held_dreqs_{};
+  std::size_t held_dreq_count_ = 0;
+  bool holding_dreqs_ = false;
   /// A datagram's control messages in one pass: UDP_GRO's segment size
   /// into `seg` (left as it is without one), the IP fields once wanted.
   ip_fields control_of(const msghdr& h, std::size_t& seg) const noexcept;

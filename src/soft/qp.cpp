@@ -428,6 +428,15 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
     case qp_state::sqe:
       return err(errc::invalid_state);  // entered only by the engine
     case qp_state::err:
+      // What the responder accepted is acknowledged before the QP stops,
+      // and leaves now: a held or lazy ACK waits for a later pass, by when
+      // a QP in ERR sends nothing, or the DREQ of the disconnect that
+      // moved it here, which goes ahead of queued packets, has told the
+      // peer to flush a message that arrived.
+      if (qp->type == qp_type::rc && (qp->resp.ack_pending || qp->resp.ack_lazy)) {
+        flush_ack(qp);
+        link_->flush();
+      }
       qp_to_error(qp);
       break;
   }

@@ -761,7 +761,20 @@ ip_fields udp_link::control_of(const msghdr& h, std::size_t& seg) const noexcept
 
 std::size_t udp_link::poll() noexcept { return gro_ ? receive_gro() : receive(fd_, 2, false); }
 
-std::size_t udp_link::poll_priority() noexcept { return gsi_fd_ >= 0 ? receive(gsi_fd_, 1, true) : 0; }
+std::size_t udp_link::poll_priority() noexcept {
+  if (gsi_fd_ < 0) return 0;
+  holding_dreqs_ = true;
+  std::size_t n = receive(gsi_fd_, 1, true);
+  holding_dreqs_ = false;
+  if (held_dreq_count_ == 0) return n;
+  // What the DREQ's sender sent before it (the ACK of the last message it
+  // took) is in the data socket by now: read it, then queue the DREQ
+  // behind it (is_dreq).
+  n += poll();
+  for (std::size_t i = 0; i < held_dreq_count_; ++i) dev_.receive_locked(held_dreqs_[i]);
+  held_dreq_count_ = 0;
+  return n;
+}
 
 std::size_t udp_link::receive(int fd, int rounds, bool front) noexcept {
   std::size_t total = 0;
@@ -837,6 +850,19 @@ bool for_qp1(const std::byte* d, std::size_t len) noexcept {
   return len >= wire::bth_size && (std::to_integer<std::uint32_t>(d[5]) << 16 |
                                    std::to_integer<std::uint32_t>(d[6]) << 8 | std::to_integer<std::uint32_t>(d[7])) ==
                                       wire::cm::gsi_qpn;
+}
+
+// A DREQ ends a connection.  It waits behind the data read before it, not
+// ahead as other management datagrams go: an ACK that left ahead of it
+// (for the last message its sender took before disconnecting) must
+// complete that message's send before the DREQ moves the QP to ERR, which
+// would flush the send of a message that arrived.
+bool is_dreq(const wire::packet_view& v) noexcept {
+  constexpr std::size_t attr_at = 16;  // the MAD header's attribute ID
+  return v.hdr.bth.dest_qp == wire::cm::gsi_qpn && v.payload.size() >= attr_at + 2 &&
+         std::to_integer<std::uint8_t>(v.payload[1]) == wire::cm::mgmt_class_cm &&
+         (std::to_integer<unsigned>(v.payload[attr_at]) << 8 |
+          std::to_integer<unsigned>(v.payload[attr_at + 1])) == static_cast<unsigned>(wire::cm::attr::dreq);
 }
 
 }  // namespace
@@ -1248,8 +1274,18 @@ bool udp_link::deliver(packet* p, const std::byte* data, std::size_t len, const 
   p->hop_limit = ip.hop_limit;
   p->tclass = ip.tclass;
   p->has_icrc = false;
-  if (front) dev_.receive_front_locked(p);
-  else dev_.receive_locked(p);
+  if (front && is_dreq(v)) {
+    // Behind the data: read from the management socket, behind what the
+    // data socket holds too (poll_priority); on a peer socket, in order.
+    if (holding_dreqs_ && held_dreq_count_ < held_dreqs_.size())
+      held_dreqs_[held_dreq_count_++] = p;
+    else
+      dev_.receive_locked(p);
+  } else if (front) {
+    dev_.receive_front_locked(p);
+  } else {
+    dev_.receive_locked(p);
+  }
   return true;
 }
 

@@ -161,6 +161,55 @@ TEST_F(cm_udp, connect_exchange_disconnect) {
   EXPECT_EQ(qb.state(), qp_state::err);
 }
 
+// A message that arrived is acknowledged before its receiver's QP leaves
+// RTS: the receiver below disconnects as soon as it has the message, and
+// the sender's send completes successfully.  (A network device holds an
+// ACK for one engine pass; the DREQ, which goes ahead of queued packets,
+// used to overtake it, and the sender's QP, moved to ERR by the DREQ,
+// flushed the send of a message that had arrived.)
+TEST_F(cm_udp, a_message_received_just_before_a_disconnect_completes_at_its_sender) {
+  side a, b;
+  make(a, 0);
+  make(b, 1);
+  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
+  qp qa = make_qp(a), qb = make_qp(b);
+  cm::connector c(a.dev);
+  auto got = l.async_get_request(use_request);
+  auto conn = c.async_connect(qa, {b.ip, 7471}, {}, use_request);
+  cm::connector passive = got.get().conn;
+  passive.accept(qb);
+  conn.get();
+  std::vector<std::byte> out(16, std::byte{7}), in(16);
+  mr mo = b.p.reg_mr(out.data(), out.size(), access_local_write);
+  mr mi = a.p.reg_mr(in.data(), in.size(), access_local_write);
+  const sge rs{reinterpret_cast<std::uintptr_t>(in.data()), 16, mi.lkey()};
+  const sge ss{reinterpret_cast<std::uintptr_t>(out.data()), 16, mo.lkey()};
+  ASSERT_FALSE(qa.post_recv(recv_wr{1, &rs, 1}));
+  send_wr w;
+  w.wr_id = 2;
+  w.sg_list = &ss;
+  w.num_sge = 1;
+  w.flags = send_signaled;
+  ASSERT_FALSE(qb.post_send(w));
+  work_completion wc[4];
+  std::size_t n = 0;
+  for (const auto until = std::chrono::steady_clock::now() + 10s;
+       n == 0 && std::chrono::steady_clock::now() < until;)
+    n = a.c.poll(wc);
+  ASSERT_EQ(n, 1u);
+  ASSERT_EQ(wc[0].status, wc_status::success);
+  auto notified = passive.async_notify_disconnect(use_request);
+  c.disconnect();  // at once: the ACK for the message is still held
+  notified.get();
+  n = 0;
+  for (const auto until = std::chrono::steady_clock::now() + 10s;
+       n == 0 && std::chrono::steady_clock::now() < until;)
+    n = b.c.poll(wc);
+  ASSERT_EQ(n, 1u);
+  EXPECT_EQ(wc[0].wr_id, 2u);
+  EXPECT_EQ(wc[0].status, wc_status::success) << "the message arrived";
+}
+
 // The passive side's device is not driven while the active side connects
 // and at once disconnects, so it reads the RTU and the DREQ behind it in
 // one batch: it must handle them in the order sent (the accept completes,

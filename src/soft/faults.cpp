@@ -182,7 +182,11 @@ void fault_link::pass(packet* p, bool urgent) noexcept {
     hold(p, dev_.clock().now() + cfg_.delay_time);
     return;
   }
-  if (cfg_.reorder > 0 && held_ == nullptr && uniform() < cfg_.reorder) {
+  // Drawn whether or not a packet is held already: whether the timer let
+  // the last one go yet depends on the wall clock, and a draw skipped for
+  // it would shift every later draw, so a seed would not repeat its run.
+  const bool reorder = cfg_.reorder > 0 && uniform() < cfg_.reorder;
+  if (reorder && held_ == nullptr) {
     p->own_payload();
     held_ = p;  // goes out behind the next packet
     return;

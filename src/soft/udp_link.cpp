@@ -78,6 +78,14 @@ void set_receive_buffer(int fd, int bytes) {
   if (set_int(fd, SOL_SOCKET, SO_RCVBUFFORCE, bytes) != 0) set_int(fd, SOL_SOCKET, SO_RCVBUF, bytes);
 }
 
+// A send buffer that holds a QP's window in flight: past net.core.wmem_max
+// when we may, as for receiving.  On a NIC the kernel charges a packet to
+// the socket until the NIC has sent it, and 212992 bytes (the stock
+// wmem_max) is less than one QP's window of 4 KiB packets.
+void set_send_buffer(int fd, int bytes) {
+  if (set_int(fd, SOL_SOCKET, SO_SNDBUFFORCE, bytes) != 0) set_int(fd, SOL_SOCKET, SO_SNDBUF, bytes);
+}
+
 // The reuseport group's selector: it sees the UDP payload (the BTH) and
 // answers the index of the socket that gets the datagram: 1 (the
 // management socket) when the destination QP (BTH bytes 5-7) is QP1, else
@@ -171,7 +179,7 @@ udp_link::udp_link(device& d, const device_config& cfg)
         set_int(fd_, SOL_UDP, UDP_GRO, 0);
       }
     }
-    set_int(fd_, SOL_SOCKET, SO_SNDBUF, 4 << 20);
+    set_send_buffer(fd_, 4 << 20);
     sockaddr_storage ss;
     socklen_t len;
     to_sockaddr(local_, port_, ss, len);
@@ -211,7 +219,7 @@ udp_link::udp_link(device& d, const device_config& cfg)
         raw_fd_ = -1;
       }
       if (raw_fd_ >= 0) {
-        set_int(raw_fd_, SOL_SOCKET, SO_SNDBUF, 4 << 20);
+        set_send_buffer(raw_fd_, 4 << 20);
         // Route only through the device's own address.
         to_sockaddr(local_, 0, ss, len);
         if (::bind(raw_fd_, reinterpret_cast<sockaddr*>(&ss), len) != 0) {
@@ -360,7 +368,7 @@ int udp_link::gso_fd(std::uint16_t sport) noexcept {
       // DF on an unconnected socket: IDs 0, 1, 2 ... for the segments.
       ok = set_int(fd, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO) == 0;
     }
-    set_int(fd, SOL_SOCKET, SO_SNDBUF, 4 << 20);
+    set_send_buffer(fd, 4 << 20);
     set_int(fd, SOL_SOCKET, SO_RCVBUF, 4096);  // it sends; nobody sends to it
     set_int(fd, SOL_SOCKET, SO_REUSEADDR, 1);  // the port's flows bind it too
     sockaddr_storage ss;
@@ -513,6 +521,7 @@ void udp_link::transmit_each(tx_slot* slots, std::size_t count) noexcept {
                                     : ::sendmmsg(fd, msgs.data() + sent, static_cast<unsigned>(count - sent), 0);
     if (r > 0) {
       sent += static_cast<std::size_t>(r);
+      spins = 0;  // (the budget is per stall, not per batch)
       continue;
     }
     if (r < 0 && errno == EINTR) continue;
@@ -607,7 +616,7 @@ int udp_link::open_flow_socket(const packet& p, std::uint16_t sport) noexcept {
     ok = ok && set_int(fd, IPPROTO_IP, IP_TOS, p.tclass) == 0;
     ok = ok && set_int(fd, IPPROTO_IP, IP_TTL, p.hop_limit) == 0;
   }
-  set_int(fd, SOL_SOCKET, SO_SNDBUF, 1 << 20);
+  set_send_buffer(fd, 1 << 20);
   set_int(fd, SOL_SOCKET, SO_RCVBUF, 4096);  // it sends; nobody sends to it
   sockaddr_storage ss;
   socklen_t len;

@@ -107,17 +107,17 @@ fault_link::fault_link(device& d, link& inner, const fault_config& cfg)
       serial_(next_serial.fetch_add(1, std::memory_order_relaxed)) {}
 
 fault_link::~fault_link() {
-  // A packet held for reordering goes on (a reorder is no loss: it may be
-  // the last ACK the device owes); the delayed are lost, as on a wire that
-  // was cut.
-  if (held_ != nullptr) {
-    inner_.send(held_);
-    inner_.flush();
-  }
-  for (auto& d : delayed_) {
-    ++dev_.counters_.dropped;
-    dev_.free_packet(d.p);
-  }
+  // What is held or delayed goes on at once (set_faults() replacing the
+  // faults loses nothing), unless the port is down (a device removed or
+  // a cable pulled sends nothing).
+  if (held_ != nullptr) release(std::exchange(held_, nullptr), held_urgent_);
+  for (auto& d : delayed_) release(d.p, d.urgent);
+  inner_.flush();
+}
+
+void fault_link::release(packet* p, bool urgent) noexcept {
+  if (!dev_.port_carries(p)) return;
+  urgent ? inner_.send_urgent(p) : inner_.send(p);
 }
 
 void fault_link::schedule_release(clock::time_point due) noexcept {
@@ -179,7 +179,7 @@ void fault_link::pass(packet* p, bool urgent) noexcept {
   }
   if (cfg_.delay > 0 && uniform() < cfg_.delay) {
     p->own_payload();
-    hold(p, dev_.clock().now() + cfg_.delay_time);
+    hold(p, dev_.clock().now() + cfg_.delay_time, urgent);
     return;
   }
   // Drawn whether or not a packet is held already: whether the timer let
@@ -189,13 +189,14 @@ void fault_link::pass(packet* p, bool urgent) noexcept {
   if (reorder && held_ == nullptr) {
     p->own_payload();
     held_ = p;  // goes out behind the next packet
+    held_urgent_ = urgent;
     return;
   }
   if (urgent) inner_.send_urgent(p);
   else inner_.send(p);
   if (held_ != nullptr) {
     held_waits_ = false;
-    inner_.send(std::exchange(held_, nullptr));
+    release(std::exchange(held_, nullptr), held_urgent_);
   }
 }
 
@@ -212,9 +213,9 @@ void fault_link::flush() noexcept {
 }
 
 // Keeps `p` (its payload its own) until `due`; lost if there is no room.
-void fault_link::hold(packet* p, clock::time_point due) noexcept {
+void fault_link::hold(packet* p, clock::time_point due, bool urgent) noexcept {
   try {
-    delayed_.push_back({due, p});
+    delayed_.push_back({due, p, urgent});
   } catch (...) {
     ++dev_.counters_.dropped;
     dev_.free_packet(p);
@@ -228,13 +229,14 @@ void fault_link::release_delayed() noexcept {
   const auto now = dev_.clock().now();
   std::size_t kept = 0;
   for (auto& d : delayed_) {
-    if (d.due <= now) inner_.send(d.p);
+    if (d.due <= now)
+      release(d.p, d.urgent);
     else delayed_[kept++] = d;
   }
   delayed_.resize(kept);
   if (held_ != nullptr && held_waits_ && held_due_ <= now) {
     held_waits_ = false;
-    inner_.send(std::exchange(held_, nullptr));
+    release(std::exchange(held_, nullptr), held_urgent_);
   }
   // The delayed fall due in the order they came (one delay time each).
   const bool waits = held_ != nullptr && held_waits_;

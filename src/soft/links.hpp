@@ -51,18 +51,23 @@ class fault_link final : public link {
   double uniform() noexcept;
   packet* clone(const packet* p) noexcept;
   void release_delayed() noexcept;
-  void hold(packet* p, clock::time_point due) noexcept;
+  void hold(packet* p, clock::time_point due, bool urgent) noexcept;
+  // Sends a packet held or delayed here, if the port still carries it (a
+  // management datagram ahead of the batch, as it came).
+  void release(packet* p, bool urgent) noexcept;
 
   device& dev_;
   link& inner_;
   fault_config cfg_;
   std::uint64_t state_;
   packet* held_ = nullptr;  // reordered: goes out behind the next packet
+  bool held_urgent_ = false;
   bool held_waits_ = false;  // held past its pass (flush), until held_due_
   clock::time_point held_due_{};
   struct delayed {
     clock::time_point due;
     packet* p;
+    bool urgent;
   };
   std::vector<delayed> delayed_;
   bool timer_pending_ = false;

@@ -202,6 +202,21 @@ TEST_F(udp, an_empty_datagram_is_counted_as_dropped) {
   EXPECT_EQ(a.dev.counters().dropped, 1u);
 }
 
+// A port that goes down sends nothing more, the packets the fault
+// injector delayed before it went down included: the receiver, whose port
+// is up, gets nothing (they used to leave when their delay ran out).
+TEST_F(udp, a_delayed_packet_does_not_leave_through_a_port_gone_down) {
+  make(a, 0, "delay=1,delay_us=2000");
+  make(b, 1);
+  make_qps(qp_type::rc, 4096);
+  ASSERT_FALSE(post_recv(b, 64));
+  ASSERT_FALSE(post_send(a, 8));
+  (void)a.c.poll({});  // the SEND is delayed
+  a.sdev->set_port_state(port_state::down);
+  EXPECT_TRUE(poll(b.c, 1, std::chrono::milliseconds(50)).empty()) << "the delayed SEND arrived";
+  EXPECT_EQ(b.dev.counters().packets_received, 0u);
+}
+
 // UD's GRH reports the traffic class and hop limit the datagram came with
 // (rxe copies the IP header there), and a received packet that reuses a
 // buffer the device sent from before does not report that old packet's.

@@ -7,8 +7,9 @@
 //   rc_pingpong 127.0.0.2              # server: a device on 127.0.0.2, waits
 //   rc_pingpong 127.0.0.3 127.0.0.2    # client: a device on 127.0.0.3, connects
 //
-// Options: -n ITERS (1000), -p CM_PORT (7471, the listener's port), and
-// ADDR:PORT for a RoCE UDP port other than 4791 (both ends the same).
+// Options: -n ITERS (1000), -p CM_PORT (7471, the listener's port, on
+// both ends), and ADDR:PORT for a RoCE UDP port other than 4791 (both ends
+// the same).  SERVER is an address alone.
 //
 // Every verb here is the synchronous form, which throws std::system_error;
 // each also has an async_ form taking a completion token (docs/async.md).
@@ -71,7 +72,7 @@ void wait_until(const averbs::cq& cq, seen& s, std::uint64_t sends, std::uint64_
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: rc_pingpong [-n ITERS] [-p CM_PORT] ADDR[:ROCE_PORT] [SERVER]\n");
+  std::fprintf(stderr, "usage: rc_pingpong [-n ITERS] [-p CM_PORT] ADDR[:ROCE_PORT] [SERVER_ADDR]\n");
   return 2;
 }
 
@@ -99,8 +100,10 @@ int main(int argc, char** argv) {
     }
   }
   averbs::cm::address at, to;
+  // The server is an address alone: the CM port is -p's (a port there
+  // would be read as the CM's, unlike ADDR's, which is the RoCE port).
   if (own.empty() || !averbs::cm::address::parse(own, at) ||
-      (!server.empty() && !averbs::cm::address::parse(server, to)))
+      (!server.empty() && (!averbs::cm::address::parse(server, to) || to.port != 0)))
     return usage();
   const bool client = !server.empty();
 
@@ -145,7 +148,7 @@ int main(int argc, char** argv) {
     post_recv(qp, mr, buf.data());
     averbs::cm::connector conn;
     if (client) {
-      if (to.port == 0) to.port = cm_port;
+      to.port = cm_port;
       conn = averbs::cm::connector(dev);
       conn.connect(qp, to);
     } else {

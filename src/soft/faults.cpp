@@ -20,6 +20,7 @@ bool parse_faults(const std::string& text, fault_config& out, std::string& error
     const std::string_view item = rest.substr(0, comma);
     more = comma != std::string_view::npos;
     rest = more ? rest.substr(comma + 1) : std::string_view{};
+    if (item.empty() && !more && !seen.empty()) break;  // one trailing comma
     if (item.empty()) {
       error = "empty item in '" + text + "' (items are key=value, separated by single commas)";
       return false;
@@ -79,7 +80,8 @@ bool parse_faults(const std::string& text, fault_config& out, std::string& error
     *rate = v;
   }
   // (Checked after the loop: the items may come in any order.)
-  if (std::find(seen.begin(), seen.end(), "delay_us") != seen.end() && f.delay == 0 && f.reorder == 0) {
+  const auto given = [&](const char* k) { return std::find(seen.begin(), seen.end(), k) != seen.end(); };
+  if (given("delay_us") && !given("delay") && !given("reorder")) {
     error = "delay_us without delay or reorder has no effect";
     return false;
   }
@@ -196,7 +198,8 @@ void fault_link::pass(packet* p, bool urgent) noexcept {
   else inner_.send(p);
   if (held_ != nullptr) {
     held_waits_ = false;
-    release(std::exchange(held_, nullptr), held_urgent_);
+    // Behind `p`: ahead of the batch only if `p` went ahead of it too.
+    release(std::exchange(held_, nullptr), held_urgent_ && urgent);
   }
 }
 

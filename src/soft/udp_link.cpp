@@ -777,9 +777,14 @@ std::size_t udp_link::poll_priority() noexcept {
   holding_dreqs_ = false;
   if (held_dreq_count_ == 0) return n;
   // What the DREQ's sender sent before it (the ACK of the last message it
-  // took) is in the data socket by now: read it, then queue the DREQ
-  // behind it (is_dreq).
-  n += poll();
+  // took) is in the data sockets by now: read them out (a poll reads one
+  // datagram at a time while quiet, and the shared socket only now and
+  // then while a peer socket is open), then queue the DREQ behind (is_dreq).
+  for (int k = 0; k < 16; ++k) {
+    const std::size_t got = poll();
+    n += got;
+    if (got == 0 && k >= 8) break;
+  }
   for (std::size_t i = 0; i < held_dreq_count_; ++i) dev_.receive_locked(held_dreqs_[i]);
   held_dreq_count_ = 0;
   return n;

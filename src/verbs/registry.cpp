@@ -17,6 +17,7 @@
 #include <map>
 #include <sstream>
 #include <string_view>
+#include <unordered_map>
 
 namespace averbs {
 namespace detail {
@@ -129,12 +130,14 @@ std::string_view trim(std::string_view s) {
 // A name given twice in one source is an error for that name (which entry
 // was meant?), wherever the two are.
 void mark_repeats(std::vector<named_device>& v) {
-  for (std::size_t i = 0; i < v.size(); ++i)
-    for (std::size_t j = 0; j < i; ++j)
-      if (v[i].name == v[j].name) {
-        v[i].also = v[j].where;
-        if (v[j].also.empty()) v[j].also = v[i].where;
-      }
+  std::unordered_map<std::string_view, std::size_t> first;  // name -> its first entry
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    const auto [at, fresh] = first.emplace(v[i].name, i);
+    if (fresh) continue;
+    named_device& f = v[at->second];
+    v[i].also = f.where;
+    if (f.also.empty()) f.also = v[i].where;
+  }
 }
 
 // AVERBS_DEVICES="name@address[:port],...": devices a program finds by name
@@ -150,6 +153,7 @@ std::vector<named_device> environment_devices() {
     const std::string_view item = trim(rest.substr(0, comma));
     more = comma != std::string_view::npos;
     rest = more ? rest.substr(comma + 1) : std::string_view{};
+    if (item.empty() && !more) break;  // one trailing comma
     const auto at = item.find('@');
     const std::string_view name = trim(item.substr(0, at));
     if (at == std::string_view::npos || name.empty() || has_space(name))
@@ -182,17 +186,21 @@ std::vector<named_device> config_devices() {
   const char* env = std::getenv("AVERBS_CONFIG");
   const std::string path = env != nullptr ? env : "/etc/averbs/devices.conf";
   const std::string what = (env != nullptr ? "AVERBS_CONFIG: '" : "'") + path + "'";
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
   if (fd < 0) {
     if (errno == ENOENT && env == nullptr) return {};
     bad_option(what + ": " + std::generic_category().message(errno));
   }
   std::string text;
   struct stat st {};
-  const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  // A regular file, or a character device (/dev/null: "no devices"; read
+  // without blocking and no further than the size limit).
+  const bool regular = ::fstat(fd, &st) == 0 && (S_ISREG(st.st_mode) || S_ISCHR(st.st_mode));
   bool read_error = false;
   if (regular) {
-    text.resize(max_size + 1);
+    text.resize(S_ISREG(st.st_mode)
+                    ? std::min<std::size_t>(static_cast<std::size_t>(st.st_size), max_size) + 1
+                    : max_size + 1);
     std::size_t got = 0;
     while (got < text.size()) {
       const ssize_t n = ::read(fd, text.data() + got, text.size() - got);

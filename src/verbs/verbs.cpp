@@ -289,8 +289,8 @@ void start_create_ah(const std::shared_ptr<pd_obj>& p, const ah_attr& attr, comp
   try {
     auto obj = std::make_shared<ah_obj>();
     obj->pd = p;
-    obj->attr = attr;
     if (auto ec = p->dev->eng->create_ah(pe, attr, obj->e)) return void(c.fail(ec));
+    obj->attr = obj->e->attr;  // as the device keeps it: the route's hop limit
     c.complete({}, handle_access::make<ah>(std::move(obj)));
   } catch (...) {
     c.fail(err(errc::no_resources));
@@ -547,13 +547,21 @@ ah_attr device::init_ah_from_wc(std::uint8_t port, const work_completion& wc,
     ec = make_error_code(errc::invalid_argument);
     return {};
   }
+  gid to;
+  std::memcpy(to.raw.data(), f.dst.data(), 16);
+  // Sent to a group: no source GID of ours answers from it (libibverbs:
+  // EINVAL).
+  const bool group =
+      to.is_ipv4_mapped() ? (to.raw[12] & 0xF0) == 0xE0 || to.raw[12] == 0xFF : to.raw[0] == 0xFF;
+  if (group) {
+    ec = make_error_code(errc::invalid_argument);
+    return {};
+  }
   ah_attr a;
   a.is_global = true;
   a.port_num = port;
   a.sl = wc.sl;
   std::memcpy(a.grh.dgid.raw.data(), f.src.data(), 16);
-  gid to;
-  std::memcpy(to.raw.data(), f.dst.data(), 16);
   a.grh.sgid_index = static_cast<std::uint8_t>(find_gid(port, to, ec));
   if (ec) return {};
   a.grh.traffic_class = f.traffic_class;

@@ -30,7 +30,9 @@ TEST(examples, rc_pingpong_refuses_a_bad_command_line) {
   for (const std::vector<std::string>& args : {std::vector<std::string>{},
                                                {"not-an-address"},
                                                {"127.0.0.2", "127.0.0.3", "127.0.0.4"},
-                                               {"-n", "0", "127.0.0.2"}}) {
+                                               {"-n", "0", "127.0.0.2"},
+                                               // a port on the server would be the CM's: -p gives it
+                                               {"127.0.0.3", "127.0.0.2:4791"}}) {
     std::vector<std::string> argv{AVERBS_RC_PINGPONG};
     argv.insert(argv.end(), args.begin(), args.end());
     child c(argv, true);

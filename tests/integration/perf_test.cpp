@@ -698,13 +698,19 @@ TEST(cli_options, a_device_named_wrongly_by_the_environment_says_why) {
   EXPECT_NE(c.output().find("bad port '70000'"), std::string::npos) << c.output();
 }
 
-// A device that does not exist is named in the message; a command that
-// cannot even make its context (no descriptors left) says so and exits 1,
-// where it used to abort.
-TEST(cli_options, a_missing_device_or_no_descriptors_is_a_message_not_an_abort) {
+// A device that does not exist is named in the message.
+TEST(cli_options, a_missing_device_is_named) {
   child missing({AVERBS_CLI, "perf", "--test", "send_lat", "-d", "no_such_device"}, true);
   EXPECT_EQ(missing.wait(30s), 1) << missing.output();
   EXPECT_NE(missing.output().find("no device named 'no_such_device'"), std::string::npos) << missing.output();
+}
+
+// A command that cannot even make its context (no descriptors left) says
+// so and exits 1, where it used to abort.
+TEST(cli_options, no_descriptors_is_a_message_not_an_abort) {
+  if (sanitized_build)
+    GTEST_SKIP() << "the sanitizer runtime needs descriptors of its own (a pipe to check memory before "
+                    "reporting), which a limit of 5 takes away: it reports a false invalid-vptr error";
   for (const char* cmd : {"nop", "devices"}) {
     child starved({"/bin/sh", "-c", std::string("ulimit -n 5 && exec ") + AVERBS_CLI + " " + cmd}, true);
     EXPECT_EQ(starved.wait(30s), 1) << cmd << ": " << starved.output();

@@ -1307,6 +1307,11 @@ TEST(device_config, malformed_sources_are_errors_that_say_where) {
   EXPECT_NE(std::find(names.begin(), names.end(), "env_sp_a"), names.end()) << "listed without its spaces";
   spaced = {};
 
+  // One trailing comma is no item.
+  ::setenv("AVERBS_DEVICES", ("env_trailing@" + test_address(2) + ":" + std::to_string(port) + ",").c_str(),
+           1);
+  const auto trailing = list_devices();
+  EXPECT_NE(std::find(trailing.begin(), trailing.end(), "env_trailing"), trailing.end());
   ::setenv("AVERBS_DEVICES", ("env_ok@" + at + ",env_eq=127.0.0.9").c_str(), 1);
   EXPECT_TRUE(says(message_of("env_ok"), "AVERBS_DEVICES: 'env_eq=127.0.0.9' is not name@address"))
       << "the whole variable is refused, not the broken item skipped";
@@ -1343,6 +1348,9 @@ TEST(device_config, malformed_sources_are_errors_that_say_where) {
   ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
   EXPECT_TRUE(says(message_of("cfg_fifo"), "is not a regular file"));
   std::remove(path.c_str());
+  ::setenv("AVERBS_CONFIG", "/dev/null", 1);  // the usual "no configuration"
+  open_device(ctx, "cfg_none", ec);
+  EXPECT_EQ(ec, errc::not_found) << ec.message();
   ::unsetenv("AVERBS_CONFIG");
 
   // In code: an address needs a port a peer can send to.
@@ -1380,7 +1388,7 @@ TEST(device_config, fault_specifications_are_checked) {
                           "drop=0,5",
                           "drop=",
                           ",",
-                          "drop=0.1,",
+                          "drop=0.1,,",
                           "drop=0.1,,seed=1",
                           "drop=0.1,drop=0.5",
                           "dup=0.1,duplicate=0.2",
@@ -1410,6 +1418,14 @@ TEST(device_config, fault_specifications_are_checked) {
   o.name = "faults_good";
   o.faults = "drop=0.01,dup=0,reorder=0.5,corrupt=1,delay=0.1,delay_us=60000000,seed=18446744073709551615";
   EXPECT_NO_THROW(soft_device sd(o));
+  // One trailing comma is no item; a delay time beside a delay of 0 is
+  // allowed (the delay switched off, its time kept).
+  for (const char* fine : {"drop=0.1,", "delay=0,delay_us=5"}) {
+    soft_device_options g;
+    g.name = std::string("faults_fine_") + fine;
+    g.faults = fine;
+    EXPECT_NO_THROW(soft_device sd(g)) << fine;
+  }
 }
 
 }  // namespace

@@ -135,12 +135,13 @@ class device {
   /// The address vector that answers a UD receive (`ibv_init_ah_from_wc`),
   /// from its completion and the first 40 bytes of its buffer (the GRH
   /// area): the destination is the sender's GID, the source GID the one the
-  /// datagram was sent to, the traffic class (and the IPv6 flow label) are
-  /// those it came with, the hop limit 0xFF (the route's replaces it when
-  /// the AH is created, as the kernel does).  For `pd::create_ah`.  Errors:
-  /// `invalid_argument` (no `wc_grh` flag, a port other than 1, an area
-  /// holding no IP header), `not_found` (the datagram was sent to a GID
-  /// this device does not have).
+  /// datagram was sent to, the traffic class the one it came with, the
+  /// flow label what the area holds (averbs' own GRH areas say 0), the hop
+  /// limit 0xFF (the route's replaces it when the AH is created, as the
+  /// kernel does).  For `pd::create_ah`.  Errors: `invalid_argument` (no
+  /// `wc_grh` flag, a port other than 1, an area holding no IP header, a
+  /// datagram sent to a multicast or broadcast address), `not_found` (sent
+  /// to a GID this device does not have).
   ah_attr init_ah_from_wc(std::uint8_t port, const work_completion& wc,
                           std::span<const std::byte, 40> grh) const;
   ah_attr init_ah_from_wc(std::uint8_t port, const work_completion& wc, std::span<const std::byte, 40> grh,

@@ -239,7 +239,7 @@ TEST_F(pd_test, create_ah_with_grh_succeeds_and_keeps_its_attributes) {
   ah a = pd_.create_ah(want);
   ASSERT_TRUE(a);
   EXPECT_EQ(a.attr().grh.dgid, want.grh.dgid);
-  EXPECT_EQ(a.attr().grh.hop_limit, 7);
+  EXPECT_EQ(a.attr().grh.hop_limit, route_hop_limit()) << "the route's replaces the AV's 7, as the kernel's";
   EXPECT_EQ(a.attr().grh.traffic_class, 4);
   EXPECT_EQ(a.attr().sl, 2);
   EXPECT_EQ(a.attr().port_num, 1);

@@ -991,6 +991,7 @@ TEST_F(traffic, the_routes_hop_limit_replaces_the_avs) {
     a.grh.hop_limit = asked;
     a.port_num = 1;
     ah h = pd_.create_ah(a);
+    EXPECT_EQ(h.attr().grh.hop_limit, route) << "the AH reports what it sends";
     ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 1));
     ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.whole()}, 2));
     EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 2, wc_opcode::send));
@@ -1053,6 +1054,9 @@ TEST_F(traffic, init_ah_from_wc_answers_the_sender) {
   elsewhere[39] = std::byte{9};  // sent to 127.0.0.9 (the checksum no longer holds: read as IPv4 anyway)
   dev.init_ah_from_wc(1, wc, elsewhere, ec);
   EXPECT_EQ(ec, errc::not_found) << "a GID the device does not have";
+  elsewhere[36] = std::byte{224};  // sent to 224.0.0.9: no source GID answers from a group
+  dev.init_ah_from_wc(1, wc, elsewhere, ec);
+  EXPECT_EQ(ec, errc::invalid_argument) << "a multicast destination";
   EXPECT_EQ(dev.find_gid(1, gid::from_ipv4(0x7F000001)), 0u);
   dev.find_gid(1, gid::from_ipv4(0x7F000009), ec);
   EXPECT_EQ(ec, errc::not_found);

@@ -219,6 +219,12 @@ class udp_link final : public link {
   static constexpr std::size_t max_flows = 64;
   static constexpr std::chrono::seconds flow_idle{1};
   static constexpr std::chrono::milliseconds flow_retry{100};
+  // Flow and GSO sockets idle this long are closed (prune_idle(), from
+  // flush() at most once a second): a long-lived device that has met many
+  // peers and ports keeps descriptors only for those in use.
+  static constexpr std::chrono::seconds socket_idle{5};
+  void prune_idle(clock::time_point now) noexcept;
+  clock::time_point next_prune_{};
   /// The flow that sends the datagram in `s` (an RC or UC packet from a
   /// device with a raw socket), or null: it goes through the raw socket.
   flow* flow_for(const tx_slot& s) noexcept;

@@ -323,10 +323,32 @@ void udp_link::send_urgent(packet* p) noexcept {
 }
 
 void udp_link::flush() noexcept {
+  if (const clock::time_point now = dev_.pass_now(); now >= next_prune_) prune_idle(now);
   if (tx_count_ == 0) return;
   transmit(tx_.data(), tx_count_);
   tx_count_ = 0;
   if (tx_limit_ == batch && gso_ && !management_active(std::chrono::steady_clock::now())) tx_limit_ = quiet_batch;
+}
+
+void udp_link::prune_idle(clock::time_point now) noexcept {
+  next_prune_ = now + std::chrono::seconds(1);
+  for (auto it = flows_.begin(); it != flows_.end();) {
+    if (now - it->second.last_used < socket_idle) {
+      ++it;
+      continue;
+    }
+    if (it->second.fd >= 0) ::close(it->second.fd);
+    if (&it->second == last_flow_) last_flow_ = nullptr;
+    it = flows_.erase(it);
+  }
+  for (auto it = gso_fds_.begin(); it != gso_fds_.end();) {
+    if (now - it->second.last_used < socket_idle) {
+      ++it;
+      continue;
+    }
+    if (it->second.fd >= 0) ::close(it->second.fd);
+    it = gso_fds_.erase(it);
+  }
 }
 
 int udp_link::gso_fd(std::uint16_t sport) noexcept {
@@ -709,7 +731,15 @@ bool udp_link::transmit_flow(tx_slot& s, flow& f) noexcept {
   }
   // Refused (an ICMP error from a vanished peer, say): the caller sends it
   // through the raw socket, with its ID-0 ICRC; the count is learned again
-  // before the flow's next datagram.
+  // before the flow's next datagram.  An error that will come again (a
+  // path MTU below the packet, a firewall's EPERM) gives the socket up for
+  // a while instead, or every datagram would pay a probe and a refusal.
+  if (errno != ECONNREFUSED && errno != EAGAIN && errno != ENOBUFS && errno != EINTR) {
+    ::close(f.fd);
+    f.fd = -1;
+    f.retry_at = dev_.pass_now() + flow_retry;
+    if (&f == last_flow_) last_flow_ = nullptr;
+  }
   f.id_known = false;
   if (!v6_) wire::store_icrc(s.p->icrc, trailer_icrc);
   return false;

@@ -95,6 +95,7 @@ class udp_pair_test : public ::testing::Test {
     o.port = port != 0 ? port : test_port();
     o.faults = faults;
     o.raw_send = raw_send;
+    if (manual_time) o.clock = &manual;
     e.sdev = std::make_unique<soft_device>(o);
     e.dev = open_device(ctx, o.name);
     e.p = e.dev.alloc_pd();
@@ -257,6 +258,11 @@ class udp_pair_test : public ::testing::Test {
     return out;
   }
 
+  /// Set before make(): the devices' timers follow `manual`, which moves
+  /// only when a test advances it (declared before the devices: it
+  /// outlives them).
+  bool manual_time = false;
+  manual_clock manual;
   context ctx;
   endpoint a, b;
   /// make()'s devices send through a raw socket when they may (the

@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <span>
 #include <sstream>
@@ -200,6 +201,38 @@ TEST_F(udp, an_empty_datagram_is_counted_as_dropped) {
   ASSERT_EQ(stranger().send("", 0), 0);
   for (int i = 0; i < 1000 && a.dev.counters().dropped == 0; ++i) (void)a.c.poll({});
   EXPECT_EQ(a.dev.counters().dropped, 1u);
+}
+
+// Flow sockets idle for 5 s are closed (GSO sockets too): a long-lived
+// device that met many peers and ports keeps descriptors only for those in
+// use (they used to stay until the 64 flow and 256 GSO places ran out),
+// and a flow that comes back gets a socket again.
+TEST_F(udp, idle_flow_sockets_are_closed) {
+  if (!can_send_raw()) GTEST_SKIP() << "flow sockets go with the raw socket, which needs CAP_NET_RAW";
+  manual_time = true;
+  make(a, 0);
+  make(b, 1);
+  make_qps(qp_type::rc, 4096);
+  const auto exchange = [&] {
+    ASSERT_FALSE(post_recv(b, 64));
+    ASSERT_FALSE(post_send(a, 8));
+    ASSERT_EQ(poll(b.c, 1).size(), 1u);
+    ASSERT_EQ(poll(a.c, 1).size(), 1u);
+  };
+  const auto open_fds = [] {
+    std::size_t n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+    return n;
+  };
+  for (int i = 0; i < 4; ++i) exchange();
+  const std::uint64_t sent = a.dev.counters().flow_sends;
+  ASSERT_GT(sent, 0u) << "no flow socket to close";
+  const std::size_t before = open_fds();
+  manual.advance(std::chrono::seconds(6));
+  (void)a.c.poll({});  // a pass: its flush prunes
+  EXPECT_LT(open_fds(), before) << "the idle flow socket is still open";
+  for (int i = 0; i < 4; ++i) exchange();
+  EXPECT_GT(a.dev.counters().flow_sends, sent) << "the flow came back without a socket";
 }
 
 // A port that goes down sends nothing more, the packets the fault

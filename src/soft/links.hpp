@@ -225,6 +225,7 @@ class udp_link final : public link {
   static constexpr std::chrono::seconds socket_idle{5};
   void prune_idle(clock::time_point now) noexcept;
   clock::time_point next_prune_{};
+  std::uint32_t flushes_ = 0;  // since the clock was last looked at for pruning
   /// The flow that sends the datagram in `s` (an RC or UC packet from a
   /// device with a raw socket), or null: it goes through the raw socket.
   flow* flow_for(const tx_slot& s) noexcept;

@@ -323,7 +323,12 @@ void udp_link::send_urgent(packet* p) noexcept {
 }
 
 void udp_link::flush() noexcept {
-  if (const clock::time_point now = dev_.pass_now(); now >= next_prune_) prune_idle(now);
+  // (The clock is looked at every 1024th flush: a ping-pong's turnaround
+  // flushes every pass.)
+  if (++flushes_ >= 1024) {
+    flushes_ = 0;
+    if (const clock::time_point now = dev_.pass_now(); now >= next_prune_) prune_idle(now);
+  }
   if (tx_count_ == 0) return;
   transmit(tx_.data(), tx_count_);
   tx_count_ = 0;

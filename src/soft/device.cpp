@@ -1431,6 +1431,9 @@ void device::set_port_state(port_state s) {
   std::lock_guard lock(lock_);
   if (s == port_state_) return;
   port_state_ = s;
+  // What the fault injector held or delayed was on the cable: gone with it,
+  // not sent when the port comes back.
+  if (s != port_state::active && faults_ != nullptr) static_cast<fault_link*>(faults_.get())->drop_held();
   broadcast_event(s == port_state::active ? event_type::port_active : event_type::port_err, 1);
 }
 

@@ -216,7 +216,25 @@ void fault_link::flush() noexcept {
 }
 
 // Keeps `p` (its payload its own) until `due`; lost if there is no room.
+void fault_link::drop_held() noexcept {
+  held_waits_ = false;
+  if (held_ != nullptr) {
+    ++dev_.counters_.dropped;
+    dev_.free_packet(std::exchange(held_, nullptr));
+  }
+  for (auto& d : delayed_) {
+    ++dev_.counters_.dropped;
+    dev_.free_packet(d.p);
+  }
+  delayed_.clear();
+}
+
 void fault_link::hold(packet* p, clock::time_point due, bool urgent) noexcept {
+  if (delayed_.size() >= max_delayed) {
+    ++dev_.counters_.dropped;
+    dev_.free_packet(p);
+    return;
+  }
   try {
     delayed_.push_back({due, p, urgent});
   } catch (...) {

@@ -36,6 +36,12 @@ class fault_link final : public link {
   // A packet held back or duplicated is copied into its own buffer, which
   // holds one packet: never a run.
   std::uint16_t max_run() const noexcept override { return 1; }
+  /// Drops what is held or delayed (a port gone down: the cable cut).
+  void drop_held() noexcept;
+  /// At most this many packets wait delayed; past it one is lost, as from
+  /// a full queue on a wire (delay=1 with a long delay_us would otherwise
+  /// keep every packet and retransmission).
+  static constexpr std::size_t max_delayed = 4096;
   std::size_t send_batch() const noexcept override { return inner_.send_batch(); }
   bool peers_ack_unasked() const noexcept override { return inner_.peers_ack_unasked(); }
   void want_ip_fields() noexcept override { inner_.want_ip_fields(); }

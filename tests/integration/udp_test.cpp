@@ -251,6 +251,37 @@ TEST_F(udp, a_delayed_packet_does_not_leave_through_a_port_gone_down) {
   EXPECT_EQ(b.dev.counters().packets_received, 0u);
 }
 
+// What the fault injector delayed was on the cable: a port that goes down
+// and comes back before the delay ran out does not send it afterwards (UD:
+// nothing resends it).
+TEST_F(udp, a_port_flap_loses_what_was_delayed) {
+  make(a, 0, "delay=1,delay_us=2000");
+  make(b, 1);
+  make_qps(qp_type::ud, 4096);
+  sge rg{reinterpret_cast<std::uintptr_t>(b.buf.data()), 4096, b.m.lkey()};
+  recv_wr r;
+  r.sg_list = &rg;
+  r.num_sge = 1;
+  ASSERT_FALSE(b.q.post_recv(r));
+  ah_attr to_b;
+  to_b.grh.dgid = b.g;
+  ah h = a.p.create_ah(to_b);
+  sge sg{reinterpret_cast<std::uintptr_t>(a.buf.data()), 16, a.m.lkey()};
+  send_wr w;
+  w.sg_list = &sg;
+  w.num_sge = 1;
+  w.flags = send_signaled;
+  w.ah = &h;
+  w.remote_qpn = b.q.num();
+  w.remote_qkey = 0x11111111;
+  ASSERT_FALSE(a.q.post_send(w));
+  ASSERT_EQ(poll(a.c, 1).size(), 1u);  // handed to the link: delayed
+  a.sdev->set_port_state(port_state::down);
+  a.sdev->set_port_state(port_state::active);
+  EXPECT_TRUE(poll(b.c, 1, std::chrono::milliseconds(50)).empty())
+      << "the delayed datagram left after the flap";
+}
+
 // UD's GRH reports the traffic class and hop limit the datagram came with
 // (rxe copies the IP header there), and a received packet that reuses a
 // buffer the device sent from before does not report that old packet's.

@@ -1681,6 +1681,22 @@ TEST_F(traffic, moving_to_err_flushes_posted_receives_in_order) {
   for (std::size_t i = 0; i < 4; ++i) EXPECT_TRUE(wc_is(v[i], 430 + i, wc_status::wr_flush_err));
 }
 
+// At most 4096 packets wait delayed; past that one is lost, as from a full
+// queue (delay=1 with a long delay_us used to keep every packet).
+TEST_F(traffic, the_delayed_packets_are_bounded) {
+  auto p = connected_pair(with_type(qp_type::ud));
+  auto h = make_ah();
+  auto src = make_buffer(8);
+  dev_holder->set_faults("delay=1,delay_us=60000000");
+  const std::uint64_t dropped = dev.counters().dropped;
+  for (std::uint64_t i = 0; i < 4100; ++i) {
+    ASSERT_FALSE(post_ud(p.a, h, p.b.num(), ud_qkey, {src.whole()}, i));
+    ASSERT_TRUE(wc_ok(poll_one(p.cq_a), i, wc_opcode::send));
+  }
+  EXPECT_EQ(dev.counters().dropped, dropped + 4);
+  dev_holder->set_faults("");  // the 4096 go on (no receive waits: dropped there)
+}
+
 // Faults replaced while a delayed packet waits: the old fault link sends
 // it on at once (it used to drop it, and RC waited a retransmit timeout);
 // its release timer then finds it gone and does nothing (it used to run

@@ -226,8 +226,9 @@ class udp_link final : public link {
   static constexpr std::chrono::seconds flow_idle{1};
   static constexpr std::chrono::milliseconds flow_retry{100};
   // Flow and GSO sockets idle this long are closed (prune_idle(), from
-  // flush() at most once a second): a long-lived device that has met many
-  // peers and ports keeps descriptors only for those in use.
+  // every 1024th flush, at most once a second: a device polled rarely
+  // prunes late): a long-lived device that has met many peers and ports
+  // keeps descriptors only for those in use.
   static constexpr std::chrono::seconds socket_idle{5};
   void prune_idle(clock::time_point now) noexcept;
   clock::time_point next_prune_{};

@@ -739,7 +739,9 @@ bool udp_link::transmit_flow(tx_slot& s, flow& f) noexcept {
   // before the flow's next datagram.  An error that will come again (a
   // path MTU below the packet, a firewall's EPERM) gives the socket up for
   // a while instead, or every datagram would pay a probe and a refusal.
-  if (errno != ECONNREFUSED && errno != EAGAIN && errno != ENOBUFS && errno != EINTR) {
+  const int e = errno;
+  const bool once = e == ECONNREFUSED || e == EHOSTUNREACH || e == ENETUNREACH;  // one ICMP error each
+  if (!once && e != EAGAIN && e != ENOBUFS && e != EINTR) {
     ::close(f.fd);
     f.fd = -1;
     f.retry_at = dev_.pass_now() + flow_retry;

@@ -810,6 +810,10 @@ class device final : public progress_source, public clock_listener {
   void recover_stalled_qps() noexcept;
   bool starve(qp_t* qp) noexcept;
   void flush_ack(qp_t* qp) noexcept;
+  /// Sends the ACK `qp` holds (coalesced or lazy), now, ahead of anything
+  /// queued after it: before the QP stops (ERR, destroy), when no later
+  /// pass would send it.
+  void send_held_ack(qp_t* qp) noexcept;
   void flush_acks() noexcept;
   void list_ack(qp_t* qp) noexcept;
   void queue_lazy_ack(qp_t* qp) noexcept;

@@ -433,10 +433,7 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
       // a QP in ERR sends nothing, or the DREQ of the disconnect that
       // moved it here, which goes ahead of queued packets, has told the
       // peer to flush a message that arrived.
-      if (qp->type == qp_type::rc && (qp->resp.ack_pending || qp->resp.ack_lazy)) {
-        flush_ack(qp);
-        link_->flush();
-      }
+      send_held_ack(qp);
       qp_to_error(qp);
       break;
   }
@@ -659,10 +656,7 @@ void device::destroy_qp_locked(qp_t* qp) noexcept {
   if (qp->cm != nullptr) gsi_->on_qp(qp, qp_note::destroyed);
   // An acknowledgement still held for this QP goes out first: the peer's
   // work arrived, and it must learn so.
-  if (qp->resp.ack_pending || qp->resp.ack_lazy) {
-    flush_ack(qp);
-    link_->flush();
-  }
+  send_held_ack(qp);
   // Outstanding work is discarded without completions, as a move to RESET
   // does (mlx5 moves the QP to RESET first; rxe flushes without posting
   // once the QP is invalid): a program that frees its WR contexts after

@@ -98,6 +98,12 @@ void device::flush_ack(qp_t* qp) noexcept {
   finish_packet(qp, p);
 }
 
+void device::send_held_ack(qp_t* qp) noexcept {
+  if (!qp->resp.ack_pending && !qp->resp.ack_lazy) return;
+  flush_ack(qp);
+  link_->flush();
+}
+
 void device::flush_acks() noexcept {
   for (qp_t* qp : ack_ready_) {
     qp->resp.ack_listed = false;

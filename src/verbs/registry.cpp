@@ -54,14 +54,10 @@ std::shared_ptr<device_entry> make_entry(const soft_device_options& o, const std
     // wildcard (it would bind every address and compute ICRCs with a
     // source the kernel replaces) and group addresses (no source of a
     // datagram) cannot be one.
-    const auto& a = cfg.address.raw;  // (unsigned char)
-    const bool v4 = cfg.address.is_ipv4_mapped();
-    const bool any = cfg.address.is_zero() || (v4 && a[12] == 0 && a[13] == 0 && a[14] == 0 && a[15] == 0);
-    if (any) bad_option(where + ": address '" + o.address + "' is unspecified (the wildcard)");
-    const bool multicast =
-        v4 ? (a[12] & 0xF0) == 0xE0 || (a[12] == 0xFF && a[13] == 0xFF && a[14] == 0xFF && a[15] == 0xFF)
-           : a[0] == 0xFF;
-    if (multicast) bad_option(where + ": address '" + o.address + "' is a multicast or broadcast address");
+    if (cfg.address.is_unspecified())
+      bad_option(where + ": address '" + o.address + "' is unspecified (the wildcard)");
+    if (cfg.address.is_group())
+      bad_option(where + ": address '" + o.address + "' is a multicast or broadcast address");
     // Port 0 would bind an ephemeral port no peer knows to send to.
     if (o.port == 0)
       bad_option(where + ": port 0 (a device needs a known RoCE port; 4791 is the standard one)");

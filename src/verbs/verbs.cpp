@@ -551,9 +551,7 @@ ah_attr device::init_ah_from_wc(std::uint8_t port, const work_completion& wc,
   std::memcpy(to.raw.data(), f.dst.data(), 16);
   // Sent to a group: no source GID of ours answers from it (libibverbs:
   // EINVAL).
-  const bool group =
-      to.is_ipv4_mapped() ? (to.raw[12] & 0xF0) == 0xE0 || to.raw[12] == 0xFF : to.raw[0] == 0xFF;
-  if (group) {
+  if (to.is_group()) {
     ec = make_error_code(errc::invalid_argument);
     return {};
   }
@@ -724,6 +722,16 @@ bool gid::is_zero() const noexcept {
 }
 
 bool gid::is_ipv4_mapped() const noexcept { return wire::is_ipv4_mapped(std::as_bytes(std::span(raw))); }
+
+bool gid::is_unspecified() const noexcept {
+  return is_zero() || (is_ipv4_mapped() && raw[12] == 0 && raw[13] == 0 && raw[14] == 0 && raw[15] == 0);
+}
+
+bool gid::is_group() const noexcept {
+  if (!is_ipv4_mapped()) return raw[0] == 0xFF;
+  return (raw[12] & 0xF0) == 0xE0 ||
+         (raw[12] == 0xFF && raw[13] == 0xFF && raw[14] == 0xFF && raw[15] == 0xFF);
+}
 
 std::string gid::to_string() const {
   char buf[INET6_ADDRSTRLEN];

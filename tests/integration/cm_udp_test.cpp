@@ -136,6 +136,30 @@ class cm_udp : public ::testing::Test {
     EXPECT_EQ(r, b);
   }
 
+  /// An RC connection between new QPs of `a` and `b`, through a listener
+  /// on `b` at CM port 7471.
+  struct connection {
+    cm::listener l;
+    qp qa, qb;
+    cm::connector active, passive;
+    cm::address peer;  ///< the requester's address, as the listener saw it
+  };
+  connection connect_rc(side& a, side& b) {
+    connection k;
+    k.l = cm::listen(b.dev, {b.ip, 7471});
+    k.qa = make_qp(a);
+    k.qb = make_qp(b);
+    k.active = cm::connector(a.dev);
+    auto got = k.l.async_get_request(use_request);
+    auto conn = k.active.async_connect(k.qa, {b.ip, 7471}, {}, use_request);
+    cm::connection_request req = got.get();
+    k.peer = req.peer;
+    k.passive = req.conn;
+    k.passive.accept(k.qb);
+    conn.get();
+    return k;
+  }
+
   context ctx;
 };
 
@@ -143,22 +167,14 @@ TEST_F(cm_udp, connect_exchange_disconnect) {
   side a, b;
   make(a, 0);
   make(b, 1);
-  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
-  qp qa = make_qp(a), qb = make_qp(b);
-  cm::connector c(a.dev);
-  auto got = l.async_get_request(use_request);
-  auto conn = c.async_connect(qa, {b.ip, 7471}, {}, use_request);
-  cm::connection_request req = got.get();
-  EXPECT_EQ(req.peer.ip, a.ip);
-  cm::connector passive = req.conn;
-  passive.accept(qb);
-  conn.get();
-  exchange(a, qa, b, qb);
-  exchange(b, qb, a, qa);
-  auto notified = passive.async_notify_disconnect(use_request);
-  c.disconnect();
+  connection k = connect_rc(a, b);
+  EXPECT_EQ(k.peer.ip, a.ip);
+  exchange(a, k.qa, b, k.qb);
+  exchange(b, k.qb, a, k.qa);
+  auto notified = k.passive.async_notify_disconnect(use_request);
+  k.active.disconnect();
   notified.get();
-  EXPECT_EQ(qb.state(), qp_state::err);
+  EXPECT_EQ(k.qb.state(), qp_state::err);
 }
 
 // A message that arrived is acknowledged before its receiver's QP leaves
@@ -171,14 +187,8 @@ TEST_F(cm_udp, a_message_received_just_before_a_disconnect_completes_at_its_send
   side a, b;
   make(a, 0);
   make(b, 1);
-  cm::listener l = cm::listen(b.dev, {b.ip, 7471});
-  qp qa = make_qp(a), qb = make_qp(b);
-  cm::connector c(a.dev);
-  auto got = l.async_get_request(use_request);
-  auto conn = c.async_connect(qa, {b.ip, 7471}, {}, use_request);
-  cm::connector passive = got.get().conn;
-  passive.accept(qb);
-  conn.get();
+  connection k = connect_rc(a, b);
+  const qp &qa = k.qa, &qb = k.qb;
   std::vector<std::byte> out(16, std::byte{7}), in(16);
   mr mo = b.p.reg_mr(out.data(), out.size(), access_local_write);
   mr mi = a.p.reg_mr(in.data(), in.size(), access_local_write);
@@ -198,8 +208,8 @@ TEST_F(cm_udp, a_message_received_just_before_a_disconnect_completes_at_its_send
     n = a.c.poll(wc);
   ASSERT_EQ(n, 1u);
   ASSERT_EQ(wc[0].status, wc_status::success);
-  auto notified = passive.async_notify_disconnect(use_request);
-  c.disconnect();  // at once: the ACK for the message is still held
+  auto notified = k.passive.async_notify_disconnect(use_request);
+  k.active.disconnect();  // at once: the ACK for the message is still held
   notified.get();
   n = 0;
   for (const auto until = std::chrono::steady_clock::now() + 10s;

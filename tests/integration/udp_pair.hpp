@@ -207,6 +207,21 @@ class udp_pair_test : public ::testing::Test {
     return post_wr(e.q, wr_opcode::send, 0, e.buf.data(), len, e.m);
   }
 
+  /// Posts one signaled UD SEND of `len` bytes at `offset` in `from`'s
+  /// buffer, through `h`, to `to`'s QP (Q_Key 0x11111111).
+  static std::error_code post_ud_send(endpoint& from, const endpoint& to, const ah& h, std::uint32_t len,
+                                      std::size_t offset = 0) {
+    sge g{reinterpret_cast<std::uintptr_t>(from.buf.data()) + offset, len, from.m.lkey()};
+    send_wr w;
+    w.sg_list = &g;
+    w.num_sge = 1;
+    w.flags = send_signaled;
+    w.ah = &h;
+    w.remote_qpn = to.q.num();
+    w.remote_qkey = 0x11111111;
+    return from.q.post_send(w);
+  }
+
   /// Posts one signaled work request of `len` bytes at `local` (RDMA ones
   /// at `remote`, under `rkey`).
   static std::error_code post_wr(const qp& q, wr_opcode op, std::uint64_t wr_id, const void* local, std::uint32_t len,

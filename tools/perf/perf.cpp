@@ -726,15 +726,11 @@ namespace {
 // must be a unicast address of our GID's family (the device would refuse a
 // mixed pair only as "invalid argument", and send to a group address).
 const char* unusable_peer_gid(const gid& peer, const gid& own) {
-  const auto& a = peer.raw;
   const bool v4 = peer.is_ipv4_mapped();
   if (v4 != own.is_ipv4_mapped())
     return v4 ? "an IPv4 address (this device's is IPv6)" : "an IPv6 address (this device's is IPv4)";
-  if (peer.is_zero() || (v4 && a[12] == 0 && a[13] == 0 && a[14] == 0 && a[15] == 0))
-    return "the unspecified address";
-  if (v4 ? (a[12] & 0xF0) == 0xE0 || (a[12] == 0xFF && a[13] == 0xFF && a[14] == 0xFF && a[15] == 0xFF)
-         : a[0] == 0xFF)
-    return "a multicast or broadcast address";
+  if (peer.is_unspecified()) return "the unspecified address";
+  if (peer.is_group()) return "a multicast or broadcast address";
   return nullptr;
 }
 }  // namespace

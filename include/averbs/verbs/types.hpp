@@ -34,6 +34,11 @@ struct gid {
   }
   bool is_zero() const noexcept;
   bool is_ipv4_mapped() const noexcept;
+  /// The unspecified address: `::` or `0.0.0.0` (IPv4-mapped).
+  bool is_unspecified() const noexcept;
+  /// A group address: multicast (224.0.0.0/4, ff00::/8) or IPv4's limited
+  /// broadcast (255.255.255.255).  No datagram comes from one.
+  bool is_group() const noexcept;
   /// "::ffff:127.0.0.1" / "fe80::1" style text.
   std::string to_string() const;
   /// Parses an IPv4 or IPv6 address (IPv4 becomes IPv4-mapped).  Returns

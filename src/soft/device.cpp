@@ -486,6 +486,7 @@ device_attr device::query_device() const {
   a.max_qp = limits::max_qp;
   a.max_qp_wr = limits::max_qp_wr;
   a.device_cap_flags = limits::device_cap_flags;
+  a.device_cap_flags_ex = limits::device_cap_flags | device_cap_atomic_write;
   a.max_sge = limits::max_sge;
   a.max_sge_rd = limits::max_sge_rd;
   a.max_cq = limits::max_cq;

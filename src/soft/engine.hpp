@@ -249,7 +249,7 @@ struct send_state {
 
 /// A READ or atomic the responder executed, kept for duplicate replay.
 struct rd_resource {
-  enum class kind : std::uint8_t { none, read, atomic } type = kind::none;
+  enum class kind : std::uint8_t { none, read, atomic, atomic_write } type = kind::none;
   std::uint32_t first_psn = 0;
   std::uint32_t last_psn = 0;
   std::uint64_t va = 0;
@@ -857,6 +857,7 @@ class device final : public progress_source, public clock_listener {
   void send_ack(qp_t* qp, std::uint8_t syndrome, std::uint32_t psn) noexcept;
   void send_rnr_nak(qp_t* qp, std::uint32_t psn) noexcept;
   void send_atomic_ack(qp_t* qp, std::uint32_t psn, std::uint64_t orig) noexcept;
+  void send_empty_read_response(qp_t* qp, std::uint32_t psn) noexcept;
   void start_read_reply(qp_t* qp, std::uint32_t psn, const wire::reth& t, bool continues) noexcept;
   bool pump_read_reply(qp_t* qp) noexcept;
   void responder_turn(qp_t* qp) noexcept;

@@ -122,6 +122,8 @@ wc_opcode wc_opcode_of(std::uint8_t op) {
     case wr_opcode::atomic_fetch_and_add: return wc_opcode::fetch_add;
     case wr_opcode::local_inv: return wc_opcode::local_inv;
     case wr_opcode::bind_mw: return wc_opcode::bind_mw;
+    case wr_opcode::atomic_write:
+      return wc_opcode::atomic_write;
   }
   return wc_opcode::send;
 }
@@ -750,7 +752,8 @@ std::error_code device::post_one_send(qp_t* qp, const send_wr& wr) noexcept {
         return err(errc::invalid_argument);
       break;
     case qp_type::rc:
-      if (static_cast<unsigned>(op) > static_cast<unsigned>(wr_opcode::send_with_inv))
+      if (static_cast<unsigned>(op) > static_cast<unsigned>(wr_opcode::send_with_inv) &&
+          op != wr_opcode::atomic_write)
         return err(errc::invalid_argument);
       break;
   }
@@ -760,7 +763,10 @@ std::error_code device::post_one_send(qp_t* qp, const send_wr& wr) noexcept {
   const bool local = op == wr_opcode::local_inv || op == wr_opcode::bind_mw;
   const bool inl = (wr.flags & send_inline) != 0 && !atomic && !local && op != wr_opcode::rdma_read;
   if (inl && length > qp->cap.max_inline_data) return err(errc::invalid_argument);
-  if (atomic && (length != 8 || (wr.remote_addr & 7) != 0)) return err(errc::invalid_argument);
+  // An ATOMIC WRITE carries its 8 bytes as a payload (inline, or read from
+  // the SGEs when sent); like the other atomics it names an aligned word.
+  if ((atomic || op == wr_opcode::atomic_write) && (length != 8 || (wr.remote_addr & 7) != 0))
+    return err(errc::invalid_argument);
   if ((wr.flags & send_inline) != 0 && (atomic || local || op == wr_opcode::rdma_read))
     return err(errc::invalid_argument);  // inline needs a payload the op carries
   if (op == wr_opcode::bind_mw && (wr.num_sge != 0 || wr.imm_data != 0)) return err(errc::invalid_argument);

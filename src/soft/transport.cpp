@@ -27,6 +27,11 @@ bool is_atomic(std::uint8_t op) {
   return op == static_cast<std::uint8_t>(wr_opcode::atomic_cmp_and_swp) ||
          op == static_cast<std::uint8_t>(wr_opcode::atomic_fetch_and_add);
 }
+bool is_atomic_write(std::uint8_t op) { return op == static_cast<std::uint8_t>(wr_opcode::atomic_write); }
+// READs and atomics, ATOMIC WRITE included, take an initiator-depth credit
+// (max_rd_atomic) and a responder resource, and are answered by a response
+// of their own (rxe counts ATOMIC WRITE the same way).
+bool takes_rd_credit(std::uint8_t op) { return is_read(op) || is_atomic(op) || is_atomic_write(op); }
 
 std::uint32_t packets_for(std::uint32_t length, std::uint32_t mtu) {
   return length == 0 ? 1 : (length + mtu - 1) / mtu;
@@ -179,6 +184,17 @@ void device::send_ack(qp_t* qp, std::uint8_t syndrome, std::uint32_t psn) noexce
   packet* p = new_packet(qp, opcode::rc_ack, psn);
   if (p == nullptr) return;
   p->hdr.aeth.syndrome = syndrome;
+  p->hdr.aeth.msn = qp->resp.msn & 0xFFFFFF;
+  finish_packet(qp, p);
+}
+
+// The answer to an ATOMIC WRITE: a READ Response Only without payload,
+// as rxe sends it.
+void device::send_empty_read_response(qp_t* qp, std::uint32_t psn) noexcept {
+  flush_ack(qp);
+  packet* p = new_packet(qp, opcode::rc_read_response_only, psn);
+  if (p == nullptr) return;
+  p->hdr.aeth.syndrome = wire::aeth_ack_unlimited;
   p->hdr.aeth.msn = qp->resp.msn & 0xFFFFFF;
   finish_packet(qp, p);
 }
@@ -617,7 +633,7 @@ void device::send_probe(qp_t* qp) noexcept {
   send_state& st = *oldest;
   const auto* w = qp->sq.at<send_wqe>(i);
   if (psn_before(qp->comp.psn, st.first_psn) || psn_before(st.last_psn, qp->comp.psn)) return;
-  const bool rd = is_read(w->opcode) || is_atomic(w->opcode);
+  const bool rd = takes_rd_credit(w->opcode);
   if (rd && st.state != wqe_state::pending) return;  // its request is not out yet
   const send_state saved = st;
   const qp_t::requester saved_req = qp->req;
@@ -708,7 +724,7 @@ void device::retry(qp_t* qp, bool count) noexcept {
     send_state& st = qp->sq_state[i & mask];
     if (st.state == wqe_state::done || st.state == wqe_state::posted) continue;
     auto* w = qp->sq.at<send_wqe>(i);
-    const bool rd = is_read(w->opcode) || is_atomic(w->opcode);
+    const bool rd = takes_rd_credit(w->opcode);
     if (!rd && psn_before(st.last_psn, qp->comp.psn)) {
       st.state = wqe_state::done;  // acknowledged in full
       st.status = wc_status::success;
@@ -802,7 +818,7 @@ void device::requester(qp_t* qp) noexcept {
         if (qp->state != qp_state::rts && qp->state != qp_state::sqd) return;  // ERR, or SQE (UC)
         continue;
       }
-      const bool rd = is_read(w->opcode) || is_atomic(w->opcode);
+      const bool rd = takes_rd_credit(w->opcode);
       if ((w->flags & send_fence) != 0 && qp->req.rd_atomic > 0) return;  // fence: wait for READ/atomics
       if (rd && qp->max_rd_atomic == 0) {
         // No initiator depth: a READ or atomic cannot be issued (IBTA 10.3.2).
@@ -815,8 +831,9 @@ void device::requester(qp_t* qp) noexcept {
       if (rd && qp->req.rd_atomic >= qp->max_rd_atomic) return;
       if (qp->type == qp_type::rc && !in_window(qp, qp->req.next_psn)) return;  // window full
       // (A UD send is one packet, whatever its length: it has no path MTU.)
-      const std::uint32_t n =
-          is_atomic(w->opcode) || qp->type == qp_type::ud ? 1 : packets_for(w->length, qp->mtu_bytes);
+      const std::uint32_t n = is_atomic(w->opcode) || is_atomic_write(w->opcode) || qp->type == qp_type::ud
+                                  ? 1
+                                  : packets_for(w->length, qp->mtu_bytes);
       // Every PSN a WQE takes stays within half the PSN space of the oldest
       // unacknowledged one (IBTA's valid region), or PSN comparisons turn
       // around: a READ takes one per response, 2^23 for 2 GiB at PMTU 256.
@@ -857,7 +874,8 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
   // The PSN of the next packet follows from the WQE's range and progress.
   std::uint32_t psn;
   if (op == wr_opcode::rdma_read) psn = psn_add(st.first_psn, st.read_done / qp->mtu_bytes);
-  else if (is_atomic(w->opcode)) psn = st.first_psn;
+  else if (is_atomic(w->opcode) || is_atomic_write(w->opcode))
+    psn = st.first_psn;
   else psn = psn_add(st.first_psn, st.sent / mtu);
   if (qp->type == qp_type::rc && !in_window(qp, psn)) return false;  // window full: wait for acknowledgements
   if (qp->req.probing && psn != qp->comp.probe_psn) return false;  // a tail probe is one packet
@@ -887,6 +905,32 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
     packet* p = new_packet(qp, cas ? opcode::rc_compare_swap : opcode::rc_fetch_add, qp->req.psn);
     if (p == nullptr) return starve(qp);
     p->hdr.atomic = {w->remote_addr, w->rkey, cas ? w->swap : w->compare_add, cas ? w->compare_add : 0};
+    p->hdr.bth.ack_req = true;
+    qp->req.noack_pkts = 0;
+    qp->req.last_unasked = false;
+    finish_packet(qp, p);
+    qp->req.psn = psn_add(qp->req.psn, 1);
+    st.state = wqe_state::pending;
+    ++qp->req.wqe_index;
+    note_request_sent(qp);
+    if (requester_stops(qp)) arm_tail_probe(qp);
+    return true;
+  }
+  if (op == wr_opcode::atomic_write) {
+    // One packet: a RETH naming the 8 bytes, and those bytes as its payload
+    // (rxe's layout).  Resent alike; the responder's replay cache answers a
+    // duplicate without storing again.
+    packet* p = new_packet(qp, opcode::rc_atomic_write, qp->req.psn);
+    if (p == nullptr) return starve(qp);
+    if ((w->flags & send_inline) != 0) {
+      p->segs[0] = {w->inline_data(), 8};
+      p->nsegs = 1;
+      p->payload_len = 8;
+    } else if (!copy_from_sges(qp->pd, w->sges(), w->num_sge, 0, 8, p)) {
+      free_packet(p);
+      return fail(wc_status::loc_prot_err);
+    }
+    p->hdr.reth = {w->remote_addr, w->rkey, 8};
     p->hdr.bth.ack_req = true;
     qp->req.noack_pkts = 0;
     qp->req.last_unasked = false;
@@ -1020,7 +1064,7 @@ bool device::requester_stops(qp_t* qp) noexcept {
   const auto op = static_cast<wr_opcode>(w->opcode);
   if (op == wr_opcode::local_inv || op == wr_opcode::bind_mw) return qp->sq.consumer() != i;
   if ((w->flags & send_fence) != 0 && qp->req.rd_atomic > 0) return true;
-  return (is_read(w->opcode) || is_atomic(w->opcode)) && qp->req.rd_atomic >= qp->max_rd_atomic;
+  return takes_rd_credit(w->opcode) && qp->req.rd_atomic >= qp->max_rd_atomic;
 }
 
 std::uint32_t device::run_length(qp_t* qp, send_wqe* w, std::uint32_t psn, std::uint32_t remaining) noexcept {
@@ -1303,10 +1347,14 @@ void device::respond(qp_t* qp, packet* p) noexcept {
     }
   }
 
-  // 3. QP access rights (IBTA 9.7.5.1.2 / rxe check_op_valid).
-  if (((ops & wire::op_write) != 0 && (qp->access_flags & access_remote_write) == 0) ||
+  // 3. QP access rights (IBTA 9.7.5.1.2 / rxe check_op_valid).  An ATOMIC
+  // WRITE needs remote write, as in rxe; a FLUSH needs a flush access no
+  // QP here has (averbs offers none: the memory is always visible).
+  if (((ops & (wire::op_write | wire::op_atomic_write)) != 0 &&
+       (qp->access_flags & access_remote_write) == 0) ||
       ((ops & wire::op_read) != 0 && (qp->access_flags & access_remote_read) == 0) ||
-      ((ops & wire::op_atomic) != 0 && (qp->access_flags & access_remote_atomic) == 0)) {
+      ((ops & wire::op_atomic) != 0 && (qp->access_flags & access_remote_atomic) == 0) ||
+      (ops & wire::op_flush) != 0) {
     if (rc) error(resp_error::invalid_request, wc_status::success);
     else r.drop_msg = true;
     return;
@@ -1325,12 +1373,53 @@ void device::respond(qp_t* qp, packet* p) noexcept {
   }
 
   // 5. Resources, then execute.
-  if ((ops & wire::op_read) != 0 || (ops & wire::op_atomic) != 0) {
+  if ((ops & (wire::op_read | wire::op_atomic | wire::op_atomic_write)) != 0) {
     if (qp->max_dest_rd_atomic == 0) {
       error(resp_error::invalid_request, wc_status::success);
       return;
     }
     rd_resource& res = r.resources[r.res_head++ & (r.resources.size() - 1)];
+    if ((ops & wire::op_atomic_write) != 0) {
+      // Exactly 8 bytes, announced and carried (rxe's check_length); the
+      // R_Key for remote write; then an aligned target, as for the other
+      // atomics.  Stored in one 64-bit store, never executed twice (a
+      // duplicate is answered from `res`).
+      const wire::reth& t = p->hdr.reth;
+      if (t.length != 8 || p->payload_len != 8) {
+        error(resp_error::invalid_request, wc_status::success);
+        return;
+      }
+      std::byte* host = nullptr;
+      std::uint64_t addr = 0;
+      if (!resolve_rkey(qp, t.rkey, t.va, 8, access_remote_write, host, addr)) {
+        error(resp_error::access, wc_status::success);
+        return;
+      }
+      if ((t.va & 7) != 0 || (host != nullptr ? reinterpret_cast<std::uintptr_t>(host) : addr) % 8 != 0) {
+        error(resp_error::invalid_request, wc_status::success);
+        return;
+      }
+      std::uint64_t v = 0;
+      payload_reader in{p};
+      in.copy(8, [&](std::uint32_t at, const std::byte* src, std::uint32_t n) {
+        std::memcpy(reinterpret_cast<std::byte*>(&v) + at, src, n);
+      });
+      if (host != nullptr) {
+        __atomic_store_n(reinterpret_cast<std::uint64_t*>(host), v, __ATOMIC_RELEASE);
+      } else if (!mem_->write(addr, &v, 8)) {
+        error(resp_error::operational, wc_status::success);
+        return;
+      }
+      res = {rd_resource::kind::atomic_write, psn, psn, t.va, t.rkey, 8, 0};
+      flush_ack(qp);  // the ACK held for the requests before it counts only those
+      ++r.msn;
+      send_empty_read_response(qp, psn);
+      r.psn = psn_add(psn, 1);
+      r.last_opcode = p->hdr.bth.opcode;
+      r.last_ack_psn = psn;
+      r.newest_psn = psn;  // nothing to lose: an ACK here completes it as well
+      return;
+    }
     if ((ops & wire::op_read) != 0) {
       const wire::reth& t = p->hdr.reth;
       if (t.length > (1u << 31)) {
@@ -1795,6 +1884,9 @@ bool device::rewinds_read(qp_t* qp, const packet* p) noexcept {
     if (res.type == rd_resource::kind::atomic) {  // respond_duplicate() sends its stored result
       q->hdr.bth.opcode = static_cast<std::uint8_t>(opcode::rc_fetch_add);
       q->op = &wire::info(q->hdr.bth.opcode);
+    } else if (res.type == rd_resource::kind::atomic_write) {  // and answers this one again
+      q->hdr.bth.opcode = static_cast<std::uint8_t>(opcode::rc_atomic_write);
+      q->op = &wire::info(q->hdr.bth.opcode);
     } else {
       q->hdr.reth = {res.va, res.rkey, res.length};
     }
@@ -1833,6 +1925,17 @@ void device::respond_duplicate(qp_t* qp, packet* p) noexcept {
     for (const rd_resource& res : newest_first(r)) {
       if (res.type == rd_resource::kind::atomic && res.first_psn == psn) {
         send_atomic_ack(qp, psn, res.orig);
+        return;
+      }
+    }
+    return;
+  }
+  if ((ops & wire::op_atomic_write) != 0) {
+    // Answered again, not stored again: a newer value may be there since.
+    // Unknown (its resource reused): silently dropped, as rxe does.
+    for (const rd_resource& res : newest_first(r)) {
+      if (res.type == rd_resource::kind::atomic_write && res.first_psn == psn) {
+        send_empty_read_response(qp, psn);
         return;
       }
     }
@@ -1896,6 +1999,9 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
       st.state = wqe_state::done;
       st.status = wc_status::success;
       qp->comp.psn = psn_add(st.last_psn, 1);
+      // An ATOMIC WRITE has no result to wait for: a later acknowledgement
+      // completes it as it would a WRITE (rxe too), and returns its credit.
+      if (is_atomic_write(w->opcode)) --qp->req.rd_atomic;
     }
     return true;
   };
@@ -2061,7 +2167,19 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
     after_progress();
     return;
   }
-  if ((ops & wire::op_read) != 0) {
+  if ((ops & wire::op_read) != 0 && is_atomic_write(w->opcode)) {
+    // An ATOMIC WRITE is answered by an empty READ Response Only, as rxe
+    // answers it, or by an ACK (above).
+    if (p->hdr.bth.opcode != static_cast<std::uint8_t>(opcode::rc_read_response_only) ||
+        p->payload_len != 0) {
+      fail_oldest(qp, wc_status::bad_resp_err);
+      return;
+    }
+    st->state = wqe_state::done;
+    st->status = wc_status::success;
+    --qp->req.rd_atomic;
+    qp->comp.psn = psn_add(psn, 1);
+  } else if ((ops & wire::op_read) != 0) {
     if (!is_read(w->opcode)) {
       fail_oldest(qp, wc_status::bad_resp_err);  // a READ response for something else
       return;

@@ -65,11 +65,13 @@ constexpr std::uint8_t ext_header_size(header_bits h) noexcept {
       return 4;
     case hdr_ieth:
       return 4;
+    case hdr_feth:
+      return 4;
   }
   return 0;
 }
 
-constexpr std::uint16_t all_header_bits[] = {hdr_rdeth, hdr_deth,   hdr_reth,  hdr_atmeth,
+constexpr std::uint16_t all_header_bits[] = {hdr_rdeth, hdr_deth,   hdr_feth,  hdr_reth, hdr_atmeth,
                                              hdr_aeth,  hdr_atmack, hdr_immdt, hdr_ieth};
 
 // Shorthands for the rows below.
@@ -127,6 +129,8 @@ constexpr row rows[] = {
      "RC SEND Last with Invalidate"},
     {opcode::rc_send_only_inv, transport::rc, hdr_ieth, req | only | send | inv | pay,
      "RC SEND Only with Invalidate"},
+    {opcode::rc_flush, transport::rc, hdr_feth | hdr_reth, req | only | op_flush, "RC FLUSH"},
+    {opcode::rc_atomic_write, transport::rc, hdr_reth, req | only | op_atomic_write | pay, "RC ATOMIC WRITE"},
 
     {opcode::uc_send_first, transport::uc, 0, req | first | send | pay, "UC SEND First"},
     {opcode::uc_send_middle, transport::uc, 0, req | middle | send | pay, "UC SEND Middle"},
@@ -224,6 +228,10 @@ std::size_t encode(const transport_headers& h, std::span<std::byte> out) noexcep
     put24(p + 5, h.deth.src_qp & qpn_mask);
     p += 8;
   }
+  if (oi.headers & hdr_feth) {
+    put32(p, h.feth & 0x3F);
+    p += 4;
+  }
   if (oi.headers & hdr_reth) {
     put64(p, h.reth.va);
     put32(p + 8, h.reth.rkey);
@@ -284,6 +292,10 @@ void parse_headers(const std::byte* p, const opcode_info& oi, std::uint8_t pad, 
     h.deth.qkey = get32(p);
     h.deth.src_qp = get24(p + 5);
     p += 8;
+  }
+  if (oi.headers & hdr_feth) {
+    h.feth = get32(p) & 0x3F;
+    p += 4;
   }
   if (oi.headers & hdr_reth) {
     h.reth.va = get64(p);

@@ -57,6 +57,8 @@ enum class opcode : std::uint8_t {
   rc_fetch_add = 0x14,
   rc_send_last_inv = 0x16,
   rc_send_only_inv = 0x17,
+  rc_flush = 0x1C,         ///< IBTA 1.5; received only, and refused (no QP has flush access)
+  rc_atomic_write = 0x1D,  ///< IBTA 1.5
 
   uc_send_first = 0x20,
   uc_send_middle = 0x21,
@@ -89,24 +91,27 @@ enum header_bits : std::uint16_t {
   hdr_atmack = 1u << 5,
   hdr_immdt = 1u << 6,
   hdr_ieth = 1u << 7,
+  hdr_feth = 1u << 8,  ///< FLUSH: before the RETH on the wire
 };
 
 /// Properties of an opcode, from the IBTA tables (and rxe's rxe_opcode.c).
 enum op_bits : std::uint16_t {
-  op_request = 1u << 0,    ///< sent by a requester (SEND, WRITE, READ req, atomics)
-  op_response = 1u << 1,   ///< sent by a responder (ACK, READ response, atomic ACK)
+  op_request = 1u << 0,   ///< sent by a requester (SEND, WRITE, READ req, atomics)
+  op_response = 1u << 1,  ///< sent by a responder (ACK, READ response, atomic ACK)
   op_first = 1u << 2,
   op_middle = 1u << 3,
-  op_last = 1u << 4,       ///< LAST or ONLY
-  op_only = 1u << 5,       ///< ONLY implies first and last too
+  op_last = 1u << 4,  ///< LAST or ONLY
+  op_only = 1u << 5,  ///< ONLY implies first and last too
   op_send = 1u << 6,
   op_write = 1u << 7,
-  op_read = 1u << 8,       ///< READ request or READ response
-  op_atomic = 1u << 9,     ///< compare-swap or fetch-add request, or atomic ACK
-  op_ack = 1u << 10,       ///< ACK or atomic ACK
+  op_read = 1u << 8,    ///< READ request or READ response
+  op_atomic = 1u << 9,  ///< compare-swap or fetch-add request, or atomic ACK
+  op_ack = 1u << 10,    ///< ACK or atomic ACK
   op_imm = 1u << 11,
   op_inv = 1u << 12,
-  op_payload = 1u << 13,   ///< may carry payload
+  op_payload = 1u << 13,       ///< may carry payload
+  op_atomic_write = 1u << 14,  ///< ATOMIC WRITE request (RETH and 8 bytes of payload)
+  op_flush = 1u << 15,         ///< FLUSH request
 };
 
 struct opcode_info {
@@ -170,6 +175,7 @@ struct transport_headers {
   std::uint64_t atomic_ack = 0;  ///< AtomicAckETH: the original remote value
   std::uint32_t imm = 0;         ///< ImmDt, network byte order (opaque)
   std::uint32_t ieth_rkey = 0;   ///< IETH: the R_Key to invalidate
+  std::uint32_t feth = 0;        ///< FETH: bits 3:0 placement type, 5:4 selectivity level
 };
 
 /// Room for the BTH and extension headers of any opcode (the longest,

@@ -548,6 +548,13 @@ class exchange {
     std::memcpy(&counter, b_.buf.data() + 320 * 1024, 8);
     std::memcpy(&swapped, b_.buf.data() + 320 * 1024 + 8, 8);
     check(counter == 1 && swapped == 0xFEED, "rc atomics: remote memory");
+    // ATOMIC WRITE (IBTA 1.5), answered by an empty READ Response Only.
+    const std::uint64_t word = 0x0123456789ABCDEFull;
+    std::memcpy(a_.buf.data() + 320 * 1024 + 16, &word, 8);
+    post_send(rc_.a, a_, wr_opcode::atomic_write, 3, a_.addr(320 * 1024 + 16), 8, b_.addr(320 * 1024 + 16),
+              b_.m.rkey());
+    expect(a_, 1, wc_opcode::atomic_write, "rc atomic write");
+    check(std::memcmp(b_.buf.data() + 320 * 1024 + 16, &word, 8) == 0, "rc atomic write: remote memory");
   }
 
   void uc_traffic() {

@@ -179,6 +179,35 @@ TEST_P(faults, atomics_execute_exactly_once) {
   EXPECT_EQ(*olds.rbegin(), n - 1);
 }
 
+// ATOMIC WRITEs to one word, values 1..n: the word ends at n and stays
+// there.  A duplicate or a resend that stored again would put an older
+// value back over a newer one (a delayed or reordered copy arrives after
+// later writes; the devices run on a while to let such copies in).
+TEST_P(faults, atomic_writes_store_exactly_once_in_order) {
+  constexpr std::size_t n = 200;
+  std::memset(b.buf.data(), 0, 8);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t v = i + 1;
+    std::memcpy(a.buf.data() + 8 * i, &v, 8);
+  }
+  for (std::size_t i = 0; i < n; ++i)
+    ASSERT_FALSE(post(a, wr_opcode::atomic_write, i, addr(a, 8 * i), 8, addr(b, 0), b.m.rkey()));
+  const auto wcs = poll(a.c, n);
+  expect_exactly_once(wcs, n);
+  for (const auto& wc : wcs) EXPECT_EQ(wc.opcode, wc_opcode::atomic_write);
+  std::uint64_t last;
+  std::memcpy(&last, b.buf.data(), 8);
+  EXPECT_EQ(last, n);
+  work_completion wc[4];
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+  while (std::chrono::steady_clock::now() < until) {
+    (void)a.c.poll(wc);
+    (void)b.c.poll(wc);
+  }
+  std::memcpy(&last, b.buf.data(), 8);
+  EXPECT_EQ(last, n) << "a late copy stored an older value";
+}
+
 INSTANTIATE_TEST_SUITE_P(
     rc, faults,
     ::testing::Values(fault_case{"clean", ""}, fault_case{"loss_1pct", "drop=0.01,seed=11"},

@@ -192,8 +192,9 @@ class hostile_peer : public ::testing::Test {
   }
 
   /// Drives the device for `d` and returns the headers of every packet it
-  /// sent meanwhile.
-  std::vector<wire::transport_headers> collect(std::chrono::milliseconds d = std::chrono::milliseconds(100)) {
+  /// sent meanwhile (and, given `payload_sizes`, their payload lengths).
+  std::vector<wire::transport_headers> collect(std::chrono::milliseconds d = std::chrono::milliseconds(100),
+                                               std::vector<std::size_t>* payload_sizes = nullptr) {
     std::vector<wire::transport_headers> out;
     const auto until = std::chrono::steady_clock::now() + d;
     std::byte in[2048];
@@ -202,8 +203,10 @@ class hostile_peer : public ::testing::Test {
       const ssize_t n = ::recv(fd_, in, sizeof in, 0);
       if (n <= 0) continue;
       wire::packet_view v;
-      if (wire::decode(std::span(in, static_cast<std::size_t>(n)), true, v) == wire::decode_error::ok)
+      if (wire::decode(std::span(in, static_cast<std::size_t>(n)), true, v) == wire::decode_error::ok) {
         out.push_back(v.hdr);
+        if (payload_sizes != nullptr) payload_sizes->push_back(v.payload.size());
+      }
     }
     return out;
   }
@@ -547,6 +550,173 @@ TEST_F(hostile_peer, atomic_at_an_unaligned_address_is_refused) {
   EXPECT_EQ(static_cast<wire::opcode>(ack->bth.opcode), wire::opcode::rc_ack);
   EXPECT_EQ(ack->aeth.syndrome, nak_invalid_request);
   EXPECT_TRUE(std::all_of(buf_.begin(), buf_.begin() + 16, [](std::byte b) { return b == std::byte{0}; }));
+}
+
+// ---------------------------------------------------------------------------
+// ATOMIC WRITE (0x1D) and FLUSH (0x1C), IBTA 1.5, as rxe handles them.
+
+std::vector<std::byte> word_bytes(std::uint64_t v) {
+  std::vector<std::byte> b(8);
+  std::memcpy(b.data(), &v, 8);
+  return b;
+}
+
+// Stored once and answered by an empty READ Response Only; a duplicate is
+// answered again from the replay cache, not stored again (the word may
+// hold a newer value by then).
+TEST_F(hostile_peer, an_atomic_write_is_stored_once_and_answered_by_an_empty_read_response) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 64, access_local_write | access_remote_write);
+  wire::transport_headers h;
+  h.reth = {va(8), m.rkey(), 8};
+  const auto value = word_bytes(0x0102030405060708ull);
+  send(wire::opcode::rc_atomic_write, 0, value, h);
+  std::vector<std::size_t> sizes;
+  auto out = collect(std::chrono::milliseconds(100), &sizes);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(static_cast<wire::opcode>(out[0].bth.opcode), wire::opcode::rc_read_response_only);
+  EXPECT_EQ(out[0].bth.psn, 0u);
+  EXPECT_EQ(out[0].aeth.syndrome, wire::aeth_ack_unlimited);
+  EXPECT_EQ(out[0].aeth.msn, 1u);
+  EXPECT_EQ(sizes[0], 0u);
+  EXPECT_TRUE(std::equal(value.begin(), value.end(), buf_.begin() + 8));
+  EXPECT_TRUE(std::all_of(buf_.begin(), buf_.begin() + 8, [](std::byte b) { return b == std::byte{0}; }));
+
+  std::fill(buf_.begin() + 8, buf_.begin() + 16, std::byte{0xEE});  // a newer value
+  send(wire::opcode::rc_atomic_write, 0, value, h);                 // its answer was lost
+  sizes.clear();
+  out = collect(std::chrono::milliseconds(100), &sizes);
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(static_cast<wire::opcode>(out[0].bth.opcode), wire::opcode::rc_read_response_only);
+  EXPECT_EQ(out[0].bth.psn, 0u);
+  EXPECT_EQ(sizes[0], 0u);
+  EXPECT_TRUE(std::all_of(buf_.begin() + 8, buf_.begin() + 16, [](std::byte b) {
+    return b == std::byte{0xEE};
+  })) << "the duplicate was stored again";
+  EXPECT_EQ(qp_.query().state, qp_state::rts);
+}
+
+// rxe's check_length: the RETH must announce 8 bytes and the packet carry
+// them (a RETH of 0 with 8 bytes of payload read kernel memory in rxe).
+TEST_F(hostile_peer, an_atomic_write_announcing_other_than_eight_bytes_is_an_invalid_request) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 64, access_local_write | access_remote_write);
+  wire::transport_headers h;
+  h.reth = {va(8), m.rkey(), 0};
+  send(wire::opcode::rc_atomic_write, 0, word_bytes(~0ull), h);
+  const auto ack = next_ack();
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_EQ(ack->aeth.syndrome, nak_invalid_request);
+  EXPECT_TRUE(std::all_of(buf_.begin(), buf_.begin() + 64, [](std::byte b) { return b == std::byte{0}; }));
+  EXPECT_EQ(qp_.query().state, qp_state::err);
+}
+
+TEST_F(hostile_peer, an_atomic_write_of_four_bytes_is_an_invalid_request) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 64, access_local_write | access_remote_write);
+  wire::transport_headers h;
+  h.reth = {va(8), m.rkey(), 8};
+  send(wire::opcode::rc_atomic_write, 0, filled(4, 0xFF), h);
+  const auto ack = next_ack();
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_EQ(ack->aeth.syndrome, nak_invalid_request);
+  EXPECT_TRUE(std::all_of(buf_.begin(), buf_.begin() + 64, [](std::byte b) { return b == std::byte{0}; }));
+}
+
+// A zero-based region over an unaligned buffer: refused as for the other
+// atomics, not stored as a split word.
+TEST_F(hostile_peer, an_atomic_write_at_an_unaligned_address_is_an_invalid_request) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data() + 1, 64, access_local_write | access_remote_write | access_zero_based);
+  wire::transport_headers h;
+  h.reth = {0, m.rkey(), 8};
+  send(wire::opcode::rc_atomic_write, 0, word_bytes(~0ull), h);
+  const auto ack = next_ack();
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_EQ(ack->aeth.syndrome, nak_invalid_request);
+  EXPECT_TRUE(std::all_of(buf_.begin(), buf_.begin() + 16, [](std::byte b) { return b == std::byte{0}; }));
+}
+
+// No QP here has flush access (averbs offers none): a FLUSH is an
+// unsupported request, NAKed as rxe NAKs it for a QP without that access,
+// where it used to be dropped and its requester left to retry.
+TEST_F(hostile_peer, a_flush_is_answered_with_an_invalid_request_nak) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 64, access_local_write | access_remote_write);
+  wire::transport_headers h;
+  h.feth = 0x11;  // global visibility, of the region
+  h.reth = {va(), m.rkey(), 64};
+  send(wire::opcode::rc_flush, 0, {}, h);
+  const auto ack = next_ack();
+  ASSERT_TRUE(ack.has_value());
+  EXPECT_EQ(static_cast<wire::opcode>(ack->bth.opcode), wire::opcode::rc_ack);
+  EXPECT_EQ(ack->bth.psn, 0u);
+  EXPECT_EQ(ack->aeth.syndrome, nak_invalid_request);
+  EXPECT_EQ(qp_.query().state, qp_state::err);
+}
+
+// The requester's side: one packet, a RETH of 8 bytes and AckReq, and a
+// plain ACK completes it as well as rxe's empty READ response does -- and
+// gives its initiator-depth credit back (the next one leaves).
+TEST_F(hostile_peer, an_atomic_write_leaves_as_one_asking_packet_and_an_ack_completes_it) {
+  make_qp(qp_type::rc, nullptr, 14, 7, 7, /*max_rd_atomic=*/1);
+  mr m = pd_.reg_mr(buf_.data(), 64, access_local_write);
+  post(wr_opcode::atomic_write, 8, m, 0x1000, 0x77);
+  const auto req = next_request();
+  ASSERT_TRUE(req.has_value());
+  EXPECT_EQ(static_cast<wire::opcode>(req->bth.opcode), wire::opcode::rc_atomic_write);
+  EXPECT_EQ(req->bth.psn, 0u);
+  EXPECT_TRUE(req->bth.ack_req);
+  EXPECT_EQ(req->reth.va, 0x1000u);
+  EXPECT_EQ(req->reth.rkey, 0x77u);
+  EXPECT_EQ(req->reth.length, 8u);
+  respond(wire::opcode::rc_ack, 0, wire::aeth_ack_unlimited);
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+  EXPECT_EQ(wcs[0].opcode, wc_opcode::atomic_write);
+  EXPECT_EQ(wcs[0].byte_len, 8u);
+  post(wr_opcode::atomic_write, 8, m, 0x1008, 0x77);
+  const auto next = next_request(std::chrono::milliseconds(500));
+  ASSERT_TRUE(next.has_value()) << "the credit was not given back";
+  EXPECT_EQ(next->bth.psn, 1u);
+}
+
+TEST_F(hostile_peer, a_read_response_with_data_for_an_atomic_write_is_a_bad_response) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 64, access_local_write);
+  post(wr_opcode::atomic_write, 8, m, 0x1000, 0x77);
+  ASSERT_TRUE(next_request().has_value());
+  respond(wire::opcode::rc_read_response_only, 0, wire::aeth_ack_unlimited, filled(8, 1));
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::bad_resp_err);
+}
+
+// Each takes an initiator-depth credit until its answer (rxe counts it
+// so): with max_rd_atomic 1 the second waits for the first's response.
+TEST_F(hostile_peer, atomic_writes_wait_for_initiator_depth) {
+  make_qp(qp_type::rc, nullptr, 14, 7, 7, /*max_rd_atomic=*/1);
+  mr m = pd_.reg_mr(buf_.data(), 64, access_local_write);
+  post(wr_opcode::atomic_write, 8, m, 0x1000, 0x77);
+  post(wr_opcode::atomic_write, 8, m, 0x1008, 0x77);
+  const auto first = next_request();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->bth.psn, 0u);
+  for (const auto& h : collect(std::chrono::milliseconds(100)))
+    EXPECT_NE(h.bth.psn, 1u) << "the second left before the first was answered";
+  respond(wire::opcode::rc_read_response_only, 0, wire::aeth_ack_unlimited);
+  const auto second = next_request();
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->bth.psn, 1u);
+  EXPECT_EQ(second->reth.va, 0x1008u);
+  respond(wire::opcode::rc_read_response_only, 1, wire::aeth_ack_unlimited);
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 2u);
+  for (const auto& wc : wcs) {
+    EXPECT_EQ(wc.status, wc_status::success);
+    EXPECT_EQ(wc.opcode, wc_opcode::atomic_write);
+  }
 }
 
 // UC: a message too long for its receive is dropped (class D); the receive

@@ -144,6 +144,8 @@ int print_device(context& ctx, const std::string& name, bool verbose, int only_p
     std::printf("\tmax_qp_wr:\t\t\t%d\n", a.max_qp_wr);
     std::printf("\tdevice_cap_flags:\t\t0x%08x\n", a.device_cap_flags);
     print_cap_flags(a.device_cap_flags);
+    std::printf("\tdevice_cap_flags_ex:\t\t0x%llX\n", static_cast<unsigned long long>(a.device_cap_flags_ex));
+    if ((a.device_cap_flags_ex & device_cap_atomic_write) != 0) std::printf("\t\t\t\t\tATOMIC_WRITE\n");
     std::printf("\tmax_sge:\t\t\t%d\n", a.max_sge);
     std::printf("\tmax_sge_rd:\t\t\t%d\n", a.max_sge_rd);
     std::printf("\tmax_cq:\t\t\t\t%d\n", a.max_cq);

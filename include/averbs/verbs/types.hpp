@@ -114,6 +114,10 @@ enum class wr_opcode : std::uint8_t {
   local_inv = 7,
   bind_mw = 8,
   send_with_inv = 9,
+  /// RC: 8 bytes (the SGE list's, or inline) stored at `remote_addr` in
+  /// one 64-bit store (IBTA 1.5 ATOMIC WRITE; `IBV_WR_ATOMIC_WRITE`).  Needs
+  /// remote write access at the peer; counts against `max_rd_atomic`.
+  atomic_write = 15,
 };
 
 /// Send flags (`IBV_SEND_*`).
@@ -134,6 +138,7 @@ enum class wc_opcode : std::int32_t {
   fetch_add = 4,
   bind_mw = 5,
   local_inv = 6,
+  atomic_write = 9,
   recv = 128,
   recv_rdma_with_imm = 129,
 };
@@ -316,6 +321,10 @@ struct async_event {
   std::uint32_t element = 0;
 };
 
+/// `device_attr::device_cap_flags_ex`: RC ATOMIC WRITE is supported (the
+/// kernel's `IB_UVERBS_DEVICE_ATOMIC_WRITE`, bit 40).
+inline constexpr std::uint64_t device_cap_atomic_write = std::uint64_t{1} << 40;
+
 /// `struct ibv_device_attr`, plus the limits rdma-core reports elsewhere.
 struct device_attr {
   std::string fw_ver;
@@ -329,6 +338,9 @@ struct device_attr {
   std::uint32_t max_qp = 0;
   std::uint32_t max_qp_wr = 0;
   std::uint32_t device_cap_flags = 0;
+  /// `ibv_device_attr_ex::device_cap_flags_ex`: `device_cap_flags` and the
+  /// kernel's 64-bit ones (device_cap_atomic_write).
+  std::uint64_t device_cap_flags_ex = 0;
   std::uint32_t max_sge = 0;
   std::uint32_t max_sge_rd = 0;
   std::uint32_t max_cq = 0;

@@ -250,5 +250,179 @@ TEST_F(atomic_test, cas_after_faa_sees_its_result) {
   EXPECT_EQ(load(remote), 50u);
 }
 
+// ---------------------------------------------------------------------------
+// ATOMIC WRITE (IBTA 1.5; rxe since Linux 6.2, IBV_WR_ATOMIC_WRITE): eight
+// bytes stored in one 64-bit store, answered without a result.
+
+class atomic_write_test : public atomic_test {
+ protected:
+  /// Posts an ATOMIC WRITE of the 8 bytes at [off, off + 8) of `src`.
+  std::error_code post_atomic_write(const pair& p, const buffer& src, std::size_t off, std::uint64_t raddr,
+                                    std::uint32_t rkey, std::uint64_t wr_id,
+                                    std::uint32_t flags = send_signaled, std::uint32_t length = 8) {
+    const std::vector<sge> sg{src.part(off, length)};
+    return p.a.post_send(make_wr(wr_opcode::atomic_write, sg, wr_id, flags, raddr, rkey));
+  }
+};
+
+TEST_F(atomic_write_test, stores_the_eight_bytes_and_completes_as_atomic_write) {
+  auto p = connected_pair();
+  auto local = make_buffer(8), remote = make_buffer(24);
+  store(local, 0x0123456789ABCDEFull);
+  store(remote, 0x1111111111111111ull);
+  store(remote, 0x2222222222222222ull, 8);
+  store(remote, 0x3333333333333333ull, 16);
+  ASSERT_FALSE(post_atomic_write(p, local, 0, remote.addr() + 8, remote.m.rkey(), 1));
+  const auto wc = poll_one(p.cq_a);
+  EXPECT_TRUE(wc_ok(wc, 1, wc_opcode::atomic_write));
+  EXPECT_EQ(wc.byte_len, 8u);
+  EXPECT_EQ(load(remote, 8), 0x0123456789ABCDEFull);
+  EXPECT_EQ(load(remote, 0), 0x1111111111111111ull) << "the word before changed";
+  EXPECT_EQ(load(remote, 16), 0x3333333333333333ull) << "the word after changed";
+  EXPECT_TRUE(drain(p.cq_b).empty()) << "the responder consumes no receive and completes nothing";
+}
+
+TEST_F(atomic_write_test, inline_data_is_taken_at_post_time) {
+  auto p = connected_pair();
+  auto local = make_buffer(8), remote = make_buffer(8);
+  store(local, 42);
+  ASSERT_FALSE(
+      post_atomic_write(p, local, 0, remote.addr(), remote.m.rkey(), 2, send_signaled | send_inline));
+  store(local, 99);  // after the post: an inline payload was copied already
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 2, wc_opcode::atomic_write));
+  EXPECT_EQ(load(remote), 42u);
+}
+
+// rxe: the responder's QP and the region need remote write, not remote
+// atomic access.
+TEST_F(atomic_write_test, needs_remote_write_not_remote_atomic) {
+  qp_options ob;
+  ob.access = access_local_write | access_remote_write;
+  auto p = connect(qp_options{}, ob);
+  auto local = make_buffer(8), remote = make_buffer(8, access_local_write | access_remote_write);
+  store(local, 7);
+  ASSERT_FALSE(post_atomic_write(p, local, 0, remote.addr(), remote.m.rkey(), 3));
+  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 3, wc_opcode::atomic_write));
+  EXPECT_EQ(load(remote), 7u);
+}
+
+TEST_F(atomic_write_test, responder_qp_without_remote_write_is_rem_inv_req_err) {
+  qp_options ob;
+  ob.access = access_local_write | access_remote_read | access_remote_atomic;
+  auto p = connect(qp_options{}, ob);
+  auto local = make_buffer(8), remote = make_buffer(8);
+  store(local, 7);
+  store(remote, 10);
+  ASSERT_FALSE(post_atomic_write(p, local, 0, remote.addr(), remote.m.rkey(), 4));
+  EXPECT_REMOTE_ERROR(p, 4, wc_status::rem_inv_req_err);
+  EXPECT_EQ(load(remote), 10u);
+}
+
+TEST_F(atomic_write_test, region_without_remote_write_is_rem_access_err) {
+  auto p = connected_pair();
+  auto local = make_buffer(8),
+       remote = make_buffer(8, access_local_write | access_remote_read | access_remote_atomic);
+  store(local, 7);
+  store(remote, 10);
+  ASSERT_FALSE(post_atomic_write(p, local, 0, remote.addr(), remote.m.rkey(), 5));
+  EXPECT_REMOTE_ERROR(p, 5, wc_status::rem_access_err);
+  EXPECT_EQ(load(remote), 10u);
+}
+
+TEST_F(atomic_write_test, beyond_the_region_is_rem_access_err) {
+  auto p = connected_pair();
+  auto local = make_buffer(8), remote = make_buffer(64);
+  ASSERT_FALSE(post_atomic_write(p, local, 0, remote.addr() + 64, remote.m.rkey(), 6));
+  EXPECT_REMOTE_ERROR(p, 6, wc_status::rem_access_err);
+}
+
+TEST_F(atomic_write_test, responder_max_dest_rd_atomic_0_is_rem_inv_req_err) {
+  qp_options ob;
+  ob.max_dest_rd_atomic = 0;
+  auto p = connect(qp_options{}, ob);
+  auto local = make_buffer(8), remote = make_buffer(8);
+  store(remote, 1);
+  ASSERT_FALSE(post_atomic_write(p, local, 0, remote.addr(), remote.m.rkey(), 7));
+  EXPECT_REMOTE_ERROR(p, 7, wc_status::rem_inv_req_err);
+  EXPECT_EQ(load(remote), 1u);
+}
+
+TEST_F(atomic_write_test, requester_without_initiator_depth_fails_it_locally) {
+  qp_options oa;
+  oa.max_rd_atomic = 0;
+  auto p = connect(oa, qp_options{});
+  auto local = make_buffer(8), remote = make_buffer(8);
+  store(remote, 1);
+  ASSERT_FALSE(post_atomic_write(p, local, 0, remote.addr(), remote.m.rkey(), 8));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_a), 8, wc_status::loc_qp_op_err));
+  EXPECT_EQ(load(remote), 1u);
+}
+
+TEST_F(atomic_write_test, bad_local_lkey_is_loc_prot_err) {
+  auto p = connected_pair();
+  auto local = make_buffer(8), remote = make_buffer(8);
+  store(remote, 1);
+  const std::vector<sge> sg{{local.addr(), 8, inc_rkey(local.m.lkey())}};
+  ASSERT_FALSE(
+      p.a.post_send(make_wr(wr_opcode::atomic_write, sg, 9, send_signaled, remote.addr(), remote.m.rkey())));
+  EXPECT_TRUE(wc_is(poll_one(p.cq_a), 9, wc_status::loc_prot_err));
+  EXPECT_EQ(load(remote), 1u);
+}
+
+TEST_F(atomic_write_test, misaligned_or_not_eight_bytes_or_not_rc_bad_flow) {
+  auto p = connected_pair();
+  auto local = make_buffer(16), remote = make_buffer(16);
+  EXPECT_EQ(post_atomic_write(p, local, 0, remote.addr() + 4, remote.m.rkey(), 10),
+            make_error_code(errc::invalid_argument));
+  for (std::uint32_t len : {0u, 4u, 9u, 16u}) {
+    EXPECT_EQ(post_atomic_write(p, local, 0, remote.addr(), remote.m.rkey(), 10, send_signaled, len),
+              make_error_code(errc::invalid_argument))
+        << len;
+  }
+  EXPECT_TRUE(drain(p.cq_a).empty());
+  EXPECT_EQ(query_state(p.a), qp_state::rts);
+  qp_options o;
+  o.type = qp_type::uc;
+  auto u = connected_pair(o);
+  EXPECT_EQ(post_atomic_write(u, local, 0, remote.addr(), remote.m.rkey(), 11),
+            make_error_code(errc::invalid_argument));
+}
+
+// They take initiator-depth credits like READs and atomics, and complete in
+// order among WRITEs and READs: the READ behind them sees the last value.
+TEST_F(atomic_write_test, several_outstanding_complete_in_order_with_writes_and_reads) {
+  qp_options o;
+  o.max_rd_atomic = 2;
+  o.max_dest_rd_atomic = 2;
+  auto p = connected_pair(o);
+  auto local = make_buffer(8 * 8 + 8), remote = make_buffer(8);
+  std::vector<std::vector<sge>> sgs;
+  for (std::size_t i = 0; i < 8; ++i) {
+    store(local, 1000 + i, i * 8);
+    sgs.push_back({local.part(i * 8, 8)});
+  }
+  std::vector<send_wr> wrs;
+  for (std::size_t i = 0; i < 8; ++i) {
+    const wr_opcode op = i % 3 == 2 ? wr_opcode::rdma_write : wr_opcode::atomic_write;
+    wrs.push_back(make_wr(op, sgs[i], 40 + i, send_signaled, remote.addr(), remote.m.rkey()));
+  }
+  const std::vector<sge> back{local.part(64, 8)};
+  wrs.push_back(make_wr(wr_opcode::rdma_read, back, 48, send_signaled, remote.addr(), remote.m.rkey()));
+  ASSERT_FALSE(p.a.post_send(wrs));
+  const auto v = poll(p.cq_a, 9);
+  ASSERT_EQ(v.size(), 9u);
+  for (std::size_t i = 0; i < 8; ++i)
+    EXPECT_TRUE(wc_ok(v[i], 40 + i, i % 3 == 2 ? wc_opcode::rdma_write : wc_opcode::atomic_write)) << i;
+  EXPECT_TRUE(wc_ok(v[8], 48, wc_opcode::rdma_read));
+  EXPECT_EQ(load(local, 64), 1007u);
+  EXPECT_EQ(load(remote), 1007u);
+}
+
+TEST_F(atomic_write_test, the_device_reports_it_in_its_extended_capabilities) {
+  const device_attr a = dev.query();
+  EXPECT_NE(a.device_cap_flags_ex & device_cap_atomic_write, 0u);
+  EXPECT_EQ(a.device_cap_flags_ex & 0xFFFFFFFFu, a.device_cap_flags);
+}
+
 }  // namespace
 }  // namespace averbs::test

@@ -407,6 +407,8 @@ constexpr expected_op every_opcode[] = {
     {w::opcode::rc_fetch_add, 40, w::hdr_atmeth},
     {w::opcode::rc_send_last_inv, 16, w::hdr_ieth},
     {w::opcode::rc_send_only_inv, 16, w::hdr_ieth},
+    {w::opcode::rc_flush, 32, w::hdr_feth | w::hdr_reth},
+    {w::opcode::rc_atomic_write, 28, w::hdr_reth},
     {w::opcode::uc_send_first, 12, 0},
     {w::opcode::uc_send_middle, 12, 0},
     {w::opcode::uc_send_last, 12, 0},
@@ -459,14 +461,29 @@ TEST(roce_opcode_table, names_follow_wireshark) {
   EXPECT_STREQ(w::info(w::opcode::cnp).name, "CNP");
 }
 
+// FLUSH (IBTA 1.5): the FETH comes before the RETH on the wire.
+TEST(roce_codec, flush_puts_the_feth_before_the_reth) {
+  w::transport_headers h;
+  h.bth.opcode = static_cast<std::uint8_t>(w::opcode::rc_flush);
+  h.feth = 0x11;  // selectivity 1, placement 1
+  h.reth = {0x1122334455667788, 0xAABBCCDD, 0x100};
+  const bytes b = encode_bytes(h);
+  ASSERT_EQ(b.size(), 32u);
+  EXPECT_EQ(b[12], std::byte{0});
+  EXPECT_EQ(b[15], std::byte{0x11});
+  EXPECT_EQ(b[16], std::byte{0x11});  // the RETH's VA, most significant byte first
+  EXPECT_EQ(b[31], std::byte{0x00});  // its length's low byte (0x100)
+  EXPECT_EQ(b[30], std::byte{0x01});
+}
+
 TEST(roce_opcode_table, unassigned_opcodes_are_invalid) {
   std::set<int> assigned;
   for (const auto& e : every_opcode) assigned.insert(static_cast<int>(e.op));
   for (int op = 0; op < 256; ++op) {
     EXPECT_EQ(w::info(static_cast<std::uint8_t>(op)).valid, assigned.count(op) == 1) << "opcode " << op;
   }
-  // RD, unassigned RC slots, FLUSH/ATOMIC_WRITE, vendor space.
-  for (int op : {0x15, 0x1C, 0x1D, 0x1F, 0x2C, 0x40, 0x60, 0x66, 0x80, 0xE0, 0xFF}) {
+  // RD, unassigned RC slots, vendor space.
+  for (int op : {0x15, 0x18, 0x1B, 0x1E, 0x1F, 0x2C, 0x40, 0x60, 0x66, 0x80, 0xE0, 0xFF}) {
     EXPECT_FALSE(w::info(static_cast<std::uint8_t>(op)).valid) << "opcode " << op;
     EXPECT_EQ(w::info(static_cast<std::uint8_t>(op)).tp, w::transport::invalid);
   }
@@ -488,13 +505,20 @@ TEST(roce_opcode_table, op_bits_classify_requests_responses_and_payload) {
     EXPECT_EQ((i.ops & w::op_inv) != 0, (i.headers & w::hdr_ieth) != 0);
   }
   for (auto op : {w::opcode::rc_read_request, w::opcode::rc_ack, w::opcode::rc_atomic_ack,
-                  w::opcode::rc_compare_swap, w::opcode::rc_fetch_add, w::opcode::cnp}) {
+                  w::opcode::rc_compare_swap, w::opcode::rc_fetch_add, w::opcode::rc_flush, w::opcode::cnp}) {
     EXPECT_FALSE(w::info(op).ops & w::op_payload) << w::info(op).name;
   }
   EXPECT_TRUE(w::info(w::opcode::rc_read_response_middle).ops & w::op_payload);
   EXPECT_TRUE(w::info(w::opcode::rc_ack).ops & w::op_ack);
   EXPECT_TRUE(w::info(w::opcode::rc_atomic_ack).ops & w::op_ack);
   EXPECT_FALSE(w::info(w::opcode::rc_read_response_only).ops & w::op_ack);
+  // ATOMIC WRITE: a request with RETH and payload, neither a WRITE (no
+  // message to continue) nor a fetching atomic (no AtomicETH).
+  const auto& aw = w::info(w::opcode::rc_atomic_write);
+  EXPECT_EQ(aw.ops & (w::op_request | w::op_only | w::op_payload | w::op_atomic_write),
+            w::op_request | w::op_only | w::op_payload | w::op_atomic_write);
+  EXPECT_EQ(aw.ops & (w::op_write | w::op_atomic | w::op_read | w::op_send), 0);
+  EXPECT_TRUE(w::info(w::opcode::rc_flush).ops & w::op_flush);
 }
 
 // ---------------------------------------------------------------------------
@@ -520,6 +544,7 @@ w::transport_headers busy_headers(std::uint8_t op, std::uint8_t pad) {
   h.atomic_ack = 0x0123456789ABCDEF;
   h.imm = 0xDDCCBBAA;
   h.ieth_rkey = 0x31415926;
+  h.feth = 0xFFFFFF21;  // reserved bits set: only 5:0 are the FETH's fields
   return h;
 }
 
@@ -599,6 +624,7 @@ TEST(roce_codec, round_trip_every_opcode_preserves_fields_masked_to_their_widths
     EXPECT_EQ(h.atomic_ack, (i.headers & w::hdr_atmack) ? in.atomic_ack : 0u);
     EXPECT_EQ(h.imm, (i.headers & w::hdr_immdt) ? in.imm : 0u);
     EXPECT_EQ(h.ieth_rkey, (i.headers & w::hdr_ieth) ? in.ieth_rkey : 0u);
+    EXPECT_EQ(h.feth, (i.headers & w::hdr_feth) ? 0x21u : 0u);
 
     // And back: the decoded headers encode to the same bytes.
     const bytes again = encode_bytes(v.hdr);

@@ -1520,6 +1520,18 @@ void device::respond(qp_t* qp, packet* p) noexcept {
     }
     r.offset += pl;
   } else {  // RDMA WRITE
+    // WRITE with immediate needs a receive: checked first, as rxe checks
+    // its resources before the length and the R_Key (an RNR NAK, not an
+    // access error, for a bad key with no receive posted), and before
+    // placing data, so that an RNR retry finds the memory unchanged.
+    if (imm && last && !next_recv(qp)) {
+      if (rc) {
+        send_rnr_nak(qp, psn);
+      } else {
+        r.drop_msg = true;
+      }
+      return;
+    }
     // The first packet checks the R_Key for the whole message; every later
     // one again for the range it writes, as rxe does: the MR or window may
     // have been deregistered or invalidated meanwhile (its memory freed).
@@ -1550,16 +1562,6 @@ void device::respond(qp_t* qp, packet* p) noexcept {
     }
     if (!first && pl != 0 && !resolve_rkey(qp, r.rkey, r.va + r.offset, pl, access_remote_write, host, addr)) {
       error(resp_error::access, wc_status::success);
-      return;
-    }
-    // WRITE with immediate needs a receive; check before placing data so an
-    // RNR retry finds the memory unchanged.
-    if (imm && last && !next_recv(qp)) {
-      if (rc) {
-        send_rnr_nak(qp, psn);
-      } else {
-        r.drop_msg = true;
-      }
       return;
     }
     if (pl != 0 && !write_host(host, addr, p, 0, pl)) {

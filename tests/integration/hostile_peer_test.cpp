@@ -552,6 +552,36 @@ TEST_F(hostile_peer, atomic_at_an_unaligned_address_is_refused) {
   EXPECT_TRUE(std::all_of(buf_.begin(), buf_.begin() + 16, [](std::byte b) { return b == std::byte{0}; }));
 }
 
+// A WRITE with immediate is checked for a receive before its R_Key, as
+// rxe checks its resources first: with none posted, a bad key is answered
+// with an RNR NAK (the requester waits and comes back), not an access
+// error.  Once a receive is there, the same packet is an access error, and
+// the receive it took completes with it (rxe's do_complete).
+TEST_F(hostile_peer, a_write_with_immediate_finds_no_receive_before_a_bad_key) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write | access_remote_write);
+  wire::transport_headers h;
+  h.reth = {va(1024), m.rkey() ^ 0x100, 16};
+  h.imm = 0x01020304;
+  send(wire::opcode::rc_write_only_imm, 0, filled(16, 0xAB), h);
+  const auto rnr = next_ack();
+  ASSERT_TRUE(rnr.has_value());
+  EXPECT_EQ(wire::aeth_type_of(rnr->aeth.syndrome), wire::aeth_type::rnr_nak);
+  EXPECT_EQ(qp_.query().state, qp_state::rts);
+
+  post_recvs(m, 1, 64);
+  send(wire::opcode::rc_write_only_imm, 0, filled(16, 0xAB), h);
+  const auto nak = next_ack();
+  ASSERT_TRUE(nak.has_value());
+  EXPECT_EQ(nak->aeth.syndrome, nak_remote_access);
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].wr_id, 0u);
+  EXPECT_EQ(wcs[0].status, wc_status::rem_access_err);
+  EXPECT_TRUE(
+      std::all_of(buf_.begin() + 1024, buf_.begin() + 1040, [](std::byte b) { return b == std::byte{0}; }));
+}
+
 // ---------------------------------------------------------------------------
 // ATOMIC WRITE (0x1D) and FLUSH (0x1C), IBTA 1.5, as rxe handles them.
 

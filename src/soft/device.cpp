@@ -175,6 +175,7 @@ packet* device::alloc_packet() noexcept {
   p->payload_len = 0;
   p->run = 1;
   p->decoded = false;
+  p->flow_label = 0;  // only a link that reads one sets it
   return p;
 }
 

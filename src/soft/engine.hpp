@@ -453,6 +453,7 @@ struct packet {
   std::uint16_t sport = 0;
   std::uint8_t hop_limit = 64;
   std::uint8_t tclass = 0;
+  std::uint32_t flow_label = 0;  // as received (IPv6); sent as 0, as rxe
   bool has_icrc = false;
   /// `hdr` and `op` hold what the receiving link decoded from `header`
   /// (the UDP link decodes a datagram whole to check it): run() need not

@@ -98,6 +98,7 @@ class fault_link final : public link {
 struct ip_fields {
   std::uint8_t tclass = 0;
   std::uint8_t hop_limit = 64;
+  std::uint32_t flow_label = 0;  ///< IPv6 only
 };
 
 class udp_link final : public link {
@@ -316,9 +317,10 @@ class udp_link final : public link {
   // Receive slots, set up once; a slot's packet is replaced when taken.
   std::array<packet*, rx_batch> rx_{};
   // Room for UDP_GRO's segment size and, once a UD QP exists, the traffic
-  // class and hop limit (IP_TOS/IP_TTL, IPV6_TCLASS/IPV6_HOPLIMIT).
+  // class and hop limit (IP_TOS/IP_TTL, IPV6_TCLASS/IPV6_HOPLIMIT) and the
+  // IPv6 flow label (IPV6_FLOWINFO).
   struct alignas(cmsghdr) cmsg_space {
-    char b[3 * CMSG_SPACE(sizeof(int))];
+    char b[4 * CMSG_SPACE(sizeof(int))];
     char* data() noexcept { return b; }
     static constexpr std::size_t size() noexcept { return sizeof b; }
   };

@@ -1156,6 +1156,7 @@ void device::respond_ud(qp_t* qp, packet* p) noexcept {
   std::memcpy(ip.dst_gid.data(), p->dst.raw.data(), 16);
   ip.traffic_class = p->tclass;
   ip.hop_limit = p->hop_limit;
+  ip.flow_label = p->flow_label;
   ip.src_port = p->sport;
   // The lengths of the datagram as it came: pad and ICRC included.
   const std::size_t hl = wire::build_ip_udp(

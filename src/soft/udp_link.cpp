@@ -25,6 +25,9 @@
 #ifndef IPV6_HDRINCL
 #define IPV6_HDRINCL 36
 #endif
+#ifndef IPV6_FLOWINFO
+#define IPV6_FLOWINFO 11  // linux/in6.h: receive the flow label (a control message)
+#endif
 #ifndef UDP_GRO
 #define UDP_GRO 104
 #endif
@@ -772,7 +775,8 @@ void udp_link::want_ip_fields() noexcept {
   if (ip_fields_) return;
   const bool ok =
       v6_ ? set_int(fd_, IPPROTO_IPV6, IPV6_RECVTCLASS, 1) == 0 &&
-                set_int(fd_, IPPROTO_IPV6, IPV6_RECVHOPLIMIT, 1) == 0
+                set_int(fd_, IPPROTO_IPV6, IPV6_RECVHOPLIMIT, 1) == 0 &&
+                set_int(fd_, IPPROTO_IPV6, IPV6_FLOWINFO, 1) == 0
           : set_int(fd_, IPPROTO_IP, IP_RECVTOS, 1) == 0 && set_int(fd_, IPPROTO_IP, IP_RECVTTL, 1) == 0;
   ip_fields_ = ok;  // (else the defaults, as before)
 }
@@ -787,6 +791,11 @@ ip_fields udp_link::control_of(const msghdr& h, std::size_t& seg) const noexcept
       if (v > 0) seg = static_cast<std::size_t>(v);
     } else if (!ip_fields_) {
       continue;  // (none comes)
+    } else if (c->cmsg_level == IPPROTO_IPV6 && c->cmsg_type == IPV6_FLOWINFO &&
+               c->cmsg_len >= CMSG_LEN(sizeof(std::uint32_t))) {
+      std::uint32_t info;  // the header's first word but the version: class and label, network order
+      std::memcpy(&info, CMSG_DATA(c), sizeof info);
+      out.flow_label = ntohl(info) & 0xFFFFF;
     } else if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TOS && c->cmsg_len >= CMSG_LEN(1)) {
       v = std::to_integer<int>(*reinterpret_cast<const std::byte*>(CMSG_DATA(c)));  // one byte
       out.tclass = static_cast<std::uint8_t>(v);
@@ -1324,6 +1333,7 @@ bool udp_link::deliver(packet* p, const std::byte* data, std::size_t len, const 
   // sent with.
   p->hop_limit = ip.hop_limit;
   p->tclass = ip.tclass;
+  p->flow_label = ip.flow_label;
   p->has_icrc = false;
   if (front && is_dreq(v)) {
     // Behind the data: read from the management socket, behind what the

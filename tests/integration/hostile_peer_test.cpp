@@ -9,6 +9,7 @@
 #include "wire/roce.hpp"
 
 #include <arpa/inet.h>
+#include <linux/in6.h>  // in6_flowlabel_req, IPV6_FLOWLABEL_MGR (after netinet/in.h)
 #include <netinet/in.h>
 #include <netinet/udp.h>
 #include <sys/mman.h>
@@ -23,6 +24,7 @@
 #include <cerrno>
 #include <cstring>
 #include <optional>
+#include <random>
 #include <thread>
 
 namespace averbs::test {
@@ -2274,6 +2276,104 @@ TEST_F(hostile_peer, a_ud_grh_reports_the_datagrams_tos_and_ttl) {
   // IPv4 in the 40-byte GRH area: the header in its last 20 bytes.
   EXPECT_EQ(buf_[20 + 1], std::byte{0x68}) << "TOS";
   EXPECT_EQ(buf_[20 + 8], std::byte{7}) << "TTL";
+}
+
+// Over IPv6 the GRH area is the datagram's IPv6 header, flow label
+// included (it used to read 0).  averbs and rxe send label 0, but other
+// RoCE peers label their flows.  A device on ::1 and a socket that sends
+// with a flow label it leased (IPV6_FLOWLABEL_MGR).
+TEST(hostile_peer_v6, a_ud_grh_reports_the_datagrams_flow_label) {
+  const int fd = ::socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in6 self{};
+  self.sin6_family = AF_INET6;
+  self.sin6_addr = in6addr_loopback;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&self), sizeof self) != 0) {
+    ::close(fd);
+    GTEST_SKIP() << "no IPv6 loopback here: " << std::strerror(errno);
+  }
+  // A label of this run's own: a lease outlives its socket by seconds
+  // (FL_MIN_LINGER), and another holder's label is refused (EPERM).
+  std::uint32_t label = 0;
+  bool leased = false;
+  std::mt19937 draw(static_cast<std::uint32_t>(::getpid()) ^
+                    static_cast<std::uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
+  for (int attempt = 0; attempt < 8 && !leased; ++attempt) {
+    label = 1 + draw() % 0xFFFFF;
+    in6_flowlabel_req lease{};
+    lease.flr_dst = in6addr_loopback;
+    lease.flr_label = htonl(label);
+    lease.flr_action = IPV6_FL_A_GET;
+    lease.flr_share = IPV6_FL_S_EXCL;
+    lease.flr_flags = IPV6_FL_F_CREATE;
+    leased = ::setsockopt(fd, IPPROTO_IPV6, IPV6_FLOWLABEL_MGR, &lease, sizeof lease) == 0;
+  }
+  const int on = 1;
+  if (!leased || ::setsockopt(fd, IPPROTO_IPV6, IPV6_FLOWINFO_SEND, &on, sizeof on) != 0) {
+    const int e = errno;
+    ::close(fd);
+    GTEST_SKIP() << "cannot send with a chosen IPv6 flow label: " << std::strerror(e);
+  }
+
+  soft_device_options o;
+  o.name = "hostile_v6_flow_label";
+  o.address = "::1";
+  o.port = test_port();
+  o.check_icrc = false;
+  soft_device sdev(o);
+  context ctx;
+  device dev = open_device(ctx, o.name);
+  pd p = dev.alloc_pd();
+  cq c = dev.create_cq(16);
+  qp_init_attr ia;
+  ia.send_cq = c;
+  ia.recv_cq = c;
+  ia.cap = {4, 4, 1, 1, 0};
+  ia.type = qp_type::ud;
+  qp q = p.create_qp(ia);
+  qp_attr at;
+  at.state = qp_state::init;
+  at.port_num = 1;
+  at.qkey = ud_qkey;
+  q.modify(at, qp_attr_state | qp_attr_pkey_index | qp_attr_port | qp_attr_qkey);
+  at = {};
+  at.state = qp_state::rtr;
+  q.modify(at, qp_attr_state);
+  std::vector<std::byte> buf(256);
+  mr m = p.reg_mr(buf.data(), buf.size(), access_local_write);
+  sge g{reinterpret_cast<std::uintptr_t>(buf.data()), 256, m.lkey()};
+  recv_wr r;
+  r.sg_list = &g;
+  r.num_sge = 1;
+  ASSERT_FALSE(q.post_recv(r));
+
+  wire::transport_headers h;
+  h.bth.opcode = static_cast<std::uint8_t>(wire::opcode::ud_send_only);
+  h.bth.dest_qp = q.num();
+  h.deth = {ud_qkey, peer_qpn};
+  std::vector<std::byte> pkt(wire::max_header_size);
+  pkt.resize(wire::encode(h, pkt));
+  pkt.resize(pkt.size() + 16 + wire::icrc_size, std::byte{0x5A});
+  sockaddr_in6 to = self;
+  to.sin6_port = htons(o.port);
+  to.sin6_flowinfo = htonl(label);
+  ASSERT_EQ(::sendto(fd, pkt.data(), pkt.size(), 0, reinterpret_cast<sockaddr*>(&to), sizeof to),
+            static_cast<ssize_t>(pkt.size()))
+      << std::strerror(errno);
+  work_completion wc[1];
+  std::size_t got = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (got == 0 && std::chrono::steady_clock::now() < until) got = c.poll(wc);
+  ::close(fd);
+  ASSERT_EQ(got, 1u);
+  EXPECT_EQ(wc[0].status, wc_status::success);
+  EXPECT_NE(wc[0].wc_flags & wc_grh, 0u);
+  const auto word0 = static_cast<std::uint32_t>(std::to_integer<std::uint8_t>(buf[0])) << 24 |
+                     static_cast<std::uint32_t>(std::to_integer<std::uint8_t>(buf[1])) << 16 |
+                     static_cast<std::uint32_t>(std::to_integer<std::uint8_t>(buf[2])) << 8 |
+                     std::to_integer<std::uint8_t>(buf[3]);
+  EXPECT_EQ(word0 >> 28, 6u) << "not an IPv6 header";
+  EXPECT_EQ(word0 & 0xFFFFF, label) << "flow label";
 }
 
 // PortInfo's violation counters are 16 bits: they stop at 65535, as rxe's

@@ -1631,6 +1631,54 @@ TEST_F(hostile_peer, an_atomic_between_a_read_asked_again_and_the_read_going_out
   EXPECT_EQ(value, 5u) << "the atomic ran twice";
 }
 
+// The same with an ATOMIC WRITE between the READs: held behind READ A's
+// responses (its 8 bytes kept with it), stored once; after the rewind its
+// empty READ Response Only comes again in PSN order, from the replay
+// cache, and the word keeps the newer value written since.
+TEST_F(hostile_peer, an_atomic_write_between_a_read_asked_again_and_the_read_going_out_is_answered_in_order) {
+  make_qp(qp_type::rc);
+  widen_receive_buffer();
+  const forged_target mem = make_region(
+      32 * 1024 + (1 << 20) + 8, access_local_write | access_remote_read | access_remote_write, std::byte{0});
+  const std::uint64_t base = mem.base;
+  const mr& m = mem.m;
+  const std::size_t word_at = 32 * 1024 + (1 << 20);  // 8-byte aligned
+  wire::transport_headers h;
+  h.reth = {base, m.rkey(), 32 * 1024};
+  send(wire::opcode::rc_read_request, 0, {}, h);  // READ A: PSNs 0-31
+  wire::transport_headers a;
+  a.reth = {base + word_at, m.rkey(), 8};
+  send(wire::opcode::rc_atomic_write, 32, word_bytes(5), a);  // PSN 32
+  h.reth = {base + 32 * 1024, m.rkey(), 1 << 20};
+  send(wire::opcode::rc_read_request, 33, {}, h);  // READ B: PSNs 33-1056
+  ASSERT_TRUE(drive_until_psn_from(33)) << "READ B is not going out";
+  std::uint64_t value = 0;
+  std::memcpy(&value, mem.bytes.data() + word_at, 8);
+  EXPECT_EQ(value, 5u) << "the ATOMIC WRITE held behind READ A was not stored";
+  value = 7;  // a newer value, stored since
+  std::memcpy(const_cast<std::byte*>(mem.bytes.data()) + word_at, &value, 8);
+  // The requester lost A's PSN 1 and goes back N: A from 1, the ATOMIC WRITE, B.
+  h.reth = {base + 1024, m.rkey(), 31 * 1024};
+  send(wire::opcode::rc_read_request, 1, {}, h);
+  send(wire::opcode::rc_atomic_write, 32, word_bytes(5), a);
+  h.reth = {base + 32 * 1024, m.rkey(), 1 << 20};
+  send(wire::opcode::rc_read_request, 33, {}, h);
+  std::vector<std::size_t> sizes;
+  const auto out = collect(std::chrono::milliseconds(300), &sizes);
+  std::size_t i = 0;
+  while (i < out.size() && out[i].bth.psn != 1) ++i;
+  ASSERT_LT(i, out.size()) << "READ A was not answered again";
+  ASSERT_GE(out.size() - i, 31u + 1u + 64u);
+  for (std::uint32_t k = 0; k < 31u + 1u + 64u; ++k) {
+    ASSERT_EQ(out[i + k].bth.psn, 1u + k) << "response " << k << " after the rewind";
+  }
+  EXPECT_EQ(static_cast<wire::opcode>(out[i + 31].bth.opcode), wire::opcode::rc_read_response_only);
+  EXPECT_EQ(sizes[i + 31], 0u);
+  EXPECT_EQ(static_cast<wire::opcode>(out[i + 32].bth.opcode), wire::opcode::rc_read_response_first);
+  std::memcpy(&value, mem.bytes.data() + word_at, 8);
+  EXPECT_EQ(value, 7u) << "the ATOMIC WRITE was stored again";
+}
+
 // A requester's tail probe asks for the rest of a READ from inside it, one
 // request, not a go-back-N: the SEND held behind the READ must still be
 // executed, though the requester will not send it again.

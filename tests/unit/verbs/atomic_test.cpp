@@ -282,15 +282,29 @@ TEST_F(atomic_write_test, stores_the_eight_bytes_and_completes_as_atomic_write) 
   EXPECT_TRUE(drain(p.cq_b).empty()) << "the responder consumes no receive and completes nothing";
 }
 
-TEST_F(atomic_write_test, inline_data_is_taken_at_post_time) {
-  auto p = connected_pair();
-  auto local = make_buffer(8), remote = make_buffer(8);
-  store(local, 42);
-  ASSERT_FALSE(
-      post_atomic_write(p, local, 0, remote.addr(), remote.m.rkey(), 2, send_signaled | send_inline));
-  store(local, 99);  // after the post: an inline payload was copied already
-  EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 2, wc_opcode::atomic_write));
-  EXPECT_EQ(load(remote), 42u);
+// The ATOMIC WRITE waits behind a SEND that found no receive (RNR) while
+// its source changes: inline, it carries the bytes of the post; from an
+// SGE, the bytes there when it leaves (as a WRITE does).
+TEST_F(atomic_write_test, inline_data_is_taken_at_post_time_an_sge_when_sent) {
+  for (const bool inl : {true, false}) {
+    SCOPED_TRACE(inl ? "inline" : "sge");
+    auto p = connected_pair();
+    auto src = make_buffer(16), dst = make_buffer(16), local = make_buffer(8), remote = make_buffer(8);
+    ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 1));
+    EXPECT_GE(dev.counters().rnr_naks_sent, 1u);
+    store(local, 42);
+    ASSERT_FALSE(post_atomic_write(p, local, 0, remote.addr(), remote.m.rkey(), 2,
+                                   send_signaled | (inl ? send_inline : 0u)));
+    store(local, 99);
+    EXPECT_EQ(load(remote), 0u) << "it did not wait behind the SEND";
+    ASSERT_FALSE(post_recv(p.b, {dst.whole()}));
+    advance(std::chrono::milliseconds(2));  // the RNR timer (min_rnr_timer 12: 0.64 ms)
+    const auto v = poll(p.cq_a, 2, std::chrono::milliseconds(1));
+    ASSERT_EQ(v.size(), 2u);
+    EXPECT_TRUE(wc_ok(v[0], 1, wc_opcode::send));
+    EXPECT_TRUE(wc_ok(v[1], 2, wc_opcode::atomic_write));
+    EXPECT_EQ(load(remote), inl ? 42u : 99u);
+  }
 }
 
 // rxe: the responder's QP and the region need remote write, not remote

@@ -39,6 +39,10 @@ std::uint8_t compared_bits(const w::opcode_info& op, std::size_t i) {
   if (i == 4) return 0xC0;  // FECN, BECN
   if (i == 8) return 0x80;  // AckReq
   if ((op.headers & w::hdr_deth) && i == w::bth_size + 4) return 0x00;
+  // FETH (FLUSH, right after the BTH): 26 reserved bits, then selectivity
+  // level and placement type.
+  if ((op.headers & w::hdr_feth) && i >= w::bth_size && i < w::bth_size + 3) return 0x00;
+  if ((op.headers & w::hdr_feth) && i == w::bth_size + 3) return 0x3F;
   if (op.tp == w::transport::cnp && i >= w::bth_size) return 0x00;
   return 0xFF;
 }

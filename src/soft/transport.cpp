@@ -1236,14 +1236,22 @@ void device::respond(qp_t* qp, packet* p) noexcept {
   auto error = [&](resp_error e, wc_status recv_status) {
     if (!rc && (recv_status == wc_status::success || recv_status == wc_status::loc_len_err)) {
       // UC has no NAK: the message is dropped and the QP carries on
-      // (IBTA 9.8.3.1, class D/E; rxe).  A message too long for its
-      // receive completes that receive in error if it came from an SRQ
-      // (class E); a receive of the QP's own stays for the next message
-      // (class D).
+      // (IBTA 9.8.3.1, class D/E; rxe).  A receive the message took from
+      // an SRQ completes in error -- too long for it, loc_len_err; a bad
+      // R_Key of a WRITE with immediate, rem_access_err; its length
+      // wrong, rem_inv_req_err (rxe's UC/SRQ classes) -- or it would stay
+      // held by this QP, out of the other QPs' reach, for whatever
+      // message came next.  A receive of the QP's own stays for the next
+      // message (class D).
       // A CQ that cannot take that completion stops the QP (rxe: class G).
-      if (recv_status != wc_status::success && r.have_wqe && qp->srq != nullptr && !fail_recv(recv_status)) {
-        qp_to_error(qp);
-        return;
+      if (r.have_wqe && qp->srq != nullptr) {
+        const wc_status st = recv_status != wc_status::success ? recv_status
+                             : e == resp_error::access        ? wc_status::rem_access_err
+                                                              : wc_status::rem_inv_req_err;
+        if (!fail_recv(st)) {
+          qp_to_error(qp);
+          return;
+        }
       }
       r.drop_msg = true;
       r.last_opcode = 0xFF;

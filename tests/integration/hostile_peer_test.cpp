@@ -9,7 +9,7 @@
 #include "wire/roce.hpp"
 
 #include <arpa/inet.h>
-#include <linux/in6.h>  // in6_flowlabel_req, IPV6_FLOWLABEL_MGR (after netinet/in.h)
+#include <linux/in6.h>  // in6_flowlabel_req, IPV6_FLOWLABEL_MGR (libc-compat: after arpa/inet.h)
 #include <netinet/in.h>
 #include <netinet/udp.h>
 #include <sys/mman.h>
@@ -790,6 +790,36 @@ TEST_F(hostile_peer, uc_send_too_long_for_an_srq_receive_completes_it_in_error) 
   EXPECT_EQ(wcs[1].wr_id, 1u);
   EXPECT_EQ(wcs[1].status, wc_status::success);
   EXPECT_EQ(wcs[1].byte_len, 32u);
+  EXPECT_EQ(qp_.query().state, qp_state::rts);
+}
+
+// UC: a WRITE with immediate takes its receive before its R_Key and
+// length are checked (as rxe): when one fails, a receive taken from an SRQ
+// completes with the error (rxe's UC/SRQ classes) instead of staying held
+// by this QP for whatever message came next.  The QP carries on.
+TEST_F(hostile_peer, uc_write_with_immediate_refused_completes_its_srq_receive_in_error) {
+  srq s = make_srq();
+  make_qp(qp_type::uc, &s);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write | access_remote_write);
+  post_recvs(m, 3, 64, &s);
+  wire::transport_headers h;
+  h.reth = {va(2048), m.rkey() ^ 0x100, 16};  // a bad R_Key
+  h.imm = 0x01020304;
+  send(wire::opcode::uc_write_only_imm, 0, filled(16, 0xAA), h);
+  h.reth = {va(2048), m.rkey(), 32};  // announces 32, carries 16
+  send(wire::opcode::uc_write_only_imm, 1, filled(16, 0xAA), h);
+  send(wire::opcode::uc_send_only, 2, filled(8, 0xBB));
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 3u);
+  EXPECT_EQ(wcs[0].wr_id, 0u);
+  EXPECT_EQ(wcs[0].status, wc_status::rem_access_err);
+  EXPECT_EQ(wcs[1].wr_id, 1u);
+  EXPECT_EQ(wcs[1].status, wc_status::rem_inv_req_err);
+  EXPECT_EQ(wcs[2].wr_id, 2u);
+  EXPECT_EQ(wcs[2].status, wc_status::success);
+  EXPECT_EQ(wcs[2].opcode, wc_opcode::recv);
+  EXPECT_EQ(wcs[2].byte_len, 8u);
+  EXPECT_TRUE(std::all_of(buf_.begin() + 2048, buf_.begin() + 2080, [](std::byte b) { return b == std::byte{0}; }));
   EXPECT_EQ(qp_.query().state, qp_state::rts);
 }
 
@@ -2333,13 +2363,15 @@ TEST_F(hostile_peer, a_ud_grh_reports_the_datagrams_tos_and_ttl) {
 TEST(hostile_peer_v6, a_ud_grh_reports_the_datagrams_flow_label) {
   const int fd = ::socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   ASSERT_GE(fd, 0);
+  const struct closer {
+    int fd;
+    ~closer() { ::close(fd); }
+  } close_fd{fd};
   sockaddr_in6 self{};
   self.sin6_family = AF_INET6;
   self.sin6_addr = in6addr_loopback;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&self), sizeof self) != 0) {
-    ::close(fd);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&self), sizeof self) != 0)
     GTEST_SKIP() << "no IPv6 loopback here: " << std::strerror(errno);
-  }
   // A label of this run's own: a lease outlives its socket by seconds
   // (FL_MIN_LINGER), and another holder's label is refused (EPERM).
   std::uint32_t label = 0;
@@ -2347,7 +2379,7 @@ TEST(hostile_peer_v6, a_ud_grh_reports_the_datagrams_flow_label) {
   std::mt19937 draw(static_cast<std::uint32_t>(::getpid()) ^
                     static_cast<std::uint32_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
   for (int attempt = 0; attempt < 8 && !leased; ++attempt) {
-    label = 1 + draw() % 0xFFFFF;
+    label = 1 + draw() % 0x7FFFF;  // (labels with bit 19 set are refused where flowlabel_state_ranges is on)
     in6_flowlabel_req lease{};
     lease.flr_dst = in6addr_loopback;
     lease.flr_label = htonl(label);
@@ -2357,11 +2389,8 @@ TEST(hostile_peer_v6, a_ud_grh_reports_the_datagrams_flow_label) {
     leased = ::setsockopt(fd, IPPROTO_IPV6, IPV6_FLOWLABEL_MGR, &lease, sizeof lease) == 0;
   }
   const int on = 1;
-  if (!leased || ::setsockopt(fd, IPPROTO_IPV6, IPV6_FLOWINFO_SEND, &on, sizeof on) != 0) {
-    const int e = errno;
-    ::close(fd);
-    GTEST_SKIP() << "cannot send with a chosen IPv6 flow label: " << std::strerror(e);
-  }
+  if (!leased || ::setsockopt(fd, IPPROTO_IPV6, IPV6_FLOWINFO_SEND, &on, sizeof on) != 0)
+    GTEST_SKIP() << "cannot send with a chosen IPv6 flow label: " << std::strerror(errno);
 
   soft_device_options o;
   o.name = "hostile_v6_flow_label";
@@ -2412,7 +2441,6 @@ TEST(hostile_peer_v6, a_ud_grh_reports_the_datagrams_flow_label) {
   std::size_t got = 0;
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   while (got == 0 && std::chrono::steady_clock::now() < until) got = c.poll(wc);
-  ::close(fd);
   ASSERT_EQ(got, 1u);
   EXPECT_EQ(wc[0].status, wc_status::success);
   EXPECT_NE(wc[0].wc_flags & wc_grh, 0u);

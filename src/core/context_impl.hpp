@@ -366,6 +366,7 @@ class port_impl {
   bool armed_ = false;     // Must hold mu_: native_handle() was asked for.
   bool signaled_ = false;  // Must hold mu_: the eventfd holds a count.
   bool closed_ = false;    // Must hold mu_.
+  std::atomic<bool> gone_{false};  // closed_, for waiters to read without mu_
 };
 
 /// The group behind averbs::request_group: an intrusive list of slots.

@@ -208,7 +208,7 @@ class port_waiter final : public wait_target {
  public:
   explicit port_waiter(port_impl& p) : p_(p) {}
   ~port_waiter() { disarm(); }
-  bool ready() noexcept override { return p_.size() != 0; }
+  bool ready() noexcept override { return p_.size() != 0 || p_.gone_.load(std::memory_order_acquire); }
   bool settling() noexcept override {
     // Chosen by an entry between arm() and now: its wake-up may have come
     // before the thread armed its sleep, and, off the list, no later entry
@@ -218,8 +218,8 @@ class port_waiter final : public wait_target {
   bool arm(thread_state& ts) noexcept override {
     std::lock_guard lock(p_.mu_);
     // Entries that arrived before we listed ourselves woke nobody: do not
-    // sleep, take them.
-    if (p_.count_ != 0) return false;
+    // sleep, take them.  Nor on a port that is gone: nothing would wake us.
+    if (p_.count_ != 0 || p_.closed_) return false;
     node_.ts = &ts;
     node_.chosen.store(false, std::memory_order_relaxed);
     node_.prev = nullptr;
@@ -256,6 +256,13 @@ std::size_t port_impl::get(std::span<completion_entry> out, std::chrono::nanosec
     return 0;
   }
   const auto deadline = deadline_after(real_now(), timeout);
+  // A handler run in an alertable wait may destroy the port's handle, and
+  // with it the last reference: this call keeps the port alive to its end.
+  add_ref();
+  const struct keep {
+    port_impl* p;
+    ~keep() { p->release(); }
+  } kept{this};
   for (;;) {
     port_waiter w(*this);
     const auto left = deadline == std::chrono::nanoseconds::max()
@@ -269,6 +276,12 @@ std::size_t port_impl::get(std::span<completion_entry> out, std::chrono::nanosec
       throw;
     }
     w.disarm();
+    if (gone_.load(std::memory_order_acquire)) {
+      // The handle was destroyed meanwhile (by a handler, or by another
+      // thread, which woke us): as a Windows port closed under a wait.
+      ec = make_error_code(errc::operation_aborted);
+      return 0;
+    }
     if (ec) {
       // Leaving with entries queued (a chosen waiter looks for entries
       // before it can leave, so this is belt and braces): hand them to a
@@ -297,12 +310,23 @@ void port_impl::close() noexcept {
   {
     std::lock_guard lock(mu_);
     closed_ = true;
+    gone_.store(true, std::memory_order_release);
     left.swap(ring_);
     head = std::exchange(head_, 0);
     count = std::exchange(count_, 0);
     posts_ = 0;
     posts_seen_.store(0, std::memory_order_relaxed);
     size_.store(0, std::memory_order_release);
+  }
+  // Threads asleep in get() leave it (operation_aborted), one by one.
+  for (;;) {
+    thread_state* ts = nullptr;
+    {
+      std::lock_guard lock(mu_);
+      ts = choose_sleeper_locked();
+    }
+    if (ts == nullptr) break;
+    wake_chosen(ts);
   }
   // Freed outside the lock: a result's destructor may release the last
   // handle of an object whose own teardown cancels a request bound to this

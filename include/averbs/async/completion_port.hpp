@@ -102,7 +102,10 @@ class completion_port {
   /// or when an alertable wait ran handlers.
   ///
   /// Errors (`ec` overload): `errc::timed_out`, `errc::alerted`,
-  /// `errc::would_deadlock` (blocking inside a handler), or the system error
+  /// `errc::would_deadlock` (blocking inside a handler),
+  /// `errc::operation_aborted` (the port was destroyed during the wait: by
+  /// a handler this wait ran, or by another thread; the call touches
+  /// nothing of it after), or the system error
   /// that kept the thread from waiting (EMFILE: no descriptor left for its
   /// wake-up).  The throwing overload throws for all but `timed_out` and
   /// `alerted`.  In alertable mode an

@@ -229,6 +229,59 @@ TEST(port, destroying_a_port_discards_queued_and_later_completions) {
   EXPECT_EQ(ctx.stats().in_flight, 0u);
 }
 
+// A handler run by an alertable wait on a port may destroy that port (a
+// session torn down from its own completion): the wait ends with
+// operation_aborted and touches nothing of the port after (it used to
+// lock the freed port; ASan saw it).
+TEST(port, a_handler_may_destroy_the_port_its_wait_runs_it_from) {
+  averbs::context ctx;
+  auto port = std::make_unique<averbs::completion_port>(ctx);
+  averbs::completion_port* raw = port.get();
+  bool ran = false;
+  averbs::async_nop(ctx, {}, [&](std::error_code, std::uint64_t) {
+    ran = true;
+    port.reset();
+  });
+  std::array<averbs::completion_entry, 1> e;
+  std::error_code ec;
+  EXPECT_EQ(raw->get(e, 1s, averbs::wait_mode::alertable, ec), 0u);
+  EXPECT_TRUE(ran);
+  EXPECT_EQ(ec, averbs::make_error_code(errc::operation_aborted));
+  EXPECT_EQ(port, nullptr);
+}
+
+// Another thread destroying the port wakes a thread asleep on it, which
+// leaves with operation_aborted rather than sleeping out its timeout.
+TEST(port, destroying_a_port_wakes_its_sleepers) {
+  averbs::context_options o;
+  o.spin = 0ns;  // straight to sleep
+  averbs::context ctx(o);
+  auto port = std::make_unique<averbs::completion_port>(ctx);
+  averbs::completion_port* raw = port.get();
+  std::atomic<bool> done{false};
+  std::atomic<pid_t> tid{0};
+  std::error_code ec;
+  std::thread sleeper([&] {
+    tid.store(::gettid());
+    std::array<averbs::completion_entry, 1> e;
+    raw->get(e, 30s, averbs::wait_mode::normal, ec);
+    done = true;
+  });
+  while (tid.load() == 0) std::this_thread::yield();
+  const std::array<pid_t, 1> ids{tid.load()};
+  if (!averbs::test::wait_until_asleep(ids)) {
+    raw->post(1);  // (let it go before the port does)
+    sleeper.join();
+    GTEST_SKIP() << "the waiter never slept (a loaded machine): nothing to wake";
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  port.reset();
+  sleeper.join();
+  EXPECT_TRUE(done);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 10s) << "the sleeper slept out its timeout";
+  EXPECT_EQ(ec, averbs::make_error_code(errc::operation_aborted));
+}
+
 TEST(port, entry_moves_keep_the_result) {
   averbs::context ctx;
   averbs::completion_port port(ctx);

@@ -1417,8 +1417,14 @@ void device::broadcast_event(event_type t, std::uint32_t element) noexcept {
 void device::get_event(event_channel* ch, detail::context_impl& ctx, detail::request_id id) {
   std::lock_guard lock(lock_);
   prune(ch->waiters, [](const parked& p) -> const parked& { return p; });
-  if (async_event ev; ch->pop(ev)) {
-    detail::complete_request(ctx, id, {}, &ev);
+  if (ch->count != 0) {
+    // Taken off the queue only if the request takes it: a cancel (of its
+    // group, or the device closing) may have completed it already, during
+    // its own initiation; the event then waits for the next one.
+    if (detail::complete_request(ctx, id, {}, &ch->ring[ch->head])) {
+      async_event ev;
+      (void)ch->pop(ev);
+    }
     return;
   }
   if (fatal_) {

@@ -1246,8 +1246,8 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       // A CQ that cannot take that completion stops the QP (rxe: class G).
       if (r.have_wqe && qp->srq != nullptr) {
         const wc_status st = recv_status != wc_status::success ? recv_status
-                             : e == resp_error::access        ? wc_status::rem_access_err
-                                                              : wc_status::rem_inv_req_err;
+                             : e == resp_error::access         ? wc_status::rem_access_err
+                                                               : wc_status::rem_inv_req_err;
         if (!fail_recv(st)) {
           qp_to_error(qp);
           return;

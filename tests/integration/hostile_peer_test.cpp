@@ -819,7 +819,8 @@ TEST_F(hostile_peer, uc_write_with_immediate_refused_completes_its_srq_receive_i
   EXPECT_EQ(wcs[2].status, wc_status::success);
   EXPECT_EQ(wcs[2].opcode, wc_opcode::recv);
   EXPECT_EQ(wcs[2].byte_len, 8u);
-  EXPECT_TRUE(std::all_of(buf_.begin() + 2048, buf_.begin() + 2080, [](std::byte b) { return b == std::byte{0}; }));
+  EXPECT_TRUE(
+      std::all_of(buf_.begin() + 2048, buf_.begin() + 2080, [](std::byte b) { return b == std::byte{0}; }));
   EXPECT_EQ(qp_.query().state, qp_state::rts);
 }
 

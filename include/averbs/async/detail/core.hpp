@@ -131,7 +131,10 @@ bool complete_request(context_impl& ctx, request_id id, const std::error_code& e
 
 /// Registers a function the core calls when the request is cancelled, so
 /// the operation can drop its own reference to the request.  Called at most
-/// once, never after the operation completed the request.
+/// once, never after the operation completed the request.  Only during the
+/// request's initiation (the operation's body): its slot cannot be freed
+/// then.  Later, the check that the request is still pending and the store
+/// are not one step, and the hook could land on a reused slot.
 using cancel_fn = void (*)(void* arg, request_id id) noexcept;
 void set_cancel_hook(context_impl& ctx, request_id id, cancel_fn fn, void* arg) noexcept;
 

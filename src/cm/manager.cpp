@@ -74,7 +74,10 @@ constexpr std::uint8_t mra_service_timeout = 20;  // 4.3 s per MRA
 // (The five-bit field allows 2.4 hours: a REQ that said so would hold a
 // backlog place for days, an MRA would hold a connect for hours.)
 constexpr std::uint8_t max_peer_timeout = 24;
-std::uint8_t peer_timeout(std::uint8_t t) { return std::min(t, max_peer_timeout); }
+// And the least, 1 ms (as ib_cm's cm_convert_to_ms() rounds up to): a REQ
+// saying 0 would otherwise have its REP sent 16 times within 64 µs.
+constexpr std::uint8_t min_peer_timeout = 8;
+std::uint8_t peer_timeout(std::uint8_t t) { return std::clamp(t, min_peer_timeout, max_peer_timeout); }
 
 }  // namespace
 
@@ -281,8 +284,19 @@ void manager::end_stale(conn& old) noexcept {
 // Timers
 
 void manager::arm(conn& c, std::chrono::nanoseconds after) noexcept {
+  disarm(c);
+  dev_.schedule_timer(dev_.clock().now() + after, &manager::timer_thunk, this, {c.local_id, c.timer_gen, {}},
+                      &manager::timer_alive);
+}
+
+void manager::disarm(conn& c) noexcept {
   ++c.timer_gen;
-  dev_.schedule_timer(dev_.clock().now() + after, &manager::timer_thunk, this, {c.local_id, c.timer_gen, {}});
+  dev_.timer_cancelled();  // (counted whether one was queued or not: a sweep only looks)
+}
+
+bool manager::timer_alive(void* arg, const averbs::detail::timer_payload& p) noexcept {
+  const conn* c = static_cast<manager*>(arg)->find(static_cast<std::uint32_t>(p.a));
+  return c != nullptr && c->timer_gen == p.b;
 }
 
 void manager::timer_thunk(void* arg, const averbs::detail::timer_payload& p) noexcept {
@@ -704,7 +718,8 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
     conn& c = *it->second;
     ++stats_.duplicates;
     if (c.st == state::req_rcvd && c.mra_sent) send_mra(c);
-    else if (c.st == state::rep_sent) resend(c);  // our REP was lost
+    else if (c.st == state::rep_sent && !finish_if_cancelled(c))
+      resend(c);  // our REP was lost
     else if (c.st == state::timewait) send_rej(c, wcm::msg_ref::req, wcm::rej_reason::stale_conn);
     return;
   }
@@ -923,6 +938,14 @@ void manager::on_rej(const soft::mad_in& m) noexcept {
     for (int i = 0; i < 8; ++i) g = g << 8 | std::to_integer<std::uint64_t>(r.ari[i]);
     auto it = by_remote_.find({g, r.local_comm_id});
     cp = it != by_remote_.end() ? it->second : nullptr;
+    // Only a connection the requester can still be waiting on: one it has
+    // not learned our comm ID for (REQ received, REP sent) -- and only
+    // from its address.  Its CA GUID and comm ID are in every REQ it
+    // sends anywhere; without this anyone who saw one could end the
+    // connection it made here (ib_cm's cm_acquire_rejected_id() is as
+    // weak).
+    if (cp != nullptr && ((cp->st != state::req_rcvd && cp->st != state::rep_sent) || cp->peer_addr != m.src))
+      cp = nullptr;
   }
   if (cp == nullptr) {
     ++stats_.mads_dropped;

@@ -214,9 +214,14 @@ class manager final : public soft::gsi_agent {
   void send_sidr_rep(conn& c, wire::cm::sidr_status s, std::span<const std::byte> pdata) noexcept;
 
   // Timers.
+  // A timer is live while its connection exists with the generation it
+  // was armed with; one replaced or disarmed is counted as cancelled, so
+  // the device's queue sweeps the dead out (a peer chooses how long they
+  // would otherwise stay: up to ~69 s each, a forgotten request's 20 min).
   void arm(conn& c, std::chrono::nanoseconds after) noexcept;
-  void disarm(conn& c) noexcept { ++c.timer_gen; }
+  void disarm(conn& c) noexcept;
   static void timer_thunk(void* arg, const averbs::detail::timer_payload& p) noexcept;
+  static bool timer_alive(void* arg, const averbs::detail::timer_payload& p) noexcept;
   void on_timer(std::uint32_t id, std::uint64_t gen) noexcept;
 
   // QPs.

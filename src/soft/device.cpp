@@ -567,6 +567,7 @@ device_counters device::counters() const {
   c.packet_buffers = packet_store_.size();
   c.memory_keys = keys_.size() - 1 - free_count_;  // (index 0 is reserved: no key is 0)
   c.receive_overflows = link_->receive_overflows();
+  c.timers = timers_.size();
   return c;
 }
 
@@ -1599,9 +1600,9 @@ void device::signal_pending() noexcept {
 }
 
 bool device::schedule_timer(clock::time_point when, detail::timer_fn fn, void* arg,
-                            const detail::timer_payload& p) noexcept {
+                            const detail::timer_payload& p, detail::timer_alive_fn alive) noexcept {
   try {
-    if (timers_.schedule(when, fn, arg, p)) rearm_timer_fd();
+    if (timers_.schedule(when, fn, arg, p, alive)) rearm_timer_fd();
     return true;
   } catch (...) {
     return false;

@@ -699,9 +699,14 @@ class device final : public progress_source, public clock_listener {
   /// Q_Key 0x80010000), ahead of queued data.
   void send_mad(const gid& src, const gid& dst, std::uint32_t dqpn, std::span<const std::byte> mad,
                 std::uint8_t hop_limit, std::uint8_t traffic_class) noexcept;
-  /// Adds a timer on the device's clock (runs with lock() held).
-  bool schedule_timer(clock::time_point when, detail::timer_fn fn, void* arg,
-                      const detail::timer_payload& p) noexcept;
+  /// Adds a timer on the device's clock (runs with lock() held).  Given
+  /// `alive` (called with lock() held), a timer its owner cancels long
+  /// before its deadline is swept out once the owner says so
+  /// (timer_cancelled()), instead of waiting in the queue until then.
+  bool schedule_timer(clock::time_point when, detail::timer_fn fn, void* arg, const detail::timer_payload& p,
+                      detail::timer_alive_fn alive = nullptr) noexcept;
+  /// One timer scheduled with `alive` was cancelled (lock() held).
+  void timer_cancelled() noexcept { timers_.note_cancelled(); }
   /// Keeps `obj` alive until lock() is next released by the engine, and
   /// releases it then: user-side handles whose destructor takes the lock
   /// must not die while it is held.

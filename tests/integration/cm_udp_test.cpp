@@ -819,6 +819,132 @@ class cm_udp_fake_peer : public cm_udp {
   gid peer_ip;
 };
 
+// A REJ "timeout" that cannot name our comm ID (RemoteCommID 0) is found
+// by the requester's CA GUID (its ARI) and comm ID, which are in every REQ
+// that requester sends anywhere: it ends only a request not yet confirmed
+// (not yet answered, or REP sent), and only from the requester's address
+// -- never an established connection, whose requester knows our comm ID.
+TEST_F(cm_udp_fake_peer, a_timeout_rej_found_by_the_requesters_ids_ends_only_an_unconfirmed_request) {
+  ASSERT_TRUE(peer.bound());
+  listen_on_b();
+  namespace wcm = wire::cm;
+  auto timeout_rej = [](std::uint32_t id) {
+    wcm::rej j;
+    j.local_comm_id = id;
+    j.remote_comm_id = 0;
+    j.message_rejected = wcm::msg_ref::req;
+    j.reason = static_cast<std::uint16_t>(wcm::rej_reason::timeout);
+    const std::uint64_t guid = 0xFEED;  // req_to()'s CA GUID
+    for (int i = 0; i < 8; ++i) j.ari[i] = std::byte(static_cast<std::uint8_t>(guid >> (56 - 8 * i)));
+    j.reject_info_length = 8;
+    return j;
+  };
+  auto passive = request(req_to(b, peer_ip, 64));
+  ASSERT_TRUE(passive.has_value());
+  qp qb = make_qp(b);
+  auto acc = passive->async_accept(qb, {}, fast(), use_request);
+  const auto rep = peer.next<wcm::rep>(ctx);
+  ASSERT_TRUE(rep.has_value());
+  wcm::rtu u;
+  u.local_comm_id = 64;
+  u.remote_comm_id = rep->local_comm_id;
+  peer.send(u);
+  ASSERT_TRUE(poll_until([&] { return acc.ready(); }));
+  acc.get();
+  peer.send(timeout_rej(64));
+  run_for(50ms);
+  EXPECT_EQ(passive->state(), cm::conn_state::established) << "a REJ without our comm ID ended a connection";
+  EXPECT_EQ(qb.query().state, qp_state::rts);
+
+  wcm::req r = req_to(b, peer_ip, 65);
+  r.local_qpn = 0x43;
+  auto waiting = request(r);
+  ASSERT_TRUE(waiting.has_value());
+  raw_sender elsewhere(test_address(2), test_address(1), test_port());
+  std::array<std::byte, wcm::mad_size> mad;
+  wcm::encode(wcm::mad_header{}, timeout_rej(65), std::span<std::byte, wcm::mad_size>(mad));
+  elsewhere.send(mad);
+  run_for(50ms);
+  EXPECT_EQ(waiting->state(), cm::conn_state::requested) << "a REJ from another address ended the request";
+  peer.send(timeout_rej(65));
+  EXPECT_TRUE(poll_until([&] { return waiting->state() == cm::conn_state::closed; }, 2s))
+      << "the requester's own REJ did not end its request: " << static_cast<int>(waiting->state());
+}
+
+// A peer that keeps replacing its request (the same CA GUID and QP, a new
+// comm ID each time) leaves each replaced request's timer cancelled; the
+// device sweeps those out instead of keeping each until its deadline (34 s
+// here: the REQ says its sender waits 69 s for an answer).
+TEST_F(cm_udp_fake_peer, replaced_requests_leave_no_timers_behind) {
+  ASSERT_TRUE(peer.bound());
+  listen_on_b();
+  namespace wcm = wire::cm;
+  constexpr std::uint32_t first = 100, n = 400;
+  for (std::uint32_t id = first; id < first + n; ++id) {
+    wcm::req r = req_to(b, peer_ip, id);
+    r.remote_cm_response_timeout = 24;
+    peer.send(r);
+    if (id % 16 == 0) run_for(2ms);
+  }
+  run_for(50ms);
+  // Every one arrived and replaced the one before: one request is left.
+  auto got = l.async_get_request(use_request);
+  ASSERT_TRUE(poll_until([&] { return got.ready(); }, 2s));
+  (void)got.get();
+  auto more = l.async_get_request(use_request);
+  run_for(20ms);
+  EXPECT_FALSE(more.ready()) << "a replaced request was still waiting";
+  const device_counters k = b.dev.counters();
+  EXPECT_LT(k.timers, n / 4) << "cancelled CM timers kept until their deadlines";
+}
+
+// A REQ whose CM response timeout is 0 (4 µs) does not get its REP sent
+// 16 times within 64 µs: a peer's timeouts count as at least 1 ms, as
+// ib_cm's cm_convert_to_ms() makes them.
+TEST_F(cm_udp_fake_peer, a_peer_timeout_of_zero_spaces_the_rep_resends_a_millisecond_apart) {
+  ASSERT_TRUE(peer.bound());
+  listen_on_b();
+  namespace wcm = wire::cm;
+  wcm::req r = req_to(b, peer_ip, 80);
+  r.local_cm_response_timeout = 0;
+  r.max_cm_retries = 15;
+  auto passive = request(r);
+  ASSERT_TRUE(passive.has_value());
+  qp qb = make_qp(b);
+  auto acc = passive->async_accept(qb, {}, fast(), use_request);
+  ASSERT_TRUE(peer.next<wcm::rep>(ctx).has_value());
+  const auto t0 = std::chrono::steady_clock::now();
+  int reps = 1;
+  while (std::chrono::steady_clock::now() - t0 < 8ms)
+    if (peer.next<wcm::rep>(ctx, 1ms)) ++reps;
+  // Timers never fire early: in 8 ms at most the first and 8 resends.
+  EXPECT_LE(reps, 9) << "REP resends closer than a millisecond";
+  EXPECT_FALSE(acc.ready());
+}
+
+// An accept cancelled before the RTU sends no more REPs: a resent REQ
+// meets it ended (REJ "consumer defined"), not answered with the REP
+// again (which would bring the requester up only to be disconnected).
+TEST_F(cm_udp_fake_peer, a_req_resent_to_a_cancelled_accept_is_rejected_not_answered) {
+  ASSERT_TRUE(peer.bound());
+  listen_on_b();
+  namespace wcm = wire::cm;
+  const wcm::req r = req_to(b, peer_ip, 70);  // REP resends after ~0.27 s (16)
+  auto passive = request(r);
+  ASSERT_TRUE(passive.has_value());
+  qp qb = make_qp(b);
+  auto acc = passive->async_accept(qb, {}, fast(), use_request);
+  ASSERT_TRUE(peer.next<wcm::rep>(ctx).has_value());
+  acc.cancel();
+  peer.send(r);  // its REP was lost
+  const auto rej = peer.next<wcm::rej>(ctx, 200ms);
+  ASSERT_TRUE(rej.has_value()) << "no REJ for the cancelled accept";
+  EXPECT_EQ(rej->reason, static_cast<std::uint16_t>(wcm::rej_reason::consumer_defined));
+  EXPECT_EQ(rej->remote_comm_id, 70u);
+  EXPECT_EQ(peer.mads(), 2) << "the REP was sent again";
+  EXPECT_TRUE(acc.ready());
+}
+
 // A REJ for an established connection ends it (ib_cm's cm_rej_handler: the
 // responder gave up after our RTU was lost, or was destroyed in REP_SENT,
 // and its QP is gone): the QP leaves RTS and a waiting notify_disconnect

@@ -454,6 +454,9 @@ struct device_counters {
   /// Memory keys in use: one per memory region (its L_Key and R_Key are
   /// one key) and one per memory window.
   std::uint64_t memory_keys = 0;
+  /// Timers queued on the device now (retransmit, RNR, lazy ACK, the
+  /// connection manager's), cancelled ones not yet swept out included.
+  std::uint64_t timers = 0;
 };
 
 }  // namespace averbs

@@ -213,7 +213,7 @@ void manager::erase(conn& c) noexcept {
 
 void manager::unindex_remote(conn& c) noexcept {
   if (!c.remote_indexed) return;
-  auto it = by_remote_.find({c.remote_guid, c.remote_id});
+  auto it = by_remote_.find({c.remote_guid, c.remote_id, c.remote_low, c.remote_sidr});
   if (it != by_remote_.end() && it->second == &c) by_remote_.erase(it);
   c.remote_indexed = false;
 }
@@ -1104,12 +1104,11 @@ void manager::on_sidr_req(const soft::mad_in& m, const wcm::mad_header& h) noexc
   wcm::sidr_req r;
   if (!decoded(m, r)) return;
   // SIDR has no CA GUID: requests are told apart by sender address.
-  std::uint64_t src_key;
-  std::uint64_t lo;
-  std::memcpy(&src_key, m.src.raw.data(), 8);
+  std::uint64_t hi, lo;
+  std::memcpy(&hi, m.src.raw.data(), 8);
   std::memcpy(&lo, m.src.raw.data() + 8, 8);
-  src_key ^= lo * 0x9E3779B97F4A7C15ull;
-  if (auto it = by_remote_.find({src_key, r.request_id}); it != by_remote_.end()) {
+  const key sender{hi, r.request_id, lo, true};
+  if (auto it = by_remote_.find(sender); it != by_remote_.end()) {
     ++stats_.duplicates;
     if (it->second->st == state::timewait) resend(*it->second);  // our SIDR_REP was lost
     return;
@@ -1143,14 +1142,16 @@ void manager::on_sidr_req(const soft::mad_in& m, const wcm::mad_header& h) noexc
     ++stats_.mads_dropped;
     return;
   }
-  conn* cp = queue_request(*l, {src_key, r.request_id});
+  conn* cp = queue_request(*l, sender);
   if (cp == nullptr) return;
   conn& c = *cp;
   c.passive = true;
   c.st = state::sidr_rcvd;
   c.listener = l;
   c.remote_id = r.request_id;
-  c.remote_guid = src_key;
+  c.remote_guid = hi;
+  c.remote_low = lo;
+  c.remote_sidr = true;
   c.tid = h.tid;
   c.type = qp_type::ud;
   c.local = {m.dst, port};

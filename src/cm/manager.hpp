@@ -61,7 +61,8 @@ struct listen_t;
 struct conn {
   std::uint32_t local_id = 0;
   std::uint32_t remote_id = 0;
-  std::uint64_t remote_guid = 0;
+  std::uint64_t remote_guid = 0;  // a SIDR request's: its sender address's first 8 bytes
+  std::uint64_t remote_low = 0;   // a SIDR request's: the address's last 8 bytes
   std::uint64_t tid = 0;       // transaction of the connection exchange
   std::uint64_t dreq_tid = 0;  // transaction of our DREQ, or of the peer's we answer
   state st = state::idle;
@@ -72,6 +73,7 @@ struct conn {
   bool ended = false;          // the connection ended; `end` says how
   bool qpn_indexed = false;    // in by_qpn_
   bool remote_indexed = false; // in by_remote_
+  bool remote_sidr = false;    // ... under a SIDR_REQ's key (remote_guid, remote_id, remote_low)
   bool ud_bound = false;       // a passive UD connection accepted: established until disconnect()
   std::error_code end{};
   soft::qp_t* qp = nullptr;
@@ -172,14 +174,20 @@ class manager final : public soft::gsi_agent {
   std::size_t live_conns() const noexcept { return conns_.size(); }
 
  private:
+  // A REQ's (CA GUID, comm ID, 0, false), or a SIDR_REQ's (its sender's
+  // address in two halves, request ID, true): SIDR has no CA GUID, and
+  // a key space of its own keeps a SIDR sender from ever naming a REQ.
   struct key {
     std::uint64_t guid;
     std::uint32_t id;
+    std::uint64_t low = 0;
+    bool sidr = false;
     friend bool operator==(const key&, const key&) = default;
   };
   struct key_hash {
     std::size_t operator()(const key& k) const noexcept {
-      return std::hash<std::uint64_t>{}(k.guid ^ (std::uint64_t{k.id} * 0x9E3779B97F4A7C15ull));
+      return std::hash<std::uint64_t>{}(k.guid ^ (std::uint64_t{k.id} * 0x9E3779B97F4A7C15ull) ^
+                                        ((k.low + k.sidr) * 0xC2B2AE3D27D4EB4Full));
     }
   };
   // A passive connection for a request from `remote`, indexed and queued

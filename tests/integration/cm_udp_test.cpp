@@ -1376,6 +1376,39 @@ TEST_F(cm_udp_fake_peer, a_sidr_answer_is_kept_for_the_requesters_resend) {
   again.cancel();
 }
 
+// SIDR requests, which carry no CA GUID, are told apart by their sender's
+// address, in a key space of their own: a SIDR_REQ can never stand for a
+// REQ.  They used to share one index, keyed by a hash of the address that
+// anyone could invert, so a SIDR_REQ whose key equalled a requester's CA
+// GUID and comm ID made that requester's real REQ look like a duplicate:
+// swallowed.  Here the same sender, with the CA GUID that hash gave.
+TEST_F(cm_udp_fake_peer, a_sidr_request_never_makes_a_req_look_like_a_duplicate) {
+  ASSERT_TRUE(peer.bound());
+  listen_on_b();
+  cm::listener ud = cm::listen(b.dev, {b.ip, 7471}, 16, cm::port_space::udp);
+  namespace wcm = wire::cm;
+  std::uint64_t hi, lo;
+  std::memcpy(&hi, peer_ip.raw.data(), 8);
+  std::memcpy(&lo, peer_ip.raw.data() + 8, 8);
+  const std::uint64_t old_key = hi ^ lo * 0x9E3779B97F4A7C15ull;  // the former SIDR key
+  wcm::sidr_req s;
+  s.request_id = 91;
+  s.service_id = wcm::service_id(wcm::port_space::udp, 7471);
+  wcm::ip_header ip;
+  ip.src_port = 40000;
+  std::memcpy(ip.src_ip.data(), peer_ip.raw.data(), 16);
+  std::memcpy(ip.dst_ip.data(), b.ip.raw.data(), 16);
+  ASSERT_EQ(wcm::encode(ip, s.private_data), wcm::ip_header_size);
+  auto sidr = ud.async_get_request(use_request);
+  peer.send(s);
+  ASSERT_TRUE(poll_until([&] { return sidr.ready(); })) << "the SIDR_REQ was not taken";
+  wcm::req r = req_to(b, peer_ip, 91);
+  r.local_ca_guid = old_key;
+  const auto passive = request(r);
+  EXPECT_TRUE(passive.has_value()) << "the REQ was swallowed as a duplicate of the SIDR_REQ";
+  sidr.get();
+}
+
 // Bad arguments are invalid_argument on a network device too, not an
 // unreachable address: the wildcard, port 0 (the route to it is checked
 // only for well-formed destinations).

@@ -718,10 +718,12 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
     conn& c = *it->second;
     ++stats_.duplicates;
     if (c.st == state::req_rcvd && c.mra_sent) send_mra(c);
-    else if (c.st == state::rep_sent && !finish_if_cancelled(c))
-      resend(c);  // our REP was lost
-    else if (c.st == state::timewait) send_rej(c, wcm::msg_ref::req, wcm::rej_reason::stale_conn);
-    return;
+    else if (c.st == state::rep_sent) {
+      if (!finish_if_cancelled(c)) resend(c);  // our REP was lost (a cancelled accept ends instead)
+    } else if (c.st == state::timewait) {
+      send_rej(c, wcm::msg_ref::req, wcm::rej_reason::stale_conn);
+    }
+    return;  // (`c` may be gone: finish_if_cancelled() closes it)
   }
   // Stale: that QP of that CA is still connected, in timewait, or waiting
   // for accept under another comm ID here.  Only a REQ from that

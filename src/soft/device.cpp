@@ -1246,6 +1246,12 @@ void device::arm_cq(cq_t* cq, bool solicited_only, detail::context_impl& ctx, de
     detail::complete_request(ctx, id, err(errc::device_removed), nullptr);
     return;
   }
+  // An overflowed CQ takes no completion again (it latches its error):
+  // the notification could never come.
+  if (cq->error) {
+    detail::complete_request(ctx, id, err(errc::invalid_state), nullptr);
+    return;
+  }
   prune(cq->notifies, [](const cq_notify& n) -> const parked& { return n.p; });
   cq->notifies.push_back({{&ctx, id}, solicited_only});  // may throw: no reference taken yet
   detail::context_add_ref(ctx);

@@ -496,6 +496,12 @@ TEST_F(cq_test, an_overflowed_cq_accepts_no_more_completions) {
   ASSERT_FALSE(send_one(p, 4, send_signaled));  // the QP is in ERR: a flush completion
   EXPECT_TRUE(drain(p.cq_a).empty()) << "docs/verbs.md: an overflowed CQ stops accepting completions";
   EXPECT_EQ(count_events(event_type::cq_err), 1u) << "cq_err is raised once";
+  // Nor does it notify: arming it fails at once instead of waiting forever.
+  auto r = p.cq_a.async_notify(false, use_request);
+  ASSERT_TRUE(r.ready()) << "the notification of an overflowed CQ was parked";
+  std::error_code ec;
+  r.get(ec);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_state));
 }
 
 // A port entry can hold the last handle of a CQ; dequeuing the next batch

@@ -870,6 +870,20 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
     complete_wqes(qp);
     return false;
   };
+  // A READ request, an atomic or an ATOMIC WRITE: one packet that asks for
+  // its answer and takes `psns` PSNs; the WQE then waits for that answer.
+  auto send_request = [&](packet* p, std::uint32_t psns) {
+    p->hdr.bth.ack_req = true;
+    qp->req.noack_pkts = 0;
+    qp->req.last_unasked = false;
+    finish_packet(qp, p);
+    qp->req.psn = psn_add(qp->req.psn, psns);
+    st.state = wqe_state::pending;
+    ++qp->req.wqe_index;
+    note_request_sent(qp);
+    if (requester_stops(qp)) arm_tail_probe(qp);
+    return true;
+  };
 
   // The PSN of the next packet follows from the WQE's range and progress.
   std::uint32_t psn;
@@ -889,32 +903,14 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
     packet* p = new_packet(qp, opcode::rc_read_request, qp->req.psn);
     if (p == nullptr) return starve(qp);
     p->hdr.reth = {w->remote_addr + st.read_done, w->rkey, rem};
-    p->hdr.bth.ack_req = true;
-    qp->req.noack_pkts = 0;
-    qp->req.last_unasked = false;
-    finish_packet(qp, p);
-    qp->req.psn = psn_add(qp->req.psn, n);
-    st.state = wqe_state::pending;
-    ++qp->req.wqe_index;
-    note_request_sent(qp);
-    if (requester_stops(qp)) arm_tail_probe(qp);
-    return true;
+    return send_request(p, n);
   }
   if (is_atomic(w->opcode)) {
     const bool cas = op == wr_opcode::atomic_cmp_and_swp;
     packet* p = new_packet(qp, cas ? opcode::rc_compare_swap : opcode::rc_fetch_add, qp->req.psn);
     if (p == nullptr) return starve(qp);
     p->hdr.atomic = {w->remote_addr, w->rkey, cas ? w->swap : w->compare_add, cas ? w->compare_add : 0};
-    p->hdr.bth.ack_req = true;
-    qp->req.noack_pkts = 0;
-    qp->req.last_unasked = false;
-    finish_packet(qp, p);
-    qp->req.psn = psn_add(qp->req.psn, 1);
-    st.state = wqe_state::pending;
-    ++qp->req.wqe_index;
-    note_request_sent(qp);
-    if (requester_stops(qp)) arm_tail_probe(qp);
-    return true;
+    return send_request(p, 1);
   }
   if (op == wr_opcode::atomic_write) {
     // One packet: a RETH naming the 8 bytes, and those bytes as its payload
@@ -931,16 +927,7 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
       return fail(wc_status::loc_prot_err);
     }
     p->hdr.reth = {w->remote_addr, w->rkey, 8};
-    p->hdr.bth.ack_req = true;
-    qp->req.noack_pkts = 0;
-    qp->req.last_unasked = false;
-    finish_packet(qp, p);
-    qp->req.psn = psn_add(qp->req.psn, 1);
-    st.state = wqe_state::pending;
-    ++qp->req.wqe_index;
-    note_request_sent(qp);
-    if (requester_stops(qp)) arm_tail_probe(qp);
-    return true;
+    return send_request(p, 1);
   }
 
   // SEND and WRITE families.

@@ -50,11 +50,27 @@ void boxed_handler_thunk(handler_op op, void* storage, const std::error_code* ec
   }
 }
 
+/// The error a future reports: std::system_error(ec), or, when the
+/// completing thread cannot make that exception (out of memory), the
+/// bad_alloc itself -- never a broken promise, which would lose the error.
+template <class P>
+void set_error(P& promise, const std::error_code& ec) noexcept {
+  try {
+    promise.set_exception(std::make_exception_ptr(std::system_error(ec)));
+  } catch (...) {
+    try {
+      promise.set_exception(std::current_exception());
+    } catch (...) {  // (only if already satisfied, which one completion cannot be)
+    }
+  }
+}
+
 template <class T>
 struct promise_setter {
   std::promise<T> promise;
   void operator()(std::error_code ec) {
-    if (ec) promise.set_exception(std::make_exception_ptr(std::system_error(ec)));
+    if (ec)
+      set_error(promise, ec);
     else promise.set_value();
   }
 };
@@ -64,7 +80,8 @@ template <class T>
 struct promise_setter<T> {
   std::promise<T> promise;
   void operator()(std::error_code ec, T v) {
-    if (ec) promise.set_exception(std::make_exception_ptr(std::system_error(ec)));
+    if (ec)
+      set_error(promise, ec);
     else promise.set_value(std::move(v));
   }
 };

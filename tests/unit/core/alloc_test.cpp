@@ -10,11 +10,13 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <future>
 #include <thread>
 #include <utility>
 
 namespace {
 
+using averbs::errc;
 using averbs::test::heap_allocations;
 using namespace std::chrono_literals;
 constexpr int cycles = 1'000'000;
@@ -164,6 +166,33 @@ TEST(alloc, completions_need_no_allocation_on_the_completing_thread) {
   std::array<averbs::completion_entry, n> e;
   EXPECT_EQ(port.get(e, 0ns), std::size_t{n}) << "port entries lost when the ring could not grow";
   EXPECT_EQ(ctx.stats().in_flight, 0u);
+}
+
+// A future's error is an exception the completing thread makes: without
+// memory for it the future reports the bad_alloc, not a broken promise
+// that loses the error (and with it the result of the operation).
+TEST(alloc, a_futures_error_completed_without_memory_is_not_a_broken_promise) {
+  averbs::context ctx;
+  averbs::nop_params p;
+  p.defer = true;
+  p.error = averbs::make_error_code(errc::timed_out);
+  auto f = averbs::async_nop(ctx, p, averbs::use_future);
+  std::thread completer([&] {
+    averbs::test::fail_allocations_on_this_thread(true);
+    ctx.poll();
+    averbs::test::fail_allocations_on_this_thread(false);
+  });
+  completer.join();
+  ASSERT_EQ(f.wait_for(0ns), std::future_status::ready);
+  try {
+    f.get();
+    ADD_FAILURE() << "no error";
+  } catch (const std::bad_alloc&) {
+    SUCCEED();
+  } catch (const std::system_error& e) {
+    // The exception could be made after all (an emergency pool): the error itself.
+    EXPECT_EQ(e.code(), averbs::make_error_code(errc::timed_out)) << e.what();
+  }
 }
 
 // When that room cannot be made, starting the request fails with

@@ -282,6 +282,9 @@ class udp_link final : public link {
   std::array<packet*, 8> held_dreqs_{};
   std::size_t held_dreq_count_ = 0;
   bool holding_dreqs_ = false;
+  // How many data packets at most are read ahead of held DREQs (the
+  // reads stop at the first that reaches it).
+  static constexpr std::size_t held_dreq_reads = 64;
   /// A datagram's control messages in one pass: UDP_GRO's segment size
   /// into `seg` (left as it is without one), the IP fields once wanted.
   ip_fields control_of(const msghdr& h, std::size_t& seg) const noexcept;

@@ -826,9 +826,15 @@ std::size_t udp_link::poll_priority() noexcept {
   // took) is in the data sockets by now: read them out (a poll reads one
   // datagram at a time while quiet, and the shared socket only now and
   // then while a peer socket is open), then queue the DREQ behind (is_dreq).
-  for (int k = 0; k < 16; ++k) {
+  // At most held_dreq_reads packets, though: the ACK was sent just before
+  // the DREQ, and anyone can send a DREQ-shaped datagram -- reading a
+  // whole backlog into packets before any is handled would grow the pool,
+  // which never shrinks, by up to 16 reads' worth.
+  std::size_t read = 0;
+  for (int k = 0; k < 16 && read < held_dreq_reads; ++k) {
     const std::size_t got = poll();
     n += got;
+    read += got;
     if (got == 0 && k >= 8) break;
   }
   for (std::size_t i = 0; i < held_dreq_count_; ++i) dev_.receive_locked(held_dreqs_[i]);

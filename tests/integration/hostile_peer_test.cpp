@@ -2453,6 +2453,43 @@ TEST(hostile_peer_v6, a_ud_grh_reports_the_datagrams_flow_label) {
   EXPECT_EQ(word0 & 0xFFFFF, label) << "flow label";
 }
 
+// A DREQ read from the management socket waits while the data socket is
+// read out (the ACK its sender sent before it must not be overtaken), but
+// only for a bounded number of packets: anyone can send a DREQ-shaped
+// datagram, and reading a whole backlog into packets before any is
+// handled grew the device's packet pool (which never shrinks) by up to 16
+// reads' worth each time.
+TEST_F(hostile_peer, a_dreq_reads_a_bounded_number_of_data_packets_ahead_of_itself) {
+  make_qp(qp_type::uc);
+  (void)drain(std::chrono::milliseconds(20));
+  const std::uint64_t pool = dev_.counters().packet_buffers;
+  widen_receive_buffer();
+  wire::transport_headers h;
+  h.bth.opcode = static_cast<std::uint8_t>(wire::opcode::uc_send_only);
+  h.bth.dest_qp = 0x7777;  // no such QP: dropped once handled
+  const std::vector<std::byte> pkt = packet_bytes(h, filled(16, 1));
+  sockaddr_in data = to_;
+  for (int i = 0; i < 600; ++i)
+    ASSERT_EQ(::sendto(fd_, pkt.data(), pkt.size(), 0, reinterpret_cast<sockaddr*>(&data), sizeof data),
+              static_cast<ssize_t>(pkt.size()));
+  wire::cm::dreq d;
+  d.local_comm_id = 1;
+  d.remote_comm_id = 2;
+  std::array<std::byte, wire::cm::mad_size> mad;
+  wire::cm::encode(wire::cm::mad_header{}, d, std::span<std::byte, wire::cm::mad_size>(mad));
+  wire::transport_headers m;
+  m.bth.opcode = static_cast<std::uint8_t>(wire::opcode::ud_send_only);
+  m.bth.dest_qp = 1;
+  m.deth = {wire::gsi_qkey, 1};
+  send_as_is(m, mad);
+  (void)drain(std::chrono::milliseconds(50));
+  const device_counters c = dev_.counters();
+  EXPECT_GE(c.dropped, 600u) << "the datagrams were not all read";
+  // (64 and one read's overshoot, after a normal read: under 250.)
+  EXPECT_LT(c.packet_buffers, pool + 250)
+      << "the DREQ had the link read " << c.packet_buffers - pool << " packets into the pool ahead of it";
+}
+
 // PortInfo's violation counters are 16 bits: they stop at 65535, as rxe's
 // (they used to go on to 65536 and beyond, which a 16-bit reader sees as
 // small).  A Q_Key violation on QP1 counts whatever UD opcode carries it.

@@ -247,7 +247,7 @@ struct send_state {
   std::uint64_t read_va = 0;     // READ retried for the remainder: its VA
 };
 
-/// A READ or atomic the responder executed, kept for duplicate replay.
+/// A READ, atomic or ATOMIC WRITE the responder executed, kept for duplicate replay.
 struct rd_resource {
   enum class kind : std::uint8_t { none, read, atomic, atomic_write } type = kind::none;
   std::uint32_t first_psn = 0;

@@ -282,8 +282,8 @@ class udp_link final : public link {
   std::array<packet*, 8> held_dreqs_{};
   std::size_t held_dreq_count_ = 0;
   bool holding_dreqs_ = false;
-  // How many data packets at most are read ahead of held DREQs (the
-  // reads stop at the first that reaches it).
+  // After how many data packets the reads ahead of held DREQs stop (the
+  // read that reaches it may overshoot by one poll's worth).
   static constexpr std::size_t held_dreq_reads = 64;
   /// A datagram's control messages in one pass: UDP_GRO's segment size
   /// into `seg` (left as it is without one), the IP fields once wanted.
@@ -330,7 +330,7 @@ class udp_link final : public link {
   std::array<sockaddr_storage, rx_batch> rx_from_{};
   std::array<mmsghdr, rx_batch> rx_msgs_{};
   std::array<iovec, rx_batch> rx_iov_{};
-  std::array<cmsg_space, rx_batch> rx_control_{};  // the traffic class and hop limit, once wanted
+  std::array<cmsg_space, rx_batch> rx_control_{};  // traffic class, hop limit, flow label, once wanted
   // UDP GRO receive (with `gso`): room for a whole run per slot.
   bool gro_ = false;
   std::uint32_t gro_streak_ = 0;  // polls in a row that found a datagram

@@ -826,7 +826,7 @@ std::size_t udp_link::poll_priority() noexcept {
   // took) is in the data sockets by now: read them out (a poll reads one
   // datagram at a time while quiet, and the shared socket only now and
   // then while a peer socket is open), then queue the DREQ behind (is_dreq).
-  // At most held_dreq_reads packets, though: the ACK was sent just before
+  // Until held_dreq_reads packets are read, though (one poll may overshoot): the ACK was sent just before
   // the DREQ, and anyone can send a DREQ-shaped datagram -- reading a
   // whole backlog into packets before any is handled would grow the pool,
   // which never shrinks, by up to 16 reads' worth.

@@ -47,7 +47,8 @@ class cq {
   /// poll (arm, poll, then wait): with `use_awaitable` the request is made
   /// only when the coroutine suspends, so a completion added by another
   /// thread between its poll and its `co_await` is not counted -- there,
-  /// arm with a completion port or a callback and poll again after.
+  /// arm with a completion port or a callback and poll again after.  On a
+  /// CQ that overflowed it fails at once with `invalid_state`.
   template <completion_token<void> Token>
   auto async_notify(bool solicited_only, Token&& token) const {
     return detail::initiate<void>(detail::context_of(obj_.get()), detail::group_of(obj_.get()),

@@ -136,7 +136,8 @@ class device {
   /// from its completion and the first 40 bytes of its buffer (the GRH
   /// area): the destination is the sender's GID, the source GID the one the
   /// datagram was sent to, the traffic class the one it came with, the
-  /// flow label what the area holds (averbs' own GRH areas say 0), the hop
+  /// flow label what the area holds (over IPv6 the datagram's: 0 from
+  /// averbs and rxe peers, which send 0), the hop
   /// limit 0xFF (the route's replaces it when the AH is created, as the
   /// kernel does).  For `pd::create_ah`.  Errors: `invalid_argument` (no
   /// `wc_grh` flag, a port other than 1, an area holding no IP header, a

@@ -1369,6 +1369,25 @@ void device::respond(qp_t* qp, packet* p) noexcept {
   }
 
   // 5. Resources, then execute.
+  // The 64-bit word an atomic or ATOMIC WRITE names: the R_Key first, then
+  // the alignment, as rxe orders them (an unaligned atomic with a bad key
+  // is an access error).  An unaligned VA is an invalid request (IBTA
+  // 9.4.5); so is an aligned one that names an unaligned address (a
+  // zero-based MR or window over an unaligned buffer), where an atomic
+  // would be a split lock, or a bus error on other CPUs.  rxe checks the
+  // real address too.
+  auto resolve_word = [&](std::uint64_t va, std::uint32_t rkey, std::uint32_t need, std::byte*& host,
+                          std::uint64_t& addr) {
+    if (!resolve_rkey(qp, rkey, va, 8, need, host, addr)) {
+      error(resp_error::access, wc_status::success);
+      return false;
+    }
+    if ((va & 7) != 0 || (host != nullptr ? reinterpret_cast<std::uintptr_t>(host) : addr) % 8 != 0) {
+      error(resp_error::invalid_request, wc_status::success);
+      return false;
+    }
+    return true;
+  };
   if ((ops & (wire::op_read | wire::op_atomic | wire::op_atomic_write)) != 0) {
     if (qp->max_dest_rd_atomic == 0) {
       error(resp_error::invalid_request, wc_status::success);
@@ -1387,14 +1406,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       }
       std::byte* host = nullptr;
       std::uint64_t addr = 0;
-      if (!resolve_rkey(qp, t.rkey, t.va, 8, access_remote_write, host, addr)) {
-        error(resp_error::access, wc_status::success);
-        return;
-      }
-      if ((t.va & 7) != 0 || (host != nullptr ? reinterpret_cast<std::uintptr_t>(host) : addr) % 8 != 0) {
-        error(resp_error::invalid_request, wc_status::success);
-        return;
-      }
+      if (!resolve_word(t.va, t.rkey, access_remote_write, host, addr)) return;
       std::uint64_t v = 0;
       payload_reader in{p};
       in.copy(8, [&](std::uint32_t at, const std::byte* src, std::uint32_t n) {
@@ -1441,20 +1453,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
     const wire::atomic_eth& a = p->hdr.atomic;
     std::byte* host = nullptr;
     std::uint64_t addr = 0;
-    // The R_Key first, then the alignment, as rxe orders them: an unaligned
-    // atomic with a bad key is an access error.
-    if (!resolve_rkey(qp, a.rkey, a.va, 8, access_remote_atomic, host, addr)) {
-      error(resp_error::access, wc_status::success);
-      return;
-    }
-    // An unaligned VA is an invalid request (IBTA 9.4.5); so is an aligned
-    // one that names an unaligned address (a zero-based MR or window over
-    // an unaligned buffer), where an atomic would be a split lock, or a bus
-    // error on other CPUs.  rxe checks the real address too.
-    if ((a.va & 7) != 0 || (host != nullptr ? reinterpret_cast<std::uintptr_t>(host) : addr) % 8 != 0) {
-      error(resp_error::invalid_request, wc_status::success);
-      return;
-    }
+    if (!resolve_word(a.va, a.rkey, access_remote_atomic, host, addr)) return;
     std::uint64_t orig;
     if (host != nullptr) {
       auto* target = reinterpret_cast<std::uint64_t*>(host);

@@ -743,6 +743,21 @@ class cm_udp_fake_peer : public cm_udp {
     return r;
   }
 
+  /// An rdma_cm SIDR_REQ from the fake peer at `from` (request ID `id`)
+  /// for UDP port 7471 of `to`'s device.
+  static wire::cm::sidr_req sidr_req_to(const side& to, const gid& from, std::uint32_t id) {
+    namespace wcm = wire::cm;
+    wcm::sidr_req s;
+    s.request_id = id;
+    s.service_id = wcm::service_id(wcm::port_space::udp, 7471);
+    wcm::ip_header ip;
+    ip.src_port = 40000;
+    std::memcpy(ip.src_ip.data(), from.raw.data(), 16);
+    std::memcpy(ip.dst_ip.data(), to.ip.raw.data(), 16);
+    EXPECT_EQ(wcm::encode(ip, s.private_data), wcm::ip_header_size);
+    return s;
+  }
+
   /// The fake peer connects to `b` listening (a REQ whose LocalAckTimeout
   /// is `ack_timeout`), is accepted on `qb` and disconnects with `d`: the
   /// passive connector, answered with a DREP, is in timewait.
@@ -1352,14 +1367,7 @@ TEST_F(cm_udp_fake_peer, a_sidr_answer_is_kept_for_the_requesters_resend) {
   ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
   l = cm::listen(b.dev, {b.ip, 7471}, 16, cm::port_space::udp);
   namespace wcm = wire::cm;
-  wcm::sidr_req s;
-  s.request_id = 77;
-  s.service_id = wcm::service_id(wcm::port_space::udp, 7471);
-  wcm::ip_header ip;
-  ip.src_port = 40000;
-  std::memcpy(ip.src_ip.data(), peer_ip.raw.data(), 16);
-  std::memcpy(ip.dst_ip.data(), b.ip.raw.data(), 16);
-  ASSERT_EQ(wcm::encode(ip, s.private_data), wcm::ip_header_size);
+  const wcm::sidr_req s = sidr_req_to(b, peer_ip, 77);
   auto got = l.async_get_request(use_request);
   peer.send(s);
   ASSERT_TRUE(poll_until([&] { return got.ready(); }));
@@ -1392,14 +1400,7 @@ TEST_F(cm_udp_fake_peer, a_sidr_request_never_makes_a_req_look_like_a_duplicate)
   std::memcpy(&hi, peer_ip.raw.data(), 8);
   std::memcpy(&lo, peer_ip.raw.data() + 8, 8);
   const std::uint64_t old_key = hi ^ lo * 0x9E3779B97F4A7C15ull;  // the former SIDR key
-  wcm::sidr_req s;
-  s.request_id = 91;
-  s.service_id = wcm::service_id(wcm::port_space::udp, 7471);
-  wcm::ip_header ip;
-  ip.src_port = 40000;
-  std::memcpy(ip.src_ip.data(), peer_ip.raw.data(), 16);
-  std::memcpy(ip.dst_ip.data(), b.ip.raw.data(), 16);
-  ASSERT_EQ(wcm::encode(ip, s.private_data), wcm::ip_header_size);
+  const wcm::sidr_req s = sidr_req_to(b, peer_ip, 91);
   auto sidr = ud.async_get_request(use_request);
   peer.send(s);
   ASSERT_TRUE(poll_until([&] { return sidr.ready(); })) << "the SIDR_REQ was not taken";

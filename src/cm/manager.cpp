@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 namespace averbs::cm::detail {
 
@@ -285,8 +286,37 @@ void manager::end_stale(conn& old) noexcept {
 
 void manager::arm(conn& c, std::chrono::nanoseconds after) noexcept {
   disarm(c);
-  dev_.schedule_timer(dev_.clock().now() + after, &manager::timer_thunk, this, {c.local_id, c.timer_gen, {}},
-                      &manager::timer_alive);
+  const auto when = dev_.clock().now() + after;
+  if (dev_.schedule_timer(when, &manager::timer_thunk, this, {c.local_id, c.timer_gen, {}},
+                          &manager::timer_alive))
+    return;
+  // No memory for the heap entry.  Dropped, it would leave the connection
+  // in its state for good (a REQ never resent or given up, a timewait that
+  // never ends): recover() tries again at the next pass.  One per
+  // connection: a connection has one live timer, and a later one
+  // replaces an earlier (disarm() makes the lost one stale).
+  if (!c.timer_lost) ++lost_timers_;
+  c.timer_lost = true;
+  c.lost_gen = c.timer_gen;
+  c.lost_when = when;
+  dev_.recover_agent_later();
+}
+
+// The timers arm() had no memory for are queued now; one there is still no
+// memory for fires at once, early (its step is a resend that counts against
+// the retries, the end of a timewait, an MRA or the backlog's giving up),
+// so that every connection still moves towards its end.
+void manager::recover() noexcept {
+  if (lost_timers_ == 0) return;
+  lost_timers_ = 0;
+  for (auto it = conns_.begin(); it != conns_.end();) {
+    conn& c = *it->second;
+    ++it;  // on_timer() may erase c (and nothing else)
+    if (!std::exchange(c.timer_lost, false) || c.lost_gen != c.timer_gen) continue;
+    if (!dev_.schedule_timer(c.lost_when, &manager::timer_thunk, this, {c.local_id, c.timer_gen, {}},
+                             &manager::timer_alive))
+      on_timer(c.local_id, c.timer_gen);
+  }
 }
 
 void manager::disarm(conn& c) noexcept {

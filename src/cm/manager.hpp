@@ -109,6 +109,11 @@ struct conn {
   std::unique_ptr<std::array<std::byte, wire::cm::mad_size>> mad;
   std::uint8_t retries_left = 0;
   std::uint64_t timer_gen = 0;
+  // A timer the device had no memory to queue (arm()): recover() queues it
+  // at the next pass, or runs it then if there is still no memory.
+  bool timer_lost = false;
+  std::uint64_t lost_gen = 0;
+  averbs::clock::time_point lost_when{};
   // What the application sees.
   std::vector<std::byte> pdata;  // private data of the peer's last message
   std::uint16_t rej_reason = 0;
@@ -139,6 +144,7 @@ class manager final : public soft::gsi_agent {
   void on_mad(const soft::mad_in& m) noexcept override;
   void on_qp(soft::qp_t* qp, soft::qp_note n) noexcept override;
   void on_fatal() noexcept override;
+  void recover() noexcept override;
 
   // --- the connector and listener operations -------------------------------------
   soft::device& dev() noexcept { return dev_; }
@@ -274,6 +280,7 @@ class manager final : public soft::gsi_agent {
   std::uint16_t next_port_ = 0;
   bool fatal_ = false;
   bool changing_qp_ = false;  // our own QP transitions: no on_qp reaction
+  std::uint32_t lost_timers_ = 0;  // conns with timer_lost set
   std::unordered_map<std::uint32_t, std::unique_ptr<conn>> conns_;
   std::unordered_map<key, conn*, key_hash> by_remote_;  // (peer guid, peer comm ID): passive
   std::unordered_map<key, conn*, key_hash> by_qpn_;     // (peer guid, peer QPN)

@@ -1734,6 +1734,7 @@ void device::run() noexcept {
   if (running_) return;
   running_ = true;
   if (lost_timers_ != 0 || starved_requesters_ != 0) recover_stalled_qps();
+  if (std::exchange(agent_recovery_, false)) gsi_->recover();
   const bool held_before = acks_held_;
   const std::uint64_t sent_before = counters_.packets_sent;
   // The poll just before read the clock (pass_now_ too, if seeded);

@@ -707,6 +707,12 @@ class device final : public progress_source, public clock_listener {
                       detail::timer_alive_fn alive = nullptr) noexcept;
   /// One timer scheduled with `alive` was cancelled (lock() held).
   void timer_cancelled() noexcept { timers_.note_cancelled(); }
+  /// The agent (QP1's) has work a shortage of memory stopped: its
+  /// recover() runs at the start of the next pass (lock() held).
+  void recover_agent_later() noexcept {
+    agent_recovery_ = true;
+    signal_pending();
+  }
   /// Keeps `obj` alive until lock() is next released by the engine, and
   /// releases it then: user-side handles whose destructor takes the lock
   /// must not die while it is held.
@@ -1037,6 +1043,7 @@ class device final : public progress_source, public clock_listener {
   detail::timer_queue timers_;
   std::uint32_t lost_timers_ = 0;  // QPs with comp.timer_lost set
   std::uint32_t starved_requesters_ = 0;  // QPs with req.starved set
+  bool agent_recovery_ = false;           // recover_agent_later() was called
   std::uint64_t qp_generation_ = 0;       // QPs created: the high half of each one's first timer_gen
   int timer_fd_ = -1;
   clock::time_point armed_deadline_ = clock::time_point::max();

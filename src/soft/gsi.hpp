@@ -42,6 +42,9 @@ class gsi_agent {
   virtual void on_qp(qp_t* qp, qp_note n) noexcept = 0;
   /// The device was removed: fail everything parked.
   virtual void on_fatal() noexcept = 0;
+  /// Called at the start of the next pass after the agent asked for it
+  /// (device::recover_agent_later()), with no QP half-way through anything.
+  virtual void recover() noexcept {}
 };
 
 /// Implemented by the connection manager (src/cm).

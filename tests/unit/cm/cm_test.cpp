@@ -4,6 +4,7 @@
 // they drive, every error the API promises, the timers (retransmission,
 // MRA, timewait), and objects destroyed with requests pending.
 #include "cm_fixture.hpp"
+#include "counting_new.hpp"
 
 #include <averbs/async.hpp>
 
@@ -257,6 +258,65 @@ TEST_F(cm_test, disconnect_flushes_work_and_tells_the_peer) {
   // Disconnecting again, and notifying after the fact, succeed at once.
   p.active.disconnect();
   p.active.notify_disconnect();
+}
+
+// A CM timer the device had no memory to queue is queued at the next pass,
+// or, still short of memory then, fires at once: a connection whose
+// timewait timer was lost used to stay in timewait for good.  Forty
+// connections end at once on a thread whose allocations fail, more than
+// the timer heap has room for.
+class cm_memory_test : public cm_test {
+ protected:
+  static constexpr int n = 40;
+  std::vector<pair> v;
+  std::error_code ec[n];
+
+  /// Connects n pairs and disconnects them short of memory; returns how
+  /// many disconnects started.
+  int end_short_of_memory() {
+    l_ = cm::listen(dev, at(7000));
+    for (int i = 0; i < n; ++i) v.push_back(connect_pair(7000, l_));
+    fail_allocations_on_this_thread(true);
+    for (int i = 0; i < n; ++i) v[i].active.disconnect(ec[i]);
+    fail_allocations_on_this_thread(false);
+    int ended = 0;
+    for (int i = 0; i < n; ++i) {
+      if (ec[i]) continue;  // (no memory to start it: nothing changed)
+      ++ended;
+      EXPECT_NE(v[i].active.state(), cm::conn_state::established) << i;
+    }
+    return ended;
+  }
+  int closed() const {
+    int c = 0;
+    for (int i = 0; i < n; ++i)
+      c += !ec[i] && v[i].active.state() == cm::conn_state::closed &&
+           v[i].passive.state() == cm::conn_state::closed;
+    return c;
+  }
+
+ private:
+  cm::listener l_;
+};
+
+TEST_F(cm_memory_test, lost_timers_are_queued_at_the_next_pass) {
+  const int ended = end_short_of_memory();
+  ASSERT_GT(ended, 0) << "no disconnect ran short of memory: this test tested nothing";
+  for (int k = 0; k < 20; ++k) advance(300ms);  // timewait, or DREQ retries running out
+  EXPECT_EQ(closed(), ended);
+}
+
+TEST_F(cm_memory_test, lost_timers_still_short_at_the_next_pass_fire_early) {
+  const int ended = end_short_of_memory();
+  ASSERT_GT(ended, 0) << "no disconnect ran short of memory: this test tested nothing";
+  fail_allocations_on_this_thread(true);
+  ctx->poll();  // a pass that tries the lost timers again (the later disconnects ran some)
+  fail_allocations_on_this_thread(false);
+  // The clock has not moved (timewait lasts at least 1 ms): only timers
+  // that fired early can have closed a connection.
+  EXPECT_GT(closed(), 0) << "no lost timewait timer fired at the next pass";
+  for (int k = 0; k < 20; ++k) advance(300ms);
+  EXPECT_EQ(closed(), ended);
 }
 
 TEST_F(cm_test, disconnect_completes_when_the_peer_is_gone) {

@@ -1104,7 +1104,8 @@ std::size_t udp_link::receive_shared() noexcept {
   // are cheap to copy: while they keep coming (two polls in a row found
   // one) it goes on with larger reads, as the plain path's recvmmsg of 32
   // does; a ping-pong, whose polls mostly find nothing, pays no second
-  // syscall per datagram.
+  // syscall per datagram.  (Those larger reads can hold runs as well, up
+  // to one per slot: the kernel does not stop at one; docs/wire.md.)
   //
   // The first datagram's packets keep their payload where it landed (slot
   // 0; the responder copies it once, to its destination): the engine

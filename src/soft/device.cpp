@@ -1363,8 +1363,8 @@ std::error_code device::post_srq_recv(srq_t* srq, const recv_wr* wrs, std::size_
   for (std::size_t k = 0; k < n; ++k) {
     const recv_wr& wr = wrs[k];
     std::error_code ec;
-    if (srq->error) ec = err(errc::invalid_state);
-    else if (wr.num_sge > srq->max_sge) ec = err(errc::invalid_argument);
+    if (wr.num_sge > srq->max_sge)
+      ec = err(errc::invalid_argument);
     else if (srq->q.count() >= srq->max_wr) ec = err(errc::queue_full);
     if (ec) {
       if (bad != nullptr) *bad = k;

@@ -230,7 +230,6 @@ struct srq_t {
   std::uint32_t max_sge = 0;
   std::uint32_t limit = 0;  // armed when non-zero
   std::uint32_t users = 0;
-  bool error = false;
   bool released = false;
 };
 

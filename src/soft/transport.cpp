@@ -1322,11 +1322,18 @@ void device::respond(qp_t* qp, packet* p) noexcept {
   if (first == prev_open) {
     if (!rc) {
       // UC: abandon the broken message; a FIRST/ONLY starts a new one.
-      r.last_opcode = 0xFF;
+      // A receive the broken one took from an SRQ completes in error, as
+      // in error() below (rxe's class E); one of the QP's own serves the
+      // new message (class D1).
       if (!first) {
-        r.drop_msg = true;
+        error(resp_error::invalid_request, wc_status::success);
         return;
       }
+      if (r.have_wqe && qp->srq != nullptr && !fail_recv(wc_status::rem_inv_req_err)) {
+        qp_to_error(qp);
+        return;
+      }
+      r.last_opcode = 0xFF;
     } else {
       error(resp_error::invalid_request, wc_status::rem_inv_req_err);
       return;
@@ -1337,8 +1344,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
     const bool same = ((prev.ops & wire::op_send) != 0 && (ops & wire::op_send) != 0) ||
                       ((prev.ops & wire::op_write) != 0 && (ops & wire::op_write) != 0);
     if (!same) {
-      if (rc) error(resp_error::invalid_request, wc_status::rem_inv_req_err);
-      else r.drop_msg = true;
+      error(resp_error::invalid_request, rc ? wc_status::rem_inv_req_err : wc_status::success);
       return;
     }
   }

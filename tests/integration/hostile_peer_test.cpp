@@ -824,6 +824,35 @@ TEST_F(hostile_peer, uc_write_with_immediate_refused_completes_its_srq_receive_i
   EXPECT_EQ(qp_.query().state, qp_state::rts);
 }
 
+// UC on an SRQ: a SEND broken off by an opcode out of sequence completes
+// the receive it took from the SRQ in error (rxe's class E), where it used
+// to stay held by this QP, out of the other QPs' reach, for whatever
+// message came next: a WRITE where the SEND's MIDDLE belongs, or a new
+// FIRST while the SEND is open (that one starts a message of its own).
+TEST_F(hostile_peer, uc_send_broken_by_its_opcode_sequence_completes_its_srq_receive_in_error) {
+  srq s = make_srq();
+  make_qp(qp_type::uc, &s);
+  mr m = pd_.reg_mr(buf_.data(), buf_.size(), access_local_write);
+  post_recvs(m, 3, 2048, &s);
+  send(wire::opcode::uc_send_first, 0, filled(1024, 0xA1));    // takes receive 0
+  send(wire::opcode::uc_write_middle, 1, filled(1024, 0xA2));  // not the SEND's
+  send(wire::opcode::uc_send_first, 2, filled(1024, 0xB1));    // takes receive 1
+  send(wire::opcode::uc_send_first, 3, filled(1024, 0xC1));    // a new message: receive 2
+  send(wire::opcode::uc_send_last, 4, filled(8, 0xC2));
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 3u);
+  EXPECT_EQ(wcs[0].wr_id, 0u);
+  EXPECT_EQ(wcs[0].status, wc_status::rem_inv_req_err);
+  EXPECT_EQ(wcs[1].wr_id, 1u);
+  EXPECT_EQ(wcs[1].status, wc_status::rem_inv_req_err);
+  EXPECT_EQ(wcs[2].wr_id, 2u);
+  EXPECT_EQ(wcs[2].status, wc_status::success);
+  EXPECT_EQ(wcs[2].byte_len, 1032u);
+  EXPECT_EQ(buf_[4096], std::byte{0xC1});
+  EXPECT_EQ(buf_[4096 + 1024], std::byte{0xC2});
+  EXPECT_EQ(qp_.query().state, qp_state::rts);
+}
+
 constexpr std::uint8_t nak_psn_sequence = 0x60;
 
 // A peer that answers every resend with the same sequence NAK: rxe starts

@@ -552,10 +552,11 @@ bool device::flush_sq(qp_t* qp) noexcept {
   const std::uint32_t mask = qp->sq.size() - 1;
   std::uint32_t c = qp->sq.consumer();
   const std::uint32_t p = qp->sq.producer();
-  // Only the oldest failed WQE reports its own error (IBTA 10.8.3: one
-  // error completion, then flushes): a later one that failed locally while
-  // waiting to retire in order is flushed like the rest -- also when the
-  // error completion was just posted (complete_wqes).
+  // Only the oldest WQE may report its own error (IBTA 10.8.3: one error
+  // completion, then flushes): whatever it completes with, a flush
+  // included, is the queue's error completion, and a later one that failed
+  // locally while waiting to retire in order is flushed like the rest --
+  // also when the error completion was just posted (complete_wqes).
   bool error_reported = std::exchange(qp->sq_error_completed, false);
   for (; c != p; ++c) {
     auto* w = qp->sq.at<send_wqe>(c);
@@ -564,7 +565,7 @@ bool device::flush_sq(qp_t* qp) noexcept {
     wc.wr_id = w->wr_id;
     const bool failed = st.state == wqe_state::done && st.status != wc_status::success;
     wc.status = failed && !error_reported ? st.status : wc_status::wr_flush_err;
-    error_reported = error_reported || failed;
+    error_reported = true;
     wc.opcode = wc_opcode_of(w->opcode);
     wc.qp_num = qp->qpn;
     wc.byte_len = w->length;

@@ -1145,6 +1145,29 @@ TEST_F(qp_test, err_flushes_outstanding_sends_exactly_once_each) {
   EXPECT_TRUE(drain().empty());
 }
 
+// A send that failed locally while an earlier one waits for its ACK is
+// flushed with the rest when the QP moves to ERR: the first completion the
+// flush posts (a flush error) is the queue's one error completion (IBTA
+// 10.8.3).  It used to report its own loc_prot_err after the flushed
+// completion ahead of it.
+TEST_F(qp_test, err_flushes_a_send_that_failed_behind_an_outstanding_one) {
+  qp q = stuck_rc();
+  auto buf = make_buffer(64);
+  const sge g = buf.whole();
+  sge bad = g;
+  bad.lkey ^= 1;
+  const std::array<send_wr, 3> ws{send_of(21, &g), send_of(22, &bad), send_of(23, &g)};
+  ASSERT_EQ(q.post_send(ws), std::error_code{});
+  EXPECT_TRUE(drain().empty());  // 21 waits for its ACK; 22 failed behind it
+  ASSERT_EQ(step(q, qp_state::rts, qp_state::err), std::error_code{});
+  auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(wcs[i].wr_id, 21u + i);
+    EXPECT_EQ(wcs[i].status, wc_status::wr_flush_err) << to_string(wcs[i].status);
+  }
+}
+
 // Destroying discards the queues without completions, as RESET does (mlx5
 // goes through RESET; rxe posts nothing once the QP is invalid): the
 // program may free its WR contexts right after.

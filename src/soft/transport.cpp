@@ -37,6 +37,24 @@ std::uint32_t packets_for(std::uint32_t length, std::uint32_t mtu) {
   return length == 0 ? 1 : (length + mtu - 1) / mtu;
 }
 
+// The PSNs WQE `w` takes.  (A UD send is one packet, whatever its length:
+// it has no path MTU.)
+std::uint32_t packets_of(const qp_t* qp, const send_wqe* w) {
+  return is_atomic(w->opcode) || is_atomic_write(w->opcode) || qp->type == qp_type::ud
+             ? 1
+             : packets_for(w->length, qp->mtu_bytes);
+}
+
+// Every PSN a WQE takes stays within half the PSN space of the oldest
+// unacknowledged one (IBTA's valid region), or PSN comparisons turn
+// around: a READ takes one per response, 2^23 for 2 GiB at PMTU 256.  A
+// WQE of `n` PSNs that would not waits for the ACKs before it; alone it
+// may take them all.
+bool past_half_psn_space(const qp_t* qp, std::uint32_t n) {
+  return qp->type == qp_type::rc && qp->comp.psn != qp->req.next_psn &&
+         ((qp->req.next_psn - qp->comp.psn) & wire::psn_mask) + std::uint64_t{n} >= (1u << 23);
+}
+
 // The opcode of the next packet of a SEND or WRITE message (IBTA 9.4,
 // rxe next_opcode_rc/uc).
 std::uint8_t data_opcode(qp_type t, wr_opcode op, bool first, bool last) {
@@ -830,17 +848,8 @@ void device::requester(qp_t* qp) noexcept {
       }
       if (rd && qp->req.rd_atomic >= qp->max_rd_atomic) return;
       if (qp->type == qp_type::rc && !in_window(qp, qp->req.next_psn)) return;  // window full
-      // (A UD send is one packet, whatever its length: it has no path MTU.)
-      const std::uint32_t n = is_atomic(w->opcode) || is_atomic_write(w->opcode) || qp->type == qp_type::ud
-                                  ? 1
-                                  : packets_for(w->length, qp->mtu_bytes);
-      // Every PSN a WQE takes stays within half the PSN space of the oldest
-      // unacknowledged one (IBTA's valid region), or PSN comparisons turn
-      // around: a READ takes one per response, 2^23 for 2 GiB at PMTU 256.
-      // Such a WQE waits for the ACKs before it; alone it may take them all.
-      if (qp->type == qp_type::rc && qp->comp.psn != qp->req.next_psn &&
-          ((qp->req.next_psn - qp->comp.psn) & wire::psn_mask) + std::uint64_t{n} >= (1u << 23))
-        return;
+      const std::uint32_t n = packets_of(qp, w);
+      if (past_half_psn_space(qp, n)) return;
       st.first_psn = qp->req.next_psn;
       st.last_psn = psn_add(st.first_psn, n - 1);
       qp->req.next_psn = psn_add(st.last_psn, 1);
@@ -1037,7 +1046,8 @@ bool device::send_packet_of(qp_t* qp, std::uint32_t i) noexcept {
 // so that only an answer can move it on -- its PSN window is full, nothing
 // more is posted, or the next WQE must wait (SQD; a local operation
 // behind unfinished work; a fence behind a READ or atomic; a READ or
-// atomic past the depth).  Mirrors requester()'s reasons to return.
+// atomic past the depth; a WQE that would take PSNs past half the PSN
+// space).  Mirrors requester()'s reasons to return.
 bool device::requester_stops(qp_t* qp) noexcept {
   if (!in_window(qp, qp->req.next_psn)) return true;
   const std::uint32_t i = qp->req.wqe_index;
@@ -1051,7 +1061,8 @@ bool device::requester_stops(qp_t* qp) noexcept {
   const auto op = static_cast<wr_opcode>(w->opcode);
   if (op == wr_opcode::local_inv || op == wr_opcode::bind_mw) return qp->sq.consumer() != i;
   if ((w->flags & send_fence) != 0 && qp->req.rd_atomic > 0) return true;
-  return takes_rd_credit(w->opcode) && qp->req.rd_atomic >= qp->max_rd_atomic;
+  if (takes_rd_credit(w->opcode) && qp->req.rd_atomic >= qp->max_rd_atomic) return true;
+  return past_half_psn_space(qp, packets_of(qp, w));
 }
 
 std::uint32_t device::run_length(qp_t* qp, send_wqe* w, std::uint32_t psn, std::uint32_t remaining) noexcept {

@@ -1497,6 +1497,54 @@ TEST_F(hostile_peer_still_clock, a_read_that_takes_half_the_psn_space_waits_for_
   ::munmap(big, two_gib);
 }
 
+// The same wait behind an unsignaled SEND, both posted at once: the SEND's
+// packet asks for no ACK, and a requester that stops there must still hear
+// from its peer.  The stop is a tail probe's, as every other reason to
+// stop; it used to be none, and the READ waited for the retransmit timer.
+TEST_F(hostile_peer_still_clock, a_read_waiting_for_half_the_psn_space_gets_a_tail_probe) {
+  path_mtu_ = mtu::mtu_256;
+  make_qp(qp_type::rc, nullptr, 14);  // a tail probe after 1.05 ms
+  constexpr std::size_t two_gib = std::size_t{1} << 31;
+  void* big =
+      ::mmap(nullptr, two_gib, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  ASSERT_NE(big, MAP_FAILED);
+  {
+    mr mb = pd_.reg_mr(big, two_gib, access_local_write);
+    mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+    const sge small{va(0), 16, m.lkey()};
+    const sge g{reinterpret_cast<std::uintptr_t>(big), static_cast<std::uint32_t>(two_gib), mb.lkey()};
+    std::array<send_wr, 2> ws;
+    ws[0].wr_id = 42;
+    ws[0].opcode = wr_opcode::send;
+    ws[0].sg_list = &small;
+    ws[0].num_sge = 1;  // unsignaled
+    ws[1].wr_id = 43;
+    ws[1].opcode = wr_opcode::rdma_read;
+    ws[1].sg_list = &g;
+    ws[1].num_sge = 1;
+    ws[1].flags = send_signaled;
+    ws[1].remote_addr = 0x10000;
+    ws[1].rkey = 0x77;
+    ASSERT_FALSE(qp_.post_send(ws));
+    const auto first = next_request();
+    ASSERT_TRUE(first.has_value());
+    EXPECT_EQ(first->bth.psn, 0u);
+    const auto probe =
+        first->bth.ack_req ? first : after(std::chrono::microseconds(1100), std::chrono::milliseconds(200));
+    ASSERT_TRUE(probe.has_value()) << "the SEND asked for no ACK, and no probe came";
+    EXPECT_EQ(probe->bth.psn, 0u);
+    EXPECT_TRUE(probe->bth.ack_req);
+    respond(wire::opcode::rc_ack, 0, wire::aeth_ack_unlimited);
+    const auto read = next_request();
+    ASSERT_TRUE(read.has_value());
+    EXPECT_EQ(static_cast<wire::opcode>(read->bth.opcode), wire::opcode::rc_read_request);
+    EXPECT_EQ(read->bth.psn, 1u);
+    EXPECT_EQ(dev_.counters().retry_timeouts, 0u);
+    qp_ = qp{};
+  }
+  ::munmap(big, two_gib);
+}
+
 // A malformed response at the PSN of a later WQE first completes the ones
 // before it (an implied ACK, as rxe's check_psn() does), then fails its own.
 TEST_F(hostile_peer, a_bad_response_fails_its_own_wqe_not_the_one_before) {

@@ -15,6 +15,8 @@ namespace {
 
 // --- big-endian field access -------------------------------------------------
 
+constexpr std::uint8_t ip_proto_udp = 17;  // IPv4 protocol, IPv6 next header
+
 constexpr std::byte byte_of(std::uint64_t v, unsigned shift) noexcept {
   return static_cast<std::byte>((v >> shift) & 0xFF);
 }
@@ -702,7 +704,7 @@ std::size_t build_ip_udp(const ip_udp_params& p, std::size_t transport_len,
     put16(ip + 4, p.ip_id);
     put16(ip + 6, 0x4000);  // DF, fragment offset 0
     ip[8] = static_cast<std::byte>(p.hop_limit);
-    ip[9] = std::byte{17};  // UDP
+    ip[9] = std::byte{ip_proto_udp};
     put16(ip + 10, 0);
     std::copy_n(p.src_gid.begin() + 12, 4, ip + 12);
     std::copy_n(p.dst_gid.begin() + 12, 4, ip + 16);
@@ -714,7 +716,7 @@ std::size_t build_ip_udp(const ip_udp_params& p, std::size_t transport_len,
     const std::uint32_t word0 = 6u << 28 | std::uint32_t{p.traffic_class} << 20 | (p.flow_label & 0xFFFFF);
     put32(ip, word0);
     put16(ip + 4, udp_len);
-    ip[6] = std::byte{17};  // next header: UDP
+    ip[6] = std::byte{ip_proto_udp};  // next header
     ip[7] = static_cast<std::byte>(p.hop_limit);
     std::copy(p.src_gid.begin(), p.src_gid.end(), ip + 8);
     std::copy(p.dst_gid.begin(), p.dst_gid.end(), ip + 24);
@@ -751,7 +753,9 @@ bool parse_grh_area(std::span<const std::byte, 40> area, grh_fields& out) noexce
     std::copy_n(v4 + 12, 4, f.src.begin() + 12);
     std::copy_n(v4 + 16, 4, f.dst.begin() + 12);
     f.traffic_class = std::to_integer<std::uint8_t>(v4[1]);
-  } else if (says_v6) {
+  } else if (says_v6 && std::to_integer<unsigned>(area[6]) == ip_proto_udp) {
+    // (rdma-core takes next header 0x1B too, as RoCEv1's: averbs has no
+    // RoCEv1 GID to answer from.)
     const std::uint32_t word0 = get32(area.data());
     f.traffic_class = static_cast<std::uint8_t>(word0 >> 20);
     f.flow_label = word0 & 0xFFFFF;

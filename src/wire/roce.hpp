@@ -386,8 +386,8 @@ struct grh_fields {
 };
 /// Reads a GRH area as libibverbs' ibv_init_ah_from_wc does: IPv4 when
 /// bytes 20-39 hold an IPv4 header of 20 bytes with a valid checksum (or
-/// when bytes 0-3 do not say IPv6), else IPv6.  False if neither version
-/// is there.
+/// when bytes 0-3 do not say IPv6), else IPv6 with UDP as next header.
+/// False if neither is there.
 bool parse_grh_area(std::span<const std::byte, 40> area, grh_fields& out) noexcept;
 
 /// icrc_prefix() of the headers build_ip_udp() writes, for the last few

@@ -1331,6 +1331,19 @@ TEST(roce_grh, an_ipv6_area_gives_its_addresses_class_and_flow_label) {
   EXPECT_EQ(f.flow_label, 0x12345u);
 }
 
+// An IPv6 header whose next header is not UDP carried no RoCEv2 datagram:
+// refused (libibverbs: EPROTONOSUPPORT).
+TEST(roce_grh, an_ipv6_area_of_another_protocol_is_refused) {
+  w::ip_udp_params p;
+  p.src_gid = gid_fd00(1);
+  p.dst_gid = gid_fd00(2);
+  auto area = grh_area(p);
+  w::grh_fields f;
+  ASSERT_TRUE(w::parse_grh_area(area, f));
+  area[6] = std::byte{6};  // TCP
+  EXPECT_FALSE(w::parse_grh_area(area, f));
+}
+
 // An IPv6 header whose bytes 20-39 (the middle of its addresses) start like
 // an IPv4 header is still IPv6 unless that "header" has a valid checksum;
 // an area that holds neither is refused.

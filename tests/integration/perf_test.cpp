@@ -161,17 +161,44 @@ TEST(perf_oob, a_silent_peer_ends_a_receive_at_its_deadline) {
 }
 
 TEST(perf_oob, a_stranger_or_another_version_is_told_apart) {
-  oob_pair p(test_address(0));
-  // 48 bytes that are not a greeting (an HTTP request, say).
-  for (int i = 0; i < 6; ++i) p.client.send_word(0x474554202f204854ull);
-  EXPECT_EQ(error_of([&] { (void)p.server.recv_params(); }),
-            "the peer on the out-of-band port is not averbs perf (no greeting)");
+  {
+    oob_pair p(test_address(0));
+    // 48 bytes that are not a greeting (an HTTP request, say).
+    for (int i = 0; i < 6; ++i) p.client.send_word(0x474554202f204854ull);
+    EXPECT_EQ(error_of([&] { (void)p.server.recv_params(); }),
+              "the peer on the out-of-band port is not averbs perf (no greeting)");
+  }
   // The magic, then version 3.
+  oob_pair p(test_address(0));
   p.client.send_word(0x4156425045524600ull);
   p.client.send_word(std::uint64_t{3} << 32);
   for (int i = 0; i < 4; ++i) p.client.send_word(0);
   EXPECT_EQ(error_of([&] { (void)p.server.recv_params(); }),
             "the peer speaks version 3 of averbs perf's exchange, this is version 2");
+}
+
+// A stranger that sends less than a greeting and waits for an answer (an
+// HTTP request, say) is told apart at once; a greeting cut short says how
+// much came.  (The whole 48 bytes used to be awaited first: the server
+// waited out its deadline and then said the peer had sent nothing.)
+TEST(perf_oob, a_short_stranger_or_a_greeting_cut_short_is_told_apart) {
+  {
+    oob_pair p(test_address(0));
+    p.server.set_timeout(5s);
+    p.client.send_word(0x474554202f204854ull);  // "GET / HT"
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(error_of([&] { (void)p.server.recv_params(); }),
+              "the peer on the out-of-band port is not averbs perf (no greeting)");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 4s) << "waited for the rest of a greeting";
+  }
+  oob_pair p(test_address(0));
+  p.server.set_timeout(300ms);
+  p.client.send_word(0x4156425045524600ull);
+  p.client.send_word(std::uint64_t{2} << 32);  // the version, and 4 bytes more
+  EXPECT_EQ(
+      error_of([&] { (void)p.server.recv_params(); }),
+      "the peer sent 16 of the 48 bytes of a message on the out-of-band connection, then nothing until 0.3 s "
+      "had passed");
 }
 
 TEST(perf_oob, a_greeting_arrives_as_sent) {
@@ -571,6 +598,10 @@ TEST(perf_two_processes, perftest_port_gid_and_cpu_frequency_flags) {
   child loopback({AVERBS_CLI, "perf", "--test", "send_bw", "-n", "100", "-x", "5"}, true);
   EXPECT_EQ(loopback.wait(30s), 1) << loopback.output();
   EXPECT_NE(loopback.output().find("GID index 5 of port 1 is empty"), std::string::npos) << loopback.output();
+  // The connect test too (it used GID index 0 whatever -x said).
+  child connect({AVERBS_CLI, "perf", "--test", "connect", "-n", "5", "-x", "5"}, true);
+  EXPECT_EQ(connect.wait(30s), 1) << connect.output();
+  EXPECT_NE(connect.output().find("GID index 5 of port 1 is empty"), std::string::npos) << connect.output();
 }
 
 TEST(perf_loopback, a_timed_run_counts_what_it_sent) {

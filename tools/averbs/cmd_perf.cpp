@@ -69,7 +69,9 @@ int help() {
       "and no word from it.\n\n"
       "Two processes, two devices (perftest's server/client): with a device bound\n"
       "to an address, `averbs perf --test T` waits for a client and\n"
-      "`averbs perf --test T HOST` connects to the server at HOST.  The two must\n"
+      "`averbs perf --test T HOST` connects to the server at HOST, the address of\n"
+      "the server's device (the server listens there only, not on every address\n"
+      "as perftest: several servers share a host).  The two must\n"
       "run the same test, sizes and iterations (each checks the other's); the\n"
       "path MTU and READ depth are the smaller of the two.  Devices come\n"
       "from --addr, AVERBS_DEVICES=name@address[:port],... or the configuration\n"
@@ -120,7 +122,9 @@ int run_connect(const perf::options& o, perf::connect_options co, const std::str
   context ctx;
   device dev = open_named(ctx, o.device);
   const bool remote = dev.udp_port() != 0;
-  const gid own = dev.query_gid(1, 0);
+  const gid own = dev.query_gid(1, o.gid_index);
+  if (own.is_zero())
+    throw std::runtime_error("GID index " + std::to_string(o.gid_index) + " of port 1 is empty");
   co.device = o.device;
   co.oob_port = o.oob_port;
   if (!remote && !host.empty()) {

@@ -135,7 +135,9 @@ oob oob::connect(const std::string& host, std::uint16_t port, std::chrono::milli
     }
     if (sc::now() >= until) {
       errno = e;
-      fail("connect to " + host + ":" + std::to_string(port));
+      // The server listens on its device's address only.
+      fail("connect to " + host + ":" + std::to_string(port) +
+           (e == ECONNREFUSED ? " (HOST must be the address of the server's device)" : ""));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the server is still starting
   }
@@ -161,9 +163,14 @@ void oob::send_all(const void* p, std::size_t n) const {
 }
 
 void oob::recv_all(void* p, std::size_t n) const {
+  recv_all(p, n, std::chrono::steady_clock::now() + timeout_, 0, n);
+}
+
+void oob::recv_all(void* p, std::size_t n, std::chrono::steady_clock::time_point until,
+                   std::size_t got_before, std::size_t of) const {
   using sc = std::chrono::steady_clock;
-  const auto until = sc::now() + timeout_;
   auto* b = static_cast<char*>(p);
+  const std::size_t want = n;
   while (n > 0) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - sc::now());
     pollfd pf{fd_, POLLIN, 0};
@@ -173,8 +180,13 @@ void oob::recv_all(void* p, std::size_t n) const {
     if (pr == 0) {
       char secs[32];
       std::snprintf(secs, sizeof secs, "%.1f", static_cast<double>(timeout_.count()) / 1000);
-      throw std::runtime_error(std::string("the peer sent nothing on the out-of-band connection for ") +
-                               secs + " s");
+      const std::size_t got = got_before + (want - n);
+      if (got == 0)
+        throw std::runtime_error(std::string("the peer sent nothing on the out-of-band connection for ") +
+                                 secs + " s");
+      throw std::runtime_error("the peer sent " + std::to_string(got) + " of the " + std::to_string(of) +
+                               " bytes of a message on the out-of-band connection, then nothing until " +
+                               secs + " s had passed");
     }
     const ssize_t r = ::recv(fd_, b, n, 0);
     if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
@@ -257,8 +269,12 @@ void oob::send_params(const test_params& p) const {
 }
 
 test_params oob::recv_params() const {
+  // The magic and the version are checked as they come: a stranger that
+  // sends a few bytes and waits for an answer is told apart at once, not
+  // when the deadline (one for the whole greeting) has passed.
   unsigned char b[params_bytes];
-  recv_all(b, sizeof b);
+  const auto until = std::chrono::steady_clock::now() + timeout_;
+  recv_all(b, 8, until, 0, sizeof b);
   auto get32 = [&](std::size_t at) {
     std::uint32_t v;
     std::memcpy(&v, b + at, 4);
@@ -271,9 +287,11 @@ test_params oob::recv_params() const {
   };
   if (get64(0) != params_magic)
     throw std::runtime_error("the peer on the out-of-band port is not averbs perf (no greeting)");
+  recv_all(b + 8, 4, until, 8, sizeof b);
   if (get32(8) != params_version)
     throw std::runtime_error("the peer speaks version " + std::to_string(get32(8)) +
                              " of averbs perf's exchange, this is version " + std::to_string(params_version));
+  recv_all(b + 12, sizeof b - 12, until, 12, sizeof b);
   test_params p;
   p.test = get32(12);
   p.mtu_bytes = get32(16);

@@ -91,6 +91,10 @@ class oob {
   explicit oob(int fd) : fd_(fd) {}
   void send_all(const void* p, std::size_t n) const;
   void recv_all(void* p, std::size_t n) const;
+  /// Receives `n` bytes by `until`; `of` is the whole message's size, for
+  /// the error (a message read in parts, each checked as it comes).
+  void recv_all(void* p, std::size_t n, std::chrono::steady_clock::time_point until, std::size_t got_before,
+                std::size_t of) const;
   int fd_ = -1;
   std::chrono::milliseconds timeout_ = default_timeout;
 };

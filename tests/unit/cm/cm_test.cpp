@@ -271,6 +271,12 @@ class cm_memory_test : public cm_test {
   std::vector<pair> v;
   std::error_code ec[n];
 
+  void TearDown() override {
+    v.clear();  // before the context and device they refer to
+    l_ = {};
+    cm_test::TearDown();
+  }
+
   /// Connects n pairs and disconnects them short of memory; returns how
   /// many disconnects started.
   int end_short_of_memory() {

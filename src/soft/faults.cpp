@@ -161,6 +161,7 @@ packet* fault_link::clone(const packet* p) noexcept {
 void fault_link::pass(packet* p, bool urgent) noexcept {
   if (cfg_.drop > 0 && uniform() < cfg_.drop) {
     ++dev_.counters_.dropped;
+    ++dev_.counters_.faults_dropped;
     dev_.free_packet(p);
     return;
   }
@@ -175,12 +176,17 @@ void fault_link::pass(packet* p, bool urgent) noexcept {
     const std::uint32_t at = bit / 8 < 4 ? bit / 8 : bit / 8 + 1;
     std::byte* where = at < p->header_len ? &p->header[at] : p->buf + (at - p->header_len);
     *where ^= std::byte(1u << (bit % 8));
+    ++dev_.counters_.faults_corrupted;
   }
   if (cfg_.duplicate > 0 && uniform() < cfg_.duplicate) {
-    if (packet* c = clone(p)) urgent ? inner_.send_urgent(c) : inner_.send(c);
+    if (packet* c = clone(p)) {
+      ++dev_.counters_.faults_duplicated;
+      urgent ? inner_.send_urgent(c) : inner_.send(c);
+    }
   }
   if (cfg_.delay > 0 && uniform() < cfg_.delay) {
     p->own_payload();
+    ++dev_.counters_.faults_delayed;
     hold(p, dev_.clock().now() + cfg_.delay_time, urgent);
     return;
   }
@@ -190,6 +196,7 @@ void fault_link::pass(packet* p, bool urgent) noexcept {
   const bool reorder = cfg_.reorder > 0 && uniform() < cfg_.reorder;
   if (reorder && held_ == nullptr) {
     p->own_payload();
+    ++dev_.counters_.faults_reordered;
     held_ = p;  // goes out behind the next packet
     held_urgent_ = urgent;
     return;

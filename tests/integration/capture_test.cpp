@@ -30,6 +30,7 @@
 // on the loopback interface is not permitted.  The capture is removed when
 // the test passes and kept (its path printed) when it fails or when
 // AVERBS_KEEP_CAPTURE is set.
+#include "environment.hpp"
 #include "process.hpp"
 
 #include <arpa/inet.h>
@@ -452,8 +453,8 @@ class capture : public ::testing::Test {
     dumpcap_ = find_in_path("dumpcap");
     python_ = find_in_path("python3");
     if (tshark_.empty() || dumpcap_.empty())
-      GTEST_SKIP() << "tshark and dumpcap are needed (scripts/install-deps.sh installs them)";
-    if (python_.empty()) GTEST_SKIP() << "python3 is needed for tests/tools/icrc_check.py";
+      AVERBS_SKIP_FOR_ENVIRONMENT("tshark and dumpcap are needed (scripts/install-deps.sh installs them)");
+    if (python_.empty()) AVERBS_SKIP_FOR_ENVIRONMENT("python3 is needed for tests/tools/icrc_check.py");
     const char* tmp = std::getenv("TMPDIR");
     std::string templ = std::string(tmp != nullptr && *tmp != 0 ? tmp : "/tmp") + "/averbs_capture_XXXXXX";
     ASSERT_NE(::mkdtemp(templ.data()), nullptr) << std::strerror(errno);
@@ -502,7 +503,7 @@ class capture : public ::testing::Test {
         dumpcap.drain();
         const std::string& why = dumpcap.output();
         if (why.find("ermission") != std::string::npos || why.find("not permitted") != std::string::npos)
-          GTEST_SKIP() << "cannot capture on lo here: " << why;
+          AVERBS_SKIP_FOR_ENVIRONMENT("cannot capture on lo here: " << why);
         FAIL() << "dumpcap exited: " << why;
       }
       ASSERT_LT(clock_type::now(), capture_deadline)
@@ -652,12 +653,15 @@ class capture : public ::testing::Test {
       if (o.v6) {
         if (raw && num(f[f_ip6_flow]) != 0) problem(f, "IPv6 flow label " + f[f_ip6_flow] + " (rxe sends 0)");
       } else {
-        // UD leaves through the raw (or bound) socket: ID 0, or 1..n-1 in
-        // a GSO run.  RC and UC through a device with a raw socket leave
-        // through their flow's connected socket, which numbers them.
+        // Without a raw socket everything leaves through the bound
+        // socket, unconnected, with DF and no GSO: ID 0.  With one, UD
+        // leaves through the raw socket: ID 0, or 1..n-1 in a GSO run; RC
+        // and UC leave through their flow's connected socket, which
+        // numbers them.
         const unsigned id = static_cast<unsigned>(num(f[f_ip_id]));
         if (id != 0 && (op >> 5) <= 1) ++numbered;
-        if (id >= 64 && (!raw || (op >> 5) > 1))
+        if (!raw && id != 0) problem(f, "IPv4 ID " + f[f_ip_id] + " (the bound socket sends 0)");
+        if (raw && id >= 64 && (op >> 5) > 1)
           problem(f, "IPv4 ID " + f[f_ip_id] + " (a socket without a count sends 0)");
         if (f[f_ip_df] != "1") problem(f, "IPv4 DF not set");
       }
@@ -1020,9 +1024,10 @@ class capture_v6 : public capture {
   void SetUp() override {
     capture::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
-    if (::geteuid() != 0) GTEST_SKIP() << "the IPv6 capture runs in a network namespace: needs root";
+    if (::geteuid() != 0)
+      AVERBS_SKIP_FOR_ENVIRONMENT("the IPv6 capture runs in a network namespace: needs root");
     const std::string ns = "avb_cap" + std::to_string(::getpid()) + "_" + std::to_string(roce_port());
-    if (!shell("ip netns add " + ns)) GTEST_SKIP() << "ip netns add failed here";
+    if (!shell("ip netns add " + ns)) AVERBS_SKIP_FOR_ENVIRONMENT("ip netns add failed here");
     ns_ = ns;
     ASSERT_TRUE(shell("ip -n " + ns + " link set lo up"));
     ASSERT_TRUE(shell("ip -n " + ns + " addr add " + a + "/128 dev lo nodad"));

@@ -206,18 +206,23 @@ void reads(side& s, std::size_t phase) {
   }
 }
 
-// Phase 6: atomics execute exactly once.
+// Phase 6: atomics execute exactly once; a compare-and-swap returns the
+// old value, and swaps only on a match; an ATOMIC WRITE stores its 8 bytes.
+constexpr std::uint64_t atomic_written = 0x0123456789ABCDEFull;
+
 void atomics(side& s) {
   constexpr std::size_t n = 100;
   if (s.server) {
-    std::memset(s.buf.data(), 0, 16);
+    std::memset(s.buf.data(), 0, 24);
     s.link.send_word(9);
     check(s.wait_word() == 10, "atomic: sync");
-    std::uint64_t counter, swapped;
+    std::uint64_t counter, swapped, written;
     std::memcpy(&counter, s.buf.data(), 8);
     std::memcpy(&swapped, s.buf.data() + 8, 8);
+    std::memcpy(&written, s.buf.data() + 16, 8);
     check(counter == n, "fetch_and_add applied " + std::to_string(counter) + " times, not " + std::to_string(n));
     check(swapped == 0xFEED, "compare_and_swap result");
+    check(written == atomic_written, "atomic_write result");
     s.link.send_word(11);
   } else {
     (void)s.wait_word();
@@ -231,8 +236,20 @@ void atomics(side& s) {
       olds.insert(v);
     }
     check(olds.size() == n && *olds.rbegin() == n - 1, "fetch_and_add old values");
+    auto old_value = [&] {
+      std::uint64_t v;
+      std::memcpy(&v, s.buf.data() + area, 8);
+      return v;
+    };
     s.post_send(wr_opcode::atomic_cmp_and_swp, 1000, area, 8, s.peer.addr + 8, 0, 0, 0xFEED);
     expect_once(s.poll(1), 1, "compare_and_swap");
+    check(old_value() == 0, "compare_and_swap old value");
+    s.post_send(wr_opcode::atomic_cmp_and_swp, 1001, area, 8, s.peer.addr + 8, 0, 0, 0xBAD);  // 0xFEED != 0
+    expect_once(s.poll(1), 1, "compare_and_swap that does not match");
+    check(old_value() == 0xFEED, "compare_and_swap that does not match: old value");
+    std::memcpy(s.buf.data() + area + 8, &atomic_written, 8);
+    s.post_send(wr_opcode::atomic_write, 1002, area + 8, 8, s.peer.addr + 16);
+    expect_once(s.poll(1), 1, "atomic_write");
     s.link.send_word(10);
     check(s.wait_word() == 11, "atomic: server check");
   }
@@ -241,16 +258,19 @@ void atomics(side& s) {
 // Phase 7: a SEND meets no receive (RNR NAK), then one is posted.
 void rnr(side& s, std::size_t phase) {
   if (s.server) {
+    const std::uint64_t rnr_before = s.dev.counters().rnr_naks_sent;
     s.link.send_word(12);
     // Keep the engine running (it must answer with RNR NAKs) while the
-    // receive queue stays empty for a while.
-    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(30);
-    while (std::chrono::steady_clock::now() < until) s.c.poll({});
+    // receive queue stays empty, until the client's SEND has met it (a
+    // fixed wait failed when the client was descheduled for longer).
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (s.dev.counters().rnr_naks_sent == rnr_before && std::chrono::steady_clock::now() < until)
+      s.c.poll({});
     s.post_recv(77, 0, msg_size);
     auto wcs = s.poll(1);
     check(wcs[0].status == wc_status::success && wcs[0].wr_id == 77, "rnr: receive");
     check(region_ok(s, 0, phase, 0), "rnr: bytes");
-    check(s.dev.counters().rnr_naks_sent >= 1, "rnr: no RNR NAK was sent");
+    check(s.dev.counters().rnr_naks_sent > rnr_before, "rnr: no RNR NAK was sent");
     s.link.send_word(13);
     // The last exchange: stay (and keep answering) until the client's SEND
     // has completed there too.  Exiting at once would leave a lost ACK
@@ -369,10 +389,14 @@ int main(int argc, char** argv) {
       atomics(s);
       rnr(s, 7);
       const device_counters c = s.dev.counters();
-      std::printf("%s: all checks passed (%llu packets sent, %llu retransmits, %llu icrc errors, %llu dropped)\n",
-                  s.server ? "server" : "client", static_cast<unsigned long long>(c.packets_sent),
-                  static_cast<unsigned long long>(c.retransmits), static_cast<unsigned long long>(c.icrc_errors),
-                  static_cast<unsigned long long>(c.dropped));
+      const std::uint64_t injected =
+          c.faults_dropped + c.faults_duplicated + c.faults_corrupted + c.faults_delayed + c.faults_reordered;
+      std::printf(
+          "%s: all checks passed (%llu packets sent, %llu retransmits, %llu icrc errors, %llu dropped, "
+          "faults injected %llu)\n",
+          s.server ? "server" : "client", static_cast<unsigned long long>(c.packets_sent),
+          static_cast<unsigned long long>(c.retransmits), static_cast<unsigned long long>(c.icrc_errors),
+          static_cast<unsigned long long>(c.dropped), static_cast<unsigned long long>(injected));
     } catch (const std::exception& e) {
       // Here, while the device lives: what the link did.
       const device_counters c = s.dev.counters();

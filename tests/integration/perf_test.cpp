@@ -5,6 +5,7 @@
 // connection's deadlines, and ends that notice when the other process dies
 // instead of spinning forever.
 #include "perf/perf.hpp"
+#include "environment.hpp"
 #include "perf/oob.hpp"
 #include "process.hpp"
 #include "udp_pair.hpp"
@@ -460,6 +461,11 @@ INSTANTIATE_TEST_SUITE_P(perf, perf_peer_death,
 // A peer that stops answering (stopped, not dead: its out-of-band
 // connection stays open) ends send_lat with the cause, the SEND's
 // exhausted retries, not with the receive that the error flushed.
+// Pings ask for no ACK and are acknowledged lazily, so the stop nearly
+// always finds one unacknowledged.  It can also land in the instant after
+// a lazy ACK covered every ping and before the pong left: then nothing is
+// left to retry, and the client ends at its stall limit (a minute), as it
+// must (that outcome once failed this test, which waited 30 s).
 TEST(perf_two_processes, send_lat_names_the_send_error_behind_a_flushed_receive) {
   const std::uint16_t port = test_port();
   const std::vector<std::string> args{"--test", "send_lat", "-n", "5000000", "-u", "12", "-r", "1"};
@@ -469,11 +475,16 @@ TEST(perf_two_processes, send_lat_names_the_send_error_behind_a_flushed_receive)
   std::this_thread::sleep_for(300ms);
   ASSERT_TRUE(server.running()) << server.output();
   server.signal(SIGSTOP);
-  EXPECT_EQ(client.wait(30s), 1) << client.output();
+  EXPECT_EQ(client.wait(90s), 1) << client.output();
   server.signal(SIGCONT);
   server.signal(SIGKILL);
   (void)server.wait(10s);
-  EXPECT_NE(client.output().find("transport retry counter exceeded"), std::string::npos) << client.output();
+  const std::string out = client.output();
+  const bool retried = out.find("transport retry counter exceeded") != std::string::npos;
+  const bool stalled = out.find("nothing happened for 60 s while waiting for") != std::string::npos;
+  EXPECT_TRUE(retried || stalled) << out;
+  EXPECT_EQ(out.find("Work Request Flushed Error"), std::string::npos)
+      << "blamed the flushed receive: " << out;
 }
 
 TEST(perf_two_processes, a_connect_server_that_accepted_too_few_fails) {
@@ -526,11 +537,12 @@ TEST(perf_two_processes, a_connect_server_tells_a_client_of_another_test) {
 // name exists only in a network namespace of the test's own: `ip netns
 // exec` puts /etc/netns/NAME/hosts over /etc/hosts for what it runs.
 TEST(perf_two_processes, a_client_tries_every_address_of_the_server_name) {
-  if (::geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+  if (::geteuid() != 0) AVERBS_SKIP_FOR_ENVIRONMENT("network namespaces need root");
   const std::uint16_t port = test_port();
   const std::string ns = "avb_h" + std::to_string(::getpid() % 100000) + "_" + std::to_string(port);
   const std::string dir = "/etc/netns/" + ns;
-  if (!sh("ip netns add " + ns)) GTEST_SKIP() << "ip netns add failed here";
+  std::string why;
+  if (!sh("ip netns add " + ns, &why)) AVERBS_SKIP_FOR_ENVIRONMENT("ip netns add failed here: " << why);
   struct cleanup {
     std::string ns, dir;
     ~cleanup() {
@@ -697,8 +709,8 @@ TEST(cli_options, devices_lists_another_processes_and_another_hosts_devices_with
   if (::bind(squat, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0) {
     ::close(squat);
     std::remove(path.c_str());
-    GTEST_SKIP()
-        << "10.255.255.1 can be bound here (net.ipv4.ip_nonlocal_bind): no other host's address to list";
+    AVERBS_SKIP_FOR_ENVIRONMENT(
+        "10.255.255.1 can be bound here (net.ipv4.ip_nonlocal_bind): no other host's address to list");
   }
   ::inet_pton(AF_INET, test_address(0).c_str(), &sa.sin_addr);
   ASSERT_EQ(::bind(squat, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);

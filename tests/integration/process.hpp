@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <thread>
@@ -183,7 +184,16 @@ class child {
   std::string buf_, output_;
 };
 
-/// Runs a shell command; true on exit status 0.
-inline bool sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
+/// Runs a shell command; true on exit status 0.  `out`, if given, gets
+/// what it printed (its standard output and error), for a message.
+inline bool sh(const std::string& cmd, std::string* out = nullptr) {
+  if (out == nullptr) return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0;
+  FILE* f = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (f == nullptr) return false;
+  char b[256];
+  std::size_t n;
+  while ((n = std::fread(b, 1, sizeof b, f)) > 0) out->append(b, n);
+  return ::pclose(f) == 0;
+}
 
 }  // namespace averbs::test

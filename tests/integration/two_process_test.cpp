@@ -3,6 +3,7 @@
 // numbers, PSNs, GIDs and keys over TCP and run every operation (peer.cpp).
 // The same over IPv6, over faulty links, and between two hosts: two
 // network namespaces joined by a veth pair (root only).
+#include "environment.hpp"
 #include "process.hpp"
 #include "udp_pair.hpp"
 
@@ -54,12 +55,21 @@ TEST(two_processes, every_operation_between_two_processes) {
   EXPECT_EQ(r.server, 0) << r.server_out;
 }
 
+// The number of faults a peer's last line says its link injected.
+std::uint64_t faults_injected(const std::string& out) {
+  const auto at = out.find("faults injected ");
+  return at == std::string::npos ? 0 : std::strtoull(out.c_str() + at + 16, nullptr, 10);
+}
+
 TEST(two_processes, every_operation_over_lossy_duplicating_reordering_links) {
   const std::uint16_t port = test_port();
   auto r = run_pair({}, with_port(test_address(0), port), {}, with_port(test_address(1), port), test_address(0),
                     static_cast<std::uint16_t>(port + 1), "drop=0.05,dup=0.02,reorder=0.05,corrupt=0.02,seed=5");
   EXPECT_EQ(r.client, 0) << r.client_out;
   EXPECT_EQ(r.server, 0) << r.server_out;
+  // The faults were there (a --faults the peers ignored would pass too).
+  EXPECT_GT(faults_injected(r.client_out), 0u) << r.client_out;
+  EXPECT_GT(faults_injected(r.server_out), 0u) << r.server_out;
 }
 
 // Two hosts: network namespaces joined by a veth pair, each with its own
@@ -67,7 +77,7 @@ TEST(two_processes, every_operation_over_lossy_duplicating_reordering_links) {
 class two_hosts : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (::geteuid() != 0) GTEST_SKIP() << "network namespaces need root";
+    if (::geteuid() != 0) AVERBS_SKIP_FOR_ENVIRONMENT("network namespaces need root");
     const std::string id = std::to_string(::getpid() % 100000) + "_" + std::to_string(test_port() % 1000);
     a_ = "avb_a" + id;
     b_ = "avb_b" + id;
@@ -77,7 +87,10 @@ class two_hosts : public ::testing::Test {
     v6_a_ = "fd42:" + std::to_string(net) + "::1";
     v6_b_ = "fd42:" + std::to_string(net) + "::2";
     const std::string va = "va" + id, vb = "vb" + id;
-    if (!sh("ip netns add " + a_) || !sh("ip netns add " + b_)) GTEST_SKIP() << "ip netns add failed here";
+    std::string why;
+    if (!sh("ip netns add " + a_, &why)) AVERBS_SKIP_FOR_ENVIRONMENT("ip netns add failed here: " << why);
+    created_a_ = true;
+    if (!sh("ip netns add " + b_, &why)) AVERBS_SKIP_FOR_ENVIRONMENT("ip netns add failed here: " << why);
     created_ = true;
     ASSERT_TRUE(sh("ip link add " + va + " netns " + a_ + " type veth peer name " + vb + " netns " + b_));
     ASSERT_TRUE(sh("ip -n " + a_ + " addr add " + addr_a_ + "/24 dev " + va));
@@ -91,10 +104,8 @@ class two_hosts : public ::testing::Test {
     }
   }
   void TearDown() override {
-    if (created_) {
-      sh("ip netns del " + a_);
-      sh("ip netns del " + b_);
-    }
+    if (created_a_) sh("ip netns del " + a_);
+    if (created_) sh("ip netns del " + b_);
   }
   run_result run(const std::string& faults, bool v6 = false) {
     const std::uint16_t port = test_port();
@@ -106,7 +117,7 @@ class two_hosts : public ::testing::Test {
                     with_port(addr_b_, port), addr_a_, static_cast<std::uint16_t>(port + 1), faults);
   }
   std::string a_, b_, addr_a_, addr_b_, v6_a_, v6_b_;
-  bool created_ = false;
+  bool created_a_ = false, created_ = false;  // a_, and both
 };
 
 TEST_F(two_hosts, every_operation_between_two_namespaces) {
@@ -125,6 +136,8 @@ TEST_F(two_hosts, every_operation_between_two_namespaces_with_faults) {
   auto r = run("drop=0.05,dup=0.02,reorder=0.05,corrupt=0.02,seed=9");
   EXPECT_EQ(r.client, 0) << r.client_out;
   EXPECT_EQ(r.server, 0) << r.server_out;
+  EXPECT_GT(faults_injected(r.client_out), 0u) << r.client_out;
+  EXPECT_GT(faults_injected(r.server_out), 0u) << r.server_out;
 }
 
 // averbs perf takes the port's active MTU, as perftest does: over a veth

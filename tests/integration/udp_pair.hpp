@@ -223,10 +223,11 @@ class udp_pair_test : public ::testing::Test {
   }
 
   /// Posts one signaled work request of `len` bytes at `local` (RDMA ones
-  /// at `remote`, under `rkey`).
-  static std::error_code post_wr(const qp& q, wr_opcode op, std::uint64_t wr_id, const void* local, std::uint32_t len,
-                                 const mr& lm, const void* remote = nullptr, std::uint32_t rkey = 0,
-                                 std::uint64_t compare_add = 0) {
+  /// at `remote`, under `rkey`; an atomic's operands last).
+  static std::error_code post_wr(const qp& q, wr_opcode op, std::uint64_t wr_id, const void* local,
+                                 std::uint32_t len, const mr& lm, const void* remote = nullptr,
+                                 std::uint32_t rkey = 0, std::uint64_t compare_add = 0,
+                                 std::uint64_t swap = 0) {
     sge g{reinterpret_cast<std::uintptr_t>(local), len, lm.lkey()};
     send_wr w;
     w.wr_id = wr_id;
@@ -237,6 +238,7 @@ class udp_pair_test : public ::testing::Test {
     w.remote_addr = reinterpret_cast<std::uintptr_t>(remote);
     w.rkey = rkey;
     w.compare_add = compare_add;
+    w.swap = swap;
     return q.post_send(w);
   }
   /// Posts one signaled RDMA READ of the first `len` bytes of `from`'s

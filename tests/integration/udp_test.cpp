@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 // RoCEv2 over real UDP sockets between two devices of one process.
+#include "environment.hpp"
 #include "udp_pair.hpp"
 #include "wire/roce.hpp"
 
@@ -59,6 +60,30 @@ TEST_F(udp, rc_send_write_read_over_udp) {
 // out a batch per turn, and a SEND on another QP that arrives behind the
 // READ request is executed while the READ is still being answered, not
 // after its 16,384 responses.  The data of both arrives whole.
+// A device given an address and no port binds RoCEv2's 4791 (IANA),
+// where rxe and every RoCE NIC listen.  (Its own loopback address keeps
+// the test apart from others running at the same time.)
+TEST_F(udp, a_device_without_a_port_binds_4791) {
+  soft_device_options o;
+  o.name = std::string("default_port_") + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  o.address = test_address(0);
+  soft_device sd(o);
+  context c;
+  device d = open_device(c, o.name);
+  EXPECT_EQ(d.udp_port(), 4791);
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(4791);
+  ::inet_pton(AF_INET, o.address.c_str(), &sa.sin_addr);
+  const int r = ::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  const int e = errno;
+  ::close(fd);
+  EXPECT_EQ(r, -1) << "nothing is bound to " << o.address << ":4791";
+  EXPECT_EQ(e, EADDRINUSE);
+}
+
 TEST_F(udp, a_long_read_does_not_hold_up_another_qps_send) {
   constexpr std::size_t len = 16u << 20;
   make(a, 0);
@@ -208,7 +233,8 @@ TEST_F(udp, an_empty_datagram_is_counted_as_dropped) {
 // use (they used to stay until the 64 flow and 256 GSO places ran out),
 // and a flow that comes back gets a socket again.
 TEST_F(udp, idle_flow_sockets_are_closed) {
-  if (!can_send_raw()) GTEST_SKIP() << "flow sockets go with the raw socket, which needs CAP_NET_RAW";
+  if (!can_send_raw())
+    AVERBS_SKIP_FOR_ENVIRONMENT("flow sockets go with the raw socket, which needs CAP_NET_RAW");
   manual_time = true;
   make(a, 0);
   make(b, 1);
@@ -306,7 +332,7 @@ TEST_F(udp, ud_grh_reports_the_datagrams_ttl_and_tos_not_a_recycled_packets) {
 // raw socket; once the port is free it gets its own connected socket (the
 // flow tries again every 100 ms).  Root only: flows need the raw socket.
 TEST_F(udp, a_flow_whose_port_was_taken_gets_its_socket_when_the_port_is_free) {
-  if (!can_send_raw()) GTEST_SKIP() << "flows go with the raw socket, which needs CAP_NET_RAW";
+  if (!can_send_raw()) AVERBS_SKIP_FOR_ENVIRONMENT("flows go with the raw socket, which needs CAP_NET_RAW");
   make(a, 0);
   make(b, 1);
   make_qps(qp_type::rc, 4096);
@@ -345,7 +371,7 @@ TEST_F(udp, a_flow_whose_port_was_taken_gets_its_socket_when_the_port_is_free) {
 // through the raw socket (ID 0).  Alternating ping-pongs on both complete,
 // with no ICRC error.  Root only: flows need the raw socket.
 TEST_F(udp, two_flows_on_one_source_port_do_not_number_from_two_starts) {
-  if (!can_send_raw()) GTEST_SKIP() << "flows go with the raw socket, which needs CAP_NET_RAW";
+  if (!can_send_raw()) AVERBS_SKIP_FOR_ENVIRONMENT("flows go with the raw socket, which needs CAP_NET_RAW");
   make(a, 0);
   make(b, 1);
   make_qps(qp_type::rc, 4096);
@@ -409,7 +435,7 @@ TEST_F(udp, two_flows_on_one_source_port_do_not_number_from_two_starts) {
 // root): their traffic still crosses loopback, which would carry the
 // datagram.
 TEST(udp_mtu, the_port_mtu_bounds_ud_messages_and_the_rc_path_mtu) {
-  if (::geteuid() != 0) GTEST_SKIP() << "a network namespace needs root";
+  if (::geteuid() != 0) AVERBS_SKIP_FOR_ENVIRONMENT("a network namespace needs root");
   const pid_t pid = ::fork();
   ASSERT_GE(pid, 0);
   if (pid == 0) {
@@ -520,7 +546,7 @@ TEST(udp_mtu, the_port_mtu_bounds_ud_messages_and_the_rc_path_mtu) {
   int st = 0;
   ASSERT_EQ(::waitpid(pid, &st, 0), pid);
   ASSERT_TRUE(WIFEXITED(st));
-  if (WEXITSTATUS(st) == 77) GTEST_SKIP() << "no private network namespace or veth pair here";
+  if (WEXITSTATUS(st) == 77) AVERBS_SKIP_FOR_ENVIRONMENT("no private network namespace or veth pair here");
   EXPECT_EQ(WEXITSTATUS(st), 0) << "bits: 1 active MTU not 1024, 2 sender completion, 4 arrivals, 8 the fitting "
                                    "one, 16 kernel drops, 32 exception";
 }
@@ -590,7 +616,8 @@ TEST_F(udp, datagrams_dropped_on_a_full_receive_buffer_are_counted_under_fault_i
 // sockets its GSO runs leave through are recycled once idle (the map used
 // to fill at 256 ports for good: every later QP sent packet by packet).
 TEST_F(udp, gso_sockets_of_idle_source_ports_are_recycled) {
-  if (!can_send_raw()) GTEST_SKIP() << "GSO runs go through the raw-socket path, which needs CAP_NET_RAW";
+  if (!can_send_raw())
+    AVERBS_SKIP_FOR_ENVIRONMENT("GSO runs go through the raw-socket path, which needs CAP_NET_RAW");
   make(a, 0);
   make(b, 1);
   constexpr std::uint32_t ports = 257;  // one more than a device keeps
@@ -637,7 +664,8 @@ TEST_F(udp, gso_sockets_of_idle_source_ports_are_recycled) {
 // them, checks every segment's ICRC, computed for the IPv4 ID the kernel
 // gives that segment, and gets every byte.
 TEST_F(udp, gso_runs_arrive_whole_with_valid_icrcs) {
-  if (!can_send_raw()) GTEST_SKIP() << "GSO runs go through the raw-socket path, which needs CAP_NET_RAW";
+  if (!can_send_raw())
+    AVERBS_SKIP_FOR_ENVIRONMENT("GSO runs go through the raw-socket path, which needs CAP_NET_RAW");
   make(a, 0);
   make(b, 1);
   make_qps(qp_type::rc, 4 << 20);
@@ -676,7 +704,8 @@ TEST_F(udp, gso_runs_arrive_whole_with_valid_icrcs) {
 // and address.  The receiver here is a UDP_GRO socket of the test's own,
 // which reports each run's segment size.
 TEST_F(udp, every_gso_run_splits_by_its_packets_headers) {
-  if (!can_send_raw()) GTEST_SKIP() << "GSO runs go through the raw-socket path, which needs CAP_NET_RAW";
+  if (!can_send_raw())
+    AVERBS_SKIP_FOR_ENVIRONMENT("GSO runs go through the raw-socket path, which needs CAP_NET_RAW");
   make(a, 0);
   const int rx = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   ASSERT_GE(rx, 0);

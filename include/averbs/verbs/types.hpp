@@ -457,6 +457,15 @@ struct device_counters {
   /// Timers queued on the device now (retransmit, RNR, lazy ACK, the
   /// connection manager's), cancelled ones not yet swept out included.
   std::uint64_t timers = 0;
+  /// What the device's fault injection (soft_device_options::faults,
+  /// `--faults`; docs/wire.md) did to the packets it sent: dropped (also
+  /// counted in `dropped`), sent twice, one bit flipped, held for the
+  /// delay time, held to go out behind the next packet.
+  std::uint64_t faults_dropped = 0;
+  std::uint64_t faults_duplicated = 0;
+  std::uint64_t faults_corrupted = 0;
+  std::uint64_t faults_delayed = 0;
+  std::uint64_t faults_reordered = 0;
 };
 
 }  // namespace averbs

@@ -5,6 +5,7 @@
 // header refusals, rdma_cm service IDs and IP header, CM timeouts, and an
 // independent cross-check of REQ/REP/RTU/REJ/DREQ/DREP against tshark.
 #include "wire/cm.hpp"
+#include "environment.hpp"
 #include "wire/roce.hpp"
 
 #include <gtest/gtest.h>
@@ -1423,7 +1424,7 @@ void expect_mad_header(const tshark_row& r, std::uint64_t tid, std::uint16_t att
 }
 
 TEST(cm_tshark, wireshark_decodes_req_rep_rtu_rej_dreq_drep_as_encoded) {
-  if (!tshark_available()) GTEST_SKIP() << "tshark is not installed (apt-get install tshark)";
+  if (!tshark_available()) AVERBS_SKIP_FOR_ENVIRONMENT("tshark is not installed (apt-get install tshark)");
 
   // REQ as rdma_cm sends it over RoCE: IP CM service ID and header.  Bit
   // fields hold distinct non-zero values so a shifted or swapped field shows.

@@ -159,11 +159,19 @@ packet* device::alloc_packet() noexcept {
     try {
       auto p = std::make_unique<packet>();
       auto b = std::make_unique<std::byte[]>(packet::buffer_size);
+      // Room in both stores first: a push_back that failed after the
+      // packet went on the free list left the list pointing at a packet
+      // (or a buffer) the unwinding freed.
+      auto room = [](auto& v) {
+        if (v.size() == v.capacity()) v.reserve(std::max<std::size_t>(16, 2 * v.capacity()));
+      };
+      room(packet_store_);
+      room(buffer_store_);
       p->buf = b.get();
       p->next = nullptr;
-      free_packets_ = p.get();
-      packet_store_.push_back(std::move(p));
+      packet_store_.push_back(std::move(p));  // (no allocation now)
       buffer_store_.push_back(std::move(b));
+      free_packets_ = packet_store_.back().get();
     } catch (...) {
       return nullptr;
     }

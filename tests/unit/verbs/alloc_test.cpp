@@ -360,6 +360,41 @@ TEST_F(control_memory, a_send_short_of_a_packet_buffer_leaves_once_memory_return
   }
 }
 
+// A device's first packet buffer short of memory at any of its three
+// allocations (the packet, its buffer, room in the stores that own them)
+// leaves no free packet behind that the unwinding freed: the sends that
+// follow, once memory is back, take buffers the device owns (it used to
+// hand out the freed one, and packet_buffers stayed 0 while it sent).
+TEST_F(control_memory, a_first_packet_buffer_short_of_memory_leaves_no_freed_one_behind) {
+  std::size_t failed = 0;
+  for (std::uint64_t k = 1; k <= 8; ++k) {
+    if (k > 1) {  // a new device: one that has sent nothing has no packet buffer yet
+      TearDown();
+      SetUp();
+    }
+    qp_options o;
+    auto p = connected_pair(o);
+    auto src = make_buffer(64), dst = make_buffer(64);
+    ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 1));
+    ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 2));
+    const sge g = src.whole();
+    send_wr w;
+    w.wr_id = 2;
+    w.opcode = wr_opcode::send;
+    w.sg_list = &g;
+    w.num_sge = 1;
+    w.flags = send_signaled;
+    fail_nth_allocation_on_this_thread(k);
+    ASSERT_FALSE(p.a.post_send(w));
+    if (fail_nth_allocation_on_this_thread(0)) ++failed;
+    ASSERT_FALSE(p.a.post_send(w));
+    const auto got = poll(p.cq_b, 2);
+    ASSERT_EQ(got.size(), 2u) << "allocation " << k;
+    EXPECT_GT(dev.counters().packet_buffers, 0u) << "allocation " << k;
+  }
+  EXPECT_GT(failed, 0u) << "no allocation failed: this test tested nothing";
+}
+
 // A device whose construction runs out of memory releases what it had
 // opened (its epoll, timer and wake-up descriptors; the UDP socket of a
 // bound device): the allocations after the links were outside the part

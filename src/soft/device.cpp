@@ -1480,9 +1480,9 @@ void device::fatal() {
 // ---------------------------------------------------------------------------
 // Timers
 
-void device::rearm_timer_fd() noexcept {
+void device::rearm_timer_fd(bool force) noexcept {
   const clock::time_point next = timers_.next_deadline();
-  if (next == armed_deadline_) return;
+  if (next == armed_deadline_ && !force) return;
   armed_deadline_ = next;
   if (next == clock::time_point::max()) {
     // Nothing left to wait for: a timerfd still armed (read early, before
@@ -1539,7 +1539,11 @@ void device::run_timers() noexcept {
   }
   armed_deadline_ = clock::time_point::max();
   timers_.run_expired(clock_->now());
-  rearm_timer_fd();
+  // Forced: with nothing left, `next` equals the max just set, and the
+  // descriptor -- armed for a deadline that has not fired yet, or to be
+  // armed for a past one when the sockets are watched again -- must be
+  // disarmed all the same, or ep_ turns readable with nothing to do.
+  rearm_timer_fd(true);
 }
 
 void device::progress() noexcept {

@@ -1046,7 +1046,9 @@ class device final : public progress_source, public clock_listener {
   std::uint64_t qp_generation_ = 0;       // QPs created: the high half of each one's first timer_gen
   int timer_fd_ = -1;
   clock::time_point armed_deadline_ = clock::time_point::max();
-  void rearm_timer_fd() noexcept;
+  /// Points the timer descriptor at the heap's earliest deadline (`force`:
+  /// even if that is the deadline already armed, as after run_timers()).
+  void rearm_timer_fd(bool force = false) noexcept;
   void set_timer_fd(clock::time_point when) noexcept;
   void run_timers() noexcept;
 

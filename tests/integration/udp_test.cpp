@@ -562,6 +562,42 @@ void flood_and_expect_overflows(endpoint& a) {
   EXPECT_GT(a.dev.counters().receive_overflows, 0u);
 }
 
+// The engine's timers, once all have run, leave nothing readable behind:
+// a timer scheduled while CQ busy polling had the sockets out of the
+// epoll set, then run by a poll that saw its deadline pass, used to leave
+// the timerfd to be armed for that past deadline when the sockets came
+// back, and an event loop on native_handle() spun on it with nothing to
+// do (helper-102 #2).
+TEST_F(udp, timers_that_have_all_run_leave_native_handle_quiet) {
+  make(a, 0);
+  make(b, 1);
+  make_qps(qp_type::rc, 4096);
+  pollfd pfd{ctx.native_handle(), POLLIN, 0};
+  const auto settle = [&] {
+    for (int i = 0; i < 100 && ::poll(&pfd, 1, 0) == 1; ++i) ctx.poll();
+    return ::poll(&pfd, 1, 0);
+  };
+  for (int round = 0; round < 20; ++round) {
+    for (int i = 0; i < 5000; ++i) (void)a.c.poll({});  // busy: the sockets leave the epoll set
+    ASSERT_FALSE(post_send(a, 8));
+    ASSERT_FALSE(post_recv(b, 8));
+    const auto wcs = poll(a.c, 1);
+    ASSERT_EQ(wcs.size(), 1u);
+    ASSERT_EQ(wcs[0].status, wc_status::success);
+    (void)poll(b.c, 1);
+    // Until every timer the exchange armed (retransmit, lazy ACK) has run.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while ((a.dev.counters().timers != 0 || b.dev.counters().timers != 0) &&
+           std::chrono::steady_clock::now() < until) {
+      (void)a.c.poll({});
+      (void)b.c.poll({});
+    }
+    ASSERT_EQ(a.dev.counters().timers + b.dev.counters().timers, 0u);
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // past any deadline left in a timerfd
+    EXPECT_EQ(settle(), 0) << "round " << round << ": native_handle() stays readable with nothing to do";
+  }
+}
+
 // A program with its own event loop waits on context::native_handle() and
 // calls context::poll() when it is readable (docs/async.md).  It must see
 // every datagram, on a fresh device and after a stretch of CQ busy polling

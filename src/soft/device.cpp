@@ -1630,11 +1630,19 @@ bool device::schedule_timer(clock::time_point when, detail::timer_fn fn, void* a
 void device::release_later(std::shared_ptr<void> obj) noexcept {
   if (obj == nullptr) return;
   try {
-    graveyard_.push_back(std::move(obj));
+    graveyard_.push_back(std::move(obj));  // (strong guarantee: obj is intact if it throws)
     graveyard_full_.store(true, std::memory_order_release);
   } catch (...) {
-    // Out of memory: keep the object (leak) rather than deadlock.
-    new std::shared_ptr<void>(std::move(obj));
+    // Out of memory: keep the object for good (a leak) rather than destroy
+    // it here, under the lock its destructor may take.  Without allocating
+    // (this used to `new` a shared_ptr, which under the same shortage threw
+    // out of this noexcept function): a union member is never destroyed.
+    union keep {
+      std::shared_ptr<void> p;
+      explicit keep(std::shared_ptr<void>&& o) noexcept : p(std::move(o)) {}
+      ~keep() {}
+    };
+    keep k(std::move(obj));
   }
 }
 
@@ -1647,6 +1655,10 @@ void device::drain_released() noexcept {
     graveyard_full_.store(false, std::memory_order_relaxed);
   }
   v.clear();  // destructors may take the lock again
+  // The room goes back, so that the next release_later() does not have to
+  // allocate (unless more were released meanwhile).
+  std::lock_guard lock(lock_);
+  if (graveyard_.empty() && graveyard_.capacity() < v.capacity()) graveyard_.swap(v);
 }
 
 mtu device::active_mtu() const noexcept { return active_mtu_; }

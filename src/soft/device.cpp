@@ -1482,7 +1482,7 @@ void device::fatal() {
 
 void device::rearm_timer_fd(bool force) noexcept {
   const clock::time_point next = timers_.next_deadline();
-  if (next == armed_deadline_ && !force) return;
+  if (next == armed_deadline_ && !(force && next == clock::time_point::max())) return;
   armed_deadline_ = next;
   if (next == clock::time_point::max()) {
     // Nothing left to wait for: a timerfd still armed (read early, before
@@ -1623,6 +1623,7 @@ bool device::schedule_timer(clock::time_point when, detail::timer_fn fn, void* a
     if (timers_.schedule(when, fn, arg, p, alive)) rearm_timer_fd();
     return true;
   } catch (...) {
+    ++counters_.timers_lost;
     return false;
   }
 }

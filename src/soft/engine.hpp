@@ -1047,7 +1047,8 @@ class device final : public progress_source, public clock_listener {
   int timer_fd_ = -1;
   clock::time_point armed_deadline_ = clock::time_point::max();
   /// Points the timer descriptor at the heap's earliest deadline (`force`:
-  /// even if that is the deadline already armed, as after run_timers()).
+  /// disarms it when there is none, even if none was armed, as after
+  /// run_timers()).
   void rearm_timer_fd(bool force = false) noexcept;
   void set_timer_fd(clock::time_point when) noexcept;
   void run_timers() noexcept;

@@ -547,7 +547,7 @@ void device::flush_qp(qp_t* qp) noexcept {
 
 bool device::flush_sq(qp_t* qp) noexcept {
   // Send queue: every WQE not yet retired completes, in order, once; the
-  // one that failed keeps its error status, the rest are flushed.
+  // oldest keeps its error status if it failed, the rest are flushed.
   bool room = true;
   const std::uint32_t mask = qp->sq.size() - 1;
   std::uint32_t c = qp->sq.consumer();

@@ -412,6 +412,7 @@ void device::schedule_qp_timer(qp_t* qp, clock::time_point when, bool rnr) noexc
     // enough: a QP has one live timer at a time (RNR waiting disarms the
     // retransmit timer), and a later one replaces an earlier.
     if (!qp->comp.timer_lost) ++lost_timers_;
+    ++counters_.timers_lost;
     qp->comp.timer_lost = true;
     qp->comp.lost_rnr = rnr;
     qp->comp.lost_gen = qp->comp.timer_gen;
@@ -1316,6 +1317,13 @@ void device::respond(qp_t* qp, packet* p) noexcept {
     // UC: a gap drops the rest of the message; a FIRST or ONLY resyncs.
     if (psn != r.psn) {
       if (first) {
+        // The message open before the gap is broken: a receive it took
+        // from an SRQ completes in error, as at an opcode out of sequence
+        // below (rxe's class E); one of the QP's own serves the new one.
+        if (r.have_wqe && qp->srq != nullptr && !fail_recv(wc_status::rem_inv_req_err)) {
+          qp_to_error(qp);
+          return;
+        }
         r.drop_msg = false;
         r.last_opcode = 0xFF;
         r.offset = 0;

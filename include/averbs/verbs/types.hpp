@@ -457,6 +457,10 @@ struct device_counters {
   /// Timers queued on the device now (retransmit, RNR, lazy ACK, the
   /// connection manager's), cancelled ones not yet swept out included.
   std::uint64_t timers = 0;
+  /// Timers the device had no memory to queue: each was queued again at the
+  /// next pass, or, still short, run early (the CM's) or ended its QP
+  /// (`qp_fatal`, a retransmit or RNR timer).
+  std::uint64_t timers_lost = 0;
   /// What the device's fault injection (soft_device_options::faults,
   /// `--faults`; docs/wire.md) did to the packets it sent: dropped (also
   /// counted in `dropped`), sent twice, one bit flipped, held for the

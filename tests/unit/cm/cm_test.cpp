@@ -307,14 +307,16 @@ class cm_memory_test : public cm_test {
 
 TEST_F(cm_memory_test, lost_timers_are_queued_at_the_next_pass) {
   const int ended = end_short_of_memory();
-  ASSERT_GT(ended, 0) << "no disconnect ran short of memory: this test tested nothing";
+  ASSERT_GT(ended, 0) << "no disconnect could start: this test tested nothing";
+  ASSERT_GT(dev.counters().timers_lost, 0u) << "no timer ran short of memory: this test tested nothing";
   for (int k = 0; k < 20; ++k) advance(300ms);  // timewait, or DREQ retries running out
   EXPECT_EQ(closed(), ended);
 }
 
 TEST_F(cm_memory_test, lost_timers_still_short_at_the_next_pass_fire_early) {
   const int ended = end_short_of_memory();
-  ASSERT_GT(ended, 0) << "no disconnect ran short of memory: this test tested nothing";
+  ASSERT_GT(ended, 0) << "no disconnect could start: this test tested nothing";
+  ASSERT_GT(dev.counters().timers_lost, 0u) << "no timer ran short of memory: this test tested nothing";
   fail_allocations_on_this_thread(true);
   ctx->poll();  // a pass that tries the lost timers again (the later disconnects ran some)
   fail_allocations_on_this_thread(false);

@@ -932,6 +932,19 @@ TEST(roce_udp_sport, zero_flow_label_is_derived_from_the_qp_numbers) {
   EXPECT_EQ(w::udp_source_port(0, 0, 5), 0xC000);
 }
 
+// A UD QP's port (rxe's rxe_qp_init_req): 0xC000 + hash_32(qpn, 14), the
+// top 14 bits of qpn * 0x61C88647 (mod 2^32).  Worked by hand:
+TEST(roce_udp_sport, a_ud_qps_port_is_its_number_hashed_as_rxe_does) {
+  // 1 * 0x61C88647 = 0x61C88647; >> 18 = 0x1872.
+  EXPECT_EQ(w::ud_source_port(1), 0xD872);  // QP1, the CM's MADs
+  // 0x10 * 0x61C88647 = 0x61C886470 -> 0x1C886470; >> 18 = 0x0722.
+  EXPECT_EQ(w::ud_source_port(0x10), 0xC722);
+  // 0x123456 * 0x61C88647 = 0x6F41705A187DA -> 0x05A187DA; >> 18 = 0x0168.
+  EXPECT_EQ(w::ud_source_port(0x123456), 0xC168);
+  // 0xFFFFFF * 0x61C88647 = 0x61C885E53779B9 -> 0xE53779B9; >> 18 = 0x394D.
+  EXPECT_EQ(w::ud_source_port(0xFFFFFF), 0xF94D);
+}
+
 TEST(roce_udp_sport, stays_within_c000_to_ffff) {
   for (std::uint32_t fl = 0; fl < 0x100000; fl += 0x1F3) {
     const auto port = w::udp_source_port(fl, fl * 7 + 16, fl + 17);

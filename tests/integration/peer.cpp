@@ -3,8 +3,9 @@
 // The server waits on an out-of-band TCP port; the client connects, and the
 // two run every operation in turn, each checking what arrived byte by byte:
 // SEND, SEND with immediate, RDMA WRITE, WRITE with immediate, RDMA READ,
-// compare-and-swap, fetch-and-add (exactly once), and a SEND that meets an
-// empty receive queue (RNR, then delivered).  Exit status 0 means every
+// compare-and-swap, fetch-and-add (exactly once), ATOMIC WRITE, a SEND
+// that meets an empty receive queue (RNR, then delivered), and UD and UC
+// traffic (whole where it arrives; all of it without faults).  Exit status 0 means every
 // check passed; anything else prints why.
 //
 //   peer --addr A[:port] --oob-port T [--connect HOST] [--faults SPEC]
@@ -19,6 +20,7 @@
 #include <cstring>
 #include <memory>
 #include <set>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -286,6 +288,163 @@ void rnr(side& s, std::size_t phase) {
   }
 }
 
+// Phase 8: UD and UC between the processes, which nothing resends: under
+// injected faults some datagrams and messages are lost, and what arrives
+// must be whole; without faults everything arrives.  UD datagrams go
+// client to server, carry the GRH area and the sender's QP, and the server
+// answers through init_ah_from_wc(); UC SENDs go client to server.
+void unreliable(side& s, bool lossy) {
+  constexpr std::size_t n = 16, ud_len = 1000, uc_len = 3000;  // a UC message: 3 packets
+  constexpr std::size_t ud_slot = ud_len + 40, uc_base = n * ud_slot, replies = 8;
+  constexpr std::uint32_t qkey = 0x11111111;
+  qp_init_attr ia;
+  ia.send_cq = s.c;
+  ia.recv_cq = s.c;
+  ia.cap = {64, 64, 1, 1, 0};
+  ia.type = qp_type::ud;
+  qp ud = s.p.create_qp(ia);
+  ia.type = qp_type::uc;
+  qp uc = s.p.create_qp(ia);
+  qp_attr at;
+  at.state = qp_state::init;
+  at.port_num = 1;
+  at.qkey = qkey;
+  ud.modify(at, qp_attr_state | qp_attr_pkey_index | qp_attr_port | qp_attr_qkey);
+  at = {};
+  at.state = qp_state::rtr;
+  ud.modify(at, qp_attr_state);
+  at.state = qp_state::rts;
+  ud.modify(at, qp_attr_state | qp_attr_sq_psn);
+  at = {};
+  at.state = qp_state::init;
+  at.port_num = 1;
+  at.qp_access_flags = access_local_write | access_remote_write;
+  uc.modify(at, qp_attr_state | qp_attr_pkey_index | qp_attr_port | qp_attr_access_flags);
+  s.link.send_word(ud.num());
+  s.link.send_word(uc.num());
+  const auto peer_ud = static_cast<std::uint32_t>(s.wait_word());
+  const auto peer_uc = static_cast<std::uint32_t>(s.wait_word());
+  at = {};
+  at.state = qp_state::rtr;
+  at.path_mtu = mtu::mtu_1024;
+  at.dest_qp_num = peer_uc;
+  at.ah.is_global = true;
+  at.ah.grh.dgid = s.peer.g;
+  uc.modify(at, qp_attr_state | qp_attr_av | qp_attr_path_mtu | qp_attr_dest_qpn | qp_attr_rq_psn);
+  at = {};
+  at.state = qp_state::rts;
+  uc.modify(at, qp_attr_state | qp_attr_sq_psn);
+  auto post_recv_on = [&](const qp& q, std::uint64_t id, std::size_t off, std::size_t len) {
+    sge g{s.addr(off), static_cast<std::uint32_t>(len), s.m.lkey()};
+    recv_wr r;
+    r.wr_id = id;
+    r.sg_list = &g;
+    r.num_sge = 1;
+    if (auto ec = q.post_recv(r)) throw std::runtime_error("post_recv: " + ec.message());
+  };
+  auto ud_send = [&](const ah& h, std::uint32_t to, std::uint64_t id, std::size_t off, std::size_t len) {
+    sge g{s.addr(off), static_cast<std::uint32_t>(len), s.m.lkey()};
+    send_wr w;
+    w.wr_id = id;
+    w.sg_list = &g;
+    w.num_sge = 1;
+    w.flags = send_signaled;
+    w.ah = &h;
+    w.remote_qpn = to;
+    w.remote_qkey = qkey;
+    if (auto ec = ud.post_send(w)) throw std::runtime_error("post_send (UD): " + ec.message());
+  };
+  // What arrives within a while after the sender is done.
+  auto drain = [&](std::chrono::milliseconds d) {
+    std::vector<work_completion> out;
+    work_completion wc[16];
+    for (const auto until = std::chrono::steady_clock::now() + d; std::chrono::steady_clock::now() < until;)
+      out.insert(out.end(), wc, wc + s.c.poll(wc));
+    return out;
+  };
+  // Receive k holds a message m after the one before it (under faults any
+  // m: duplicated and reordered packets are UD's and UC's to deliver): the
+  // one whose first byte it starts with (pattern(8, m, 0) differs for
+  // every m < 256), whole.
+  auto whole = [&](std::size_t off, std::size_t len, std::size_t& next) {
+    std::size_t m = lossy ? 0 : next;
+    while (m < n && s.buf[off] != std::byte(pattern(8, m, 0))) ++m;
+    if (m == n) return false;
+    for (std::size_t i = 0; i < len; ++i)
+      if (s.buf[off + i] != std::byte(pattern(8, m, i))) return false;
+    next = m + 1;
+    return true;
+  };
+  if (s.server) {
+    for (std::size_t k = 0; k < n; ++k) post_recv_on(ud, k, k * ud_slot, ud_slot);
+    for (std::size_t k = 0; k < n; ++k) post_recv_on(uc, 100 + k, uc_base + k * uc_len, uc_len);
+    s.link.send_word(20);
+    check(s.wait_word() == 21, "unreliable: sync");
+    const auto wcs = drain(std::chrono::milliseconds(300));
+    std::size_t got_ud = 0, got_uc = 0, next_ud = 0, next_uc = 0;
+    const work_completion* first_ud = nullptr;
+    for (const auto& wc : wcs) {
+      check(wc.status == wc_status::success, "unreliable: receive " + std::string(to_string(wc.status)));
+      if (wc.qp_num == ud.num()) {
+        check(wc.wr_id == got_ud, "UD: receives complete in order");
+        check((wc.wc_flags & wc_grh) != 0 && wc.src_qp == peer_ud && wc.byte_len == ud_slot,
+              "UD: completion fields");
+        check(whole(wc.wr_id * ud_slot + 40, ud_len, next_ud), "UD: datagram bytes");
+        if (first_ud == nullptr) first_ud = &wc;
+        ++got_ud;
+      } else {
+        check(wc.qp_num == uc.num() && wc.wr_id == 100 + got_uc && wc.byte_len == uc_len,
+              "UC: completion fields");
+        check(whole(uc_base + got_uc * uc_len, uc_len, next_uc), "UC: message bytes");
+        ++got_uc;
+      }
+    }
+    check(lossy ? got_ud > 0 && got_uc > 0 : got_ud == n && got_uc == n,
+          "unreliable: " + std::to_string(got_ud) + " UD datagrams and " + std::to_string(got_uc) +
+              " UC messages of " + std::to_string(n) + " arrived");
+    // Answer the sender from what its datagram said.
+    std::span<const std::byte, 40> grh(s.buf.data() + first_ud->wr_id * ud_slot, 40);
+    const ah back = s.p.create_ah(s.dev.init_ah_from_wc(1, *first_ud, grh));
+    for (std::size_t k = 0; k < replies; ++k) ud_send(back, first_ud->src_qp, 200 + k, 0, 64);
+    const auto sent = drain(std::chrono::milliseconds(50));
+    check(sent.size() == replies, "UD replies: " + std::to_string(sent.size()) + " send completions");
+    s.link.send_word(22);
+    check(s.wait_word() == 23, "unreliable: client done");
+  } else {
+    for (std::size_t m = 0; m < n; ++m)
+      for (std::size_t i = 0; i < uc_len; ++i) s.buf[area + m * uc_len + i] = std::byte(pattern(8, m, i));
+    for (std::size_t k = 0; k < replies; ++k) post_recv_on(ud, 300 + k, k * 128, 40 + 64);
+    check(s.wait_word() == 20, "unreliable: sync");
+    ah_attr a;
+    a.is_global = true;
+    a.port_num = 1;
+    a.grh.dgid = s.peer.g;
+    const ah to_server = s.p.create_ah(a);
+    for (std::size_t m = 0; m < n; ++m) ud_send(to_server, peer_ud, m, area + m * uc_len, ud_len);
+    for (std::size_t m = 0; m < n; ++m) {
+      sge g{s.addr(area + m * uc_len), static_cast<std::uint32_t>(uc_len), s.m.lkey()};
+      send_wr w;
+      w.wr_id = 100 + m;
+      w.sg_list = &g;
+      w.num_sge = 1;
+      w.flags = send_signaled;
+      if (auto ec = uc.post_send(w)) throw std::runtime_error("post_send (UC): " + ec.message());
+    }
+    expect_once(s.poll(2 * n), 2 * n, "UD and UC sends");
+    s.link.send_word(21);
+    check(s.wait_word() == 22, "unreliable: replies sent");
+    const auto wcs = drain(std::chrono::milliseconds(200));
+    std::size_t replies_got = 0;
+    for (const auto& wc : wcs)
+      if (wc.status == wc_status::success && wc.qp_num == ud.num() && (wc.wc_flags & wc_grh) != 0 &&
+          wc.byte_len == 40 + 64)
+        ++replies_got;
+    check(lossy ? replies_got > 0 : replies_got == replies,
+          "UD replies: " + std::to_string(replies_got) + " of " + std::to_string(replies) + " arrived");
+    s.link.send_word(23);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -388,6 +547,7 @@ int main(int argc, char** argv) {
       reads(s, 5);
       atomics(s);
       rnr(s, 7);
+      unreliable(s, !faults.empty());
       const device_counters c = s.dev.counters();
       const std::uint64_t injected =
           c.faults_dropped + c.faults_duplicated + c.faults_corrupted + c.faults_delayed + c.faults_reordered;

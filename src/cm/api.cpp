@@ -424,8 +424,12 @@ void start_connect(const std::shared_ptr<connector_obj>& o, const qp& q, const a
   std::uint32_t idx;
   if (d.udp_port() != 0 && !to.ip.is_zero() && !d.find_gid(to.ip, idx)) {
     bool any = false;
-    for (const gid& g : d.gids())
-      if (g.is_ipv4_mapped() == to.ip.is_ipv4_mapped() && host_routes(g, to.ip)) any = true;
+    try {  // (the GID list is a copy, and the route cache may grow)
+      for (const gid& g : d.gids())
+        if (g.is_ipv4_mapped() == to.ip.is_ipv4_mapped() && host_routes(g, to.ip)) any = true;
+    } catch (...) {
+      return void(done.fail(err(errc::no_resources)));
+    }
     if (!any) return void(done.fail(err(errc::address_unreachable)));
   }
   // A destroy of the QP on another thread comes before (stale_handle) or

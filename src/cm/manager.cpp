@@ -286,7 +286,7 @@ void manager::end_stale(conn& old) noexcept {
 
 void manager::arm(conn& c, std::chrono::nanoseconds after) noexcept {
   disarm(c);
-  const auto when = dev_.clock().now() + after;
+  const auto when = soft::deadline_after(dev_.clock().now(), after);
   if (dev_.schedule_timer(when, &manager::timer_thunk, this, {c.local_id, c.timer_gen, {}},
                           &manager::timer_alive))
     return;
@@ -813,8 +813,17 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
     ++stats_.mads_dropped;
     return;
   }
+  // Out of memory for the private data or the connection: as if lost, the
+  // requester resends (a request without its private data would reach the
+  // application as if the peer had sent none).
+  std::vector<std::byte> pdata;
+  try {
+    pdata = bytes_of(r.private_data, wcm::ip_header_size);
+  } catch (...) {
+    return;
+  }
   conn* cp = queue_request(*l, {r.local_ca_guid, r.local_comm_id});
-  if (cp == nullptr) return;  // out of memory: as if lost, the requester resends
+  if (cp == nullptr) return;
   conn& c = *cp;
   c.passive = true;
   c.st = state::req_rcvd;
@@ -842,10 +851,7 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
   c.peer_cm_timeout = peer_timeout(r.remote_cm_response_timeout);
   c.peer_rep_timeout = peer_timeout(r.local_cm_response_timeout);
   c.peer_max_retries = r.max_cm_retries;
-  try {
-    c.pdata = bytes_of(r.private_data, wcm::ip_header_size);
-  } catch (...) {
-  }
+  c.pdata = std::move(pdata);
   // The peer's QP is this request's from now on (ib_cm inserts the remote
   // QPN as the REQ arrives): a second REQ for it under another comm ID is
   // refused "stale connection" while this one is pending or connected.
@@ -875,15 +881,21 @@ void manager::on_rep(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
     ++stats_.mads_dropped;
     return;
   }
+  // Out of memory for the private data: as if lost (the REP is resent);
+  // a connect without it would look as if the peer had sent none.
+  std::vector<std::byte> pdata;
+  try {
+    pdata = bytes_of(r.private_data);
+  } catch (...) {
+    ++stats_.mads_dropped;
+    return;
+  }
   c.remote_id = r.local_comm_id;
   c.remote_guid = r.local_ca_guid;
   c.remote_qpn = r.local_qpn;
   c.remote_psn = r.starting_psn;
   c.peer_addr = m.src;
-  try {
-    c.pdata = bytes_of(r.private_data);
-  } catch (...) {
-  }
+  c.pdata = std::move(pdata);
   if (op_cancelled(c)) {
     // The QP stays as it was (INIT), for another connect.
     send_rej(c, wcm::msg_ref::rep, wcm::rej_reason::consumer_defined);
@@ -919,7 +931,13 @@ void manager::on_rep(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
   index_qpn(c);
   connect_result res;
   res.private_data = std::move(c.pdata);
-  c.pdata = res.private_data;
+  // The connector keeps a copy for private_data(); short of memory it has
+  // none (the result has the data), where the copy used to throw out of
+  // this noexcept path.
+  try {
+    c.pdata = res.private_data;
+  } catch (...) {
+  }
   res.responder_resources = r.responder_resources;
   res.initiator_depth = r.initiator_depth;
   res.remote_qpn = r.local_qpn;
@@ -1174,6 +1192,12 @@ void manager::on_sidr_req(const soft::mad_in& m, const wcm::mad_header& h) noexc
     ++stats_.mads_dropped;
     return;
   }
+  std::vector<std::byte> pdata;  // (out of memory: as if lost, as a REQ)
+  try {
+    pdata = bytes_of(r.private_data, wcm::ip_header_size);
+  } catch (...) {
+    return;
+  }
   conn* cp = queue_request(*l, sender);
   if (cp == nullptr) return;
   conn& c = *cp;
@@ -1191,10 +1215,7 @@ void manager::on_sidr_req(const soft::mad_in& m, const wcm::mad_header& h) noexc
   c.peer_gid = m.src;
   c.gid_index = gid_index;
   c.hop_limit = m.hop_limit != 0 ? m.hop_limit : 64;
-  try {
-    c.pdata = bytes_of(r.private_data, wcm::ip_header_size);
-  } catch (...) {
-  }
+  c.pdata = std::move(pdata);
   // The requester resends on its own clock; a request nobody takes is
   // forgotten after a generous while.
   arm(c, wcm::cm_timeout(mra_service_timeout) * 4);
@@ -1219,6 +1240,8 @@ void manager::on_sidr_rep(const soft::mad_in& m) noexcept {
   try {
     c.pdata = bytes_of(r.private_data);
   } catch (...) {
+    ++stats_.mads_dropped;  // as if lost: the SIDR_REQ is resent, and answered again
+    return;
   }
   switch (r.status) {
     case wcm::sidr_status::ok: {
@@ -1229,7 +1252,11 @@ void manager::on_sidr_rep(const soft::mad_in& m) noexcept {
       c.mad.reset();
       disarm(c);
       connect_result res;
-      res.private_data = c.pdata;
+      try {
+        res.private_data = c.pdata;
+      } catch (...) {
+        res.private_data = std::move(c.pdata);  // (no copy for private_data() then)
+      }
       res.remote_qpn = r.qpn;
       res.remote_qkey = r.qkey;
       if (!complete(c.op, {}, &res)) close_conn(c);  // cancelled on another thread meanwhile
@@ -1254,24 +1281,31 @@ void manager::on_sidr_rep(const soft::mad_in& m) noexcept {
 
 void manager::deliver(listen_t& l) noexcept {
   while (!l.queue.empty() && !l.gets.empty()) {
-    listen_t::get g = std::move(l.gets.front());
-    l.gets.pop_front();
-    if (!averbs::detail::request_pending(*g.w.ctx, g.w.id)) {  // cancelled meanwhile
+    if (!averbs::detail::request_pending(*l.gets.front().w.ctx,
+                                         l.gets.front().w.id)) {  // cancelled meanwhile
+      listen_t::get g = std::move(l.gets.front());
+      l.gets.pop_front();
       context_release(*g.w.ctx);
       dev_.release_later(std::move(g.spare));
       continue;
     }
     conn* c = l.queue.front();
-    l.queue.pop_front();
+    connection_request req;
+    try {
+      req.conn = averbs::detail::handle_access::make<connector>(l.gets.front().spare);
+      req.private_data = c->pdata;
+    } catch (...) {
+      // Out of memory: the request waits in the backlog and the get first
+      // in line, for the next deliver() (the next request or get_request),
+      // rather than be handed out without its connector or private data.
+      // (Neither left its queue: putting one back could need memory.)
+      return;
+    }
+    listen_t::get g = std::move(l.gets.front());
+    l.gets.pop_front();
     c->listener = nullptr;
     c->has_handle = true;
     g.spare->c = c;
-    connection_request req;
-    try {
-      req.conn = averbs::detail::handle_access::make<connector>(g.spare);
-      req.private_data = c->pdata;
-    } catch (...) {
-    }
     req.local = c->local;
     req.peer = c->peer;
     req.type = c->type;
@@ -1281,12 +1315,13 @@ void manager::deliver(listen_t& l) noexcept {
     const bool taken = averbs::detail::complete_request(*g.w.ctx, g.w.id, {}, &req);
     context_release(*g.w.ctx);
     dev_.yield_pass();
-    if (!taken) {
-      // Cancelled at this very moment: the request goes back in line.
+    if (taken) {
+      l.queue.pop_front();
+    } else {
+      // Cancelled at this very moment: the request stays first in line.
       g.spare->c = nullptr;
       c->has_handle = false;
       c->listener = &l;
-      l.queue.push_front(c);
     }
     // Our references die outside the lock: the connector's destructor takes
     // it.  (Dropping req.conn here is safe while g.spare still holds one.)
@@ -1549,7 +1584,9 @@ void manager::accept(conn* cp, soft::qp_t* qp, std::span<const std::byte> pdata,
   auto fail = [&](const std::error_code& ec) { averbs::detail::complete_request(*w.ctx, w.id, ec, nullptr); };
   if (fatal_) return fail(err(errc::device_removed));
   conn& c = *cp;
-  if (c.st == state::closed && c.rej_reason != 0) return fail(rej_error(c.rej_reason));
+  // (A passive connection the peer gave up on says why; an active one
+  // cannot accept at all.)
+  if (c.passive && c.st == state::closed && c.rej_reason != 0) return fail(rej_error(c.rej_reason));
   if (c.st != state::req_rcvd && c.st != state::sidr_rcvd) return fail(err(errc::invalid_state));
   const bool ud = c.st == state::sidr_rcvd;
   if (!params_valid(p) || qp->type != c.type ||

@@ -1887,7 +1887,7 @@ void device::run() noexcept {
         if (!ack_timer_pending_) {
           ack_timer_pending_ = true;
           try {
-            if (timers_.schedule(clock_->now() + std::chrono::microseconds(50),
+            if (timers_.schedule(deadline_after(clock_->now(), std::chrono::microseconds(50)),
                                  [](void* arg, const detail::timer_payload&) noexcept {
                                    static_cast<device*>(arg)->on_ack_timer();
                                  },

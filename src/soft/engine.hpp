@@ -57,6 +57,13 @@ struct srq_t;
 struct qp_t;
 struct packet;
 
+/// `now + d`, saturating at the clock's end (a deadline that never comes)
+/// instead of wrapping into the past: a manual clock may stand at
+/// time_point::max().
+inline clock::time_point deadline_after(clock::time_point now, clock::duration d) noexcept {
+  return d >= clock::time_point::max() - now ? clock::time_point::max() : now + d;
+}
+
 // ---------------------------------------------------------------------------
 // Work-queue entry layouts.  Warning: frozen once rings live in shared
 // memory between the application and the daemon.

@@ -187,7 +187,7 @@ void fault_link::pass(packet* p, bool urgent) noexcept {
   if (cfg_.delay > 0 && uniform() < cfg_.delay) {
     p->own_payload();
     ++dev_.counters_.faults_delayed;
-    hold(p, dev_.clock().now() + cfg_.delay_time, urgent);
+    hold(p, deadline_after(dev_.clock().now(), cfg_.delay_time), urgent);
     return;
   }
   // Drawn whether or not a packet is held already: whether the timer let
@@ -216,7 +216,7 @@ void fault_link::pass(packet* p, bool urgent) noexcept {
 void fault_link::flush() noexcept {
   if (held_ != nullptr && !held_waits_) {
     held_waits_ = true;
-    held_due_ = dev_.clock().now() + cfg_.delay_time;
+    held_due_ = deadline_after(dev_.clock().now(), cfg_.delay_time);
     if (!timer_pending_) schedule_release(held_due_);
   }
   inner_.flush();

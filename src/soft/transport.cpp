@@ -168,7 +168,7 @@ void device::queue_lazy_ack(qp_t* qp) noexcept {
   qp->resp.ack_lazy = true;
   if (lazy_timer_pending_) return;
   lazy_timer_pending_ = true;
-  if (!schedule_timer(clock_->now() + lazy_ack_delay,
+  if (!schedule_timer(deadline_after(clock_->now(), lazy_ack_delay),
                       [](void* arg, const detail::timer_payload&) noexcept {
                         static_cast<device*>(arg)->on_lazy_ack_timer();
                       },
@@ -462,7 +462,7 @@ bool device::starve(qp_t* qp) noexcept {
 
 void device::arm_retry_timer(qp_t* qp) noexcept {
   if (qp->type != qp_type::rc || qp->timeout == 0) return;  // timeout 0: no retransmission timer
-  qp->comp.deadline = pass_now() + std::chrono::nanoseconds(wire::ack_timeout_ns(qp->timeout));
+  qp->comp.deadline = deadline_after(pass_now(), std::chrono::nanoseconds(wire::ack_timeout_ns(qp->timeout)));
   qp->comp.timer_armed = true;
   if (!qp->comp.timer_scheduled) {
     qp->comp.timer_scheduled = true;
@@ -524,7 +524,7 @@ void device::arm_tail_probe(qp_t* qp) noexcept {
   if (delay.count() == 0 || qp->comp.probed) return;  // (one is out: it re-arms itself)
   qp->comp.probe_armed = true;
   qp->comp.probe_psn = qp->comp.psn;
-  qp->comp.probe_at = pass_now() + delay;
+  qp->comp.probe_at = deadline_after(pass_now(), delay);
   if (!qp->comp.probe_scheduled) schedule_tail_probe(qp);  // else it fires earlier and moves on
 }
 
@@ -581,13 +581,14 @@ void device::consider_tail_probe(qp_t* qp, clock::time_point now, bool link_read
     // Progress since (the rest of the tail may still be lost), or a
     // resend under way: wait again from now.
     qp->comp.probe_psn = qp->comp.psn;
-    qp->comp.probe_at = now + delay;
+    qp->comp.probe_at = deadline_after(now, delay);
     if (!qp->comp.probe_scheduled) schedule_tail_probe(qp);
     return;
   }
   // No answer to the last probe: the next waits twice as long as it did.
   if (qp->comp.probes_sent != 0) {
-    const clock::time_point next = qp->comp.probe_sent_at + delay * (1 << qp->comp.probes_sent);
+    const clock::time_point next =
+        deadline_after(qp->comp.probe_sent_at, delay * (1 << qp->comp.probes_sent));
     if (now < next) {
       qp->comp.probe_at = next;
       if (!qp->comp.probe_scheduled) schedule_tail_probe(qp);
@@ -616,7 +617,7 @@ void device::consider_tail_probe(qp_t* qp, clock::time_point now, bool link_read
   // answer, the next probe after twice the wait (above).
   qp->comp.probe_sent_at = now;
   qp->comp.probe_psn = qp->comp.psn;
-  qp->comp.probe_at = now + delay;
+  qp->comp.probe_at = deadline_after(now, delay);
   if (!qp->comp.probe_scheduled) schedule_tail_probe(qp);
 }
 
@@ -2099,7 +2100,8 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
     qp->comp.retry_counted = false;
     disarm_timers(qp);
     qp->comp.rnr_waiting = true;
-    schedule_qp_timer(qp, clock_->now() + std::chrono::nanoseconds(wire::rnr_timer_ns(syn & 0x1F)), true);
+    schedule_qp_timer(
+        qp, deadline_after(clock_->now(), std::chrono::nanoseconds(wire::rnr_timer_ns(syn & 0x1F))), true);
     complete_wqes(qp);
     return;
   }

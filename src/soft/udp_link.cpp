@@ -339,7 +339,7 @@ void udp_link::flush() noexcept {
 }
 
 void udp_link::prune_idle(clock::time_point now) noexcept {
-  next_prune_ = now + std::chrono::seconds(1);
+  next_prune_ = deadline_after(now, std::chrono::seconds(1));
   for (auto it = flows_.begin(); it != flows_.end();) {
     if (now - it->second.last_used < socket_idle) {
       ++it;
@@ -747,7 +747,7 @@ bool udp_link::transmit_flow(tx_slot& s, flow& f) noexcept {
   if (!once && e != EAGAIN && e != ENOBUFS && e != EINTR) {
     ::close(f.fd);
     f.fd = -1;
-    f.retry_at = dev_.pass_now() + flow_retry;
+    f.retry_at = deadline_after(dev_.pass_now(), flow_retry);
     if (&f == last_flow_) last_flow_ = nullptr;
   }
   f.id_known = false;
@@ -1042,7 +1042,7 @@ void udp_link::open_peer(const gid& from, std::uint16_t port) noexcept {
   }
   if (!ok) {
     if (fd >= 0) ::close(fd);
-    peer_retry_at_ = dev_.pass_now() + std::chrono::seconds(1);
+    peer_retry_at_ = deadline_after(dev_.pass_now(), std::chrono::seconds(1));
     return;
   }
   peer_fd_ = fd;
@@ -1260,7 +1260,7 @@ void udp_link::set_gro(bool on) noexcept {
     return;
   }
   gro_state_ = gro_state::draining;
-  gro_drained_at_ = dev_.pass_now() + gro_drain_time;
+  gro_drained_at_ = deadline_after(dev_.pass_now(), gro_drain_time);
 }
 
 std::optional<std::uint32_t> udp_link::icrc_with_id0(std::span<const std::byte> dgram, const gid& from,

@@ -121,6 +121,104 @@ TEST_F(cm_test, nothing_listening_is_refused_and_the_qp_stays_in_init) {
   EXPECT_EQ(a.state(), qp_state::init);
 }
 
+// accept() on the active side is invalid_state, also after its connect
+// was refused (it used to return the REJ's connection_refused).
+TEST_F(cm_test, accept_on_an_active_connector_is_invalid_state_after_a_refusal) {
+  qp a = make_qp(), b = make_qp();
+  cm::connector c(dev);
+  std::error_code ec;
+  c.connect(a, at(7999), {}, {}, ec);
+  ASSERT_EQ(ec, errc::connection_refused);
+  c.accept(b, {}, {}, ec);
+  EXPECT_EQ(ec, errc::invalid_state) << ec.message();
+}
+
+// A REP taken short of memory (the connector keeps a copy of its private
+// data) ends the connect without terminating the process: the copy used to
+// throw out of a noexcept path.  Every allocation from the accept on fails
+// in turn.
+TEST_F(cm_test, a_rep_taken_short_of_memory_terminates_nothing) {
+  cm::listener l = cm::listen(dev, at(7000));
+  std::size_t connected = 0;
+  for (std::uint64_t k = 1; k <= 40; ++k) {
+    qp a = make_qp(), b = make_qp();
+    cm::connector active(dev);
+    auto got = l.async_get_request(use_request);
+    auto conn = active.async_connect(a, at(7000), bytes("hello"), use_request);
+    cm::connection_request req = got.get();
+    const auto welcome = bytes("welcome");
+    std::error_code accepted, ec;
+    cm::connect_result r;
+    fail_nth_allocation_on_this_thread(k);
+    try {  // (the test's own allocations may be the ones that fail)
+      auto accepting = req.conn.async_accept(b, welcome, {}, use_request);
+      ctx->poll();
+      (void)fail_nth_allocation_on_this_thread(0);
+      for (int i = 0; i < 40 && !(conn.ready() && accepting.ready()); ++i)
+        advance(std::chrono::milliseconds(500));  // resends, timeouts
+      if (accepting.ready())
+        accepting.get(accepted);
+      else
+        accepted = make_error_code(errc::timed_out);
+      if (conn.ready())
+        r = conn.get(ec);
+      else
+        ec = make_error_code(errc::timed_out);
+    } catch (const std::bad_alloc&) {
+      accepted = make_error_code(errc::no_resources);
+    }
+    (void)fail_nth_allocation_on_this_thread(0);
+    if (!accepted && !ec) {
+      ++connected;
+      EXPECT_EQ(text(r.private_data, 7), "welcome") << k;
+    }
+    active.disconnect(ec);
+    advance(std::chrono::seconds(1));
+  }
+  EXPECT_GT(connected, 0u);
+}
+
+// A REQ taken short of memory is dropped, as if lost (the requester
+// resends), never handed to the application without its private data or
+// connector (it used to come with neither).  Every allocation from the
+// connect on fails in turn.
+TEST_F(cm_test, a_req_taken_short_of_memory_arrives_whole_or_not_yet) {
+  cm::listener l = cm::listen(dev, at(7000));
+  std::size_t delivered = 0;
+  for (std::uint64_t k = 1; k <= 40; ++k) {
+    qp a = make_qp();
+    cm::connector active(dev);
+    auto got = l.async_get_request(use_request);
+    const auto hello = bytes("hello");
+    const cm::address to = at(7000);
+    request<cm::connect_result> conn;
+    fail_nth_allocation_on_this_thread(k);
+    try {  // (the test's own allocations may be the ones that fail)
+      conn = active.async_connect(a, to, hello, use_request);
+      ctx->poll();
+    } catch (const std::bad_alloc&) {
+    }
+    (void)fail_nth_allocation_on_this_thread(0);
+    for (int i = 0; i < 20 && !got.ready(); ++i) advance(std::chrono::milliseconds(500));  // resends
+    std::error_code ec;
+    if (got.ready()) {
+      cm::connection_request req = got.get(ec);
+      if (!ec) {
+        ++delivered;
+        EXPECT_EQ(text(req.private_data, 5), "hello") << k;
+        EXPECT_TRUE(static_cast<bool>(req.conn)) << k;
+        req.conn.reject({}, ec);
+      }
+    } else {
+      got.cancel();
+    }
+    std::error_code ignored;
+    active.disconnect(ignored);
+    advance(std::chrono::seconds(2));
+  }
+  EXPECT_GT(delivered, 0u);
+}
+
 TEST_F(cm_test, rejection_carries_the_applications_private_data) {
   cm::listener l = cm::listen(dev, at(7000));
   qp a = make_qp();

@@ -58,6 +58,27 @@ TEST_F(traffic, rc_send_delivers_bytes_and_reports_recv_completion) {
   EXPECT_TRUE(dst.all('\x5A', 300));  // nothing written past the message
 }
 
+// A manual clock at its end (advance() saturates at time_point::max())
+// is a clock like any other: the engine's deadlines saturate with it (a
+// retransmit, lazy-ACK or probe deadline that never comes) where they used
+// to overflow, a signed overflow UBSan reports, into the past.  Messages
+// still go and are acknowledged, with no resend and no timer fired early.
+TEST_F(traffic, a_clock_at_its_end_sends_and_acknowledges_with_no_resend) {
+  clock.advance(manual_clock::duration::max());
+  auto p = connected_pair();
+  auto src = make_buffer(3000), dst = make_buffer(3000);
+  fill_pattern(src, 3);
+  for (std::uint64_t i = 0; i < 4; ++i) {
+    ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 70 + i));
+    ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 50 + i));
+    EXPECT_TRUE(wc_ok(poll_one(p.cq_a), 50 + i, wc_opcode::send));
+    EXPECT_TRUE(wc_ok(poll_one(p.cq_b), 70 + i, wc_opcode::recv));
+  }
+  EXPECT_TRUE(has_pattern(dst, 3, 0, 3000));
+  EXPECT_EQ(dev.counters().retransmits, 0u);
+  EXPECT_EQ(dev.counters().retry_timeouts, 0u);
+}
+
 // query() reports the PSNs the QP has reached, in RTS and in every state
 // after it (ERR here), as rxe: not the values set before the traffic.
 TEST_F(traffic, query_reports_the_psns_reached_after_leaving_rts) {

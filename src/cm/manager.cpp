@@ -132,17 +132,20 @@ std::uint64_t manager::new_tid() noexcept { return (std::uint64_t{tid_hi_} << 32
 
 conn* manager::queue_request(listen_t& l, const key& remote) noexcept {
   conn* cp = nullptr;
+  bool owned = false;  // conns_ holds it (until then, an exception frees it)
   try {
     auto up = std::make_unique<conn>();
     cp = up.get();
     cp->local_id = new_local_id();
     conns_.emplace(cp->local_id, std::move(up));
+    owned = true;
     by_remote_[remote] = cp;
     cp->remote_indexed = true;
     l.queue.push_back(cp);
     return cp;
   } catch (...) {
-    if (cp != nullptr) {
+    // (An emplace that threw freed the connection: cp must not be read.)
+    if (owned) {
       if (cp->remote_indexed) by_remote_.erase(remote);
       conns_.erase(cp->local_id);
     }

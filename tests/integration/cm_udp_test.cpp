@@ -767,20 +767,11 @@ class cm_udp_fake_peer : public cm_udp {
     namespace wcm = wire::cm;
     wcm::req r = req_to(b, peer_ip, 64);
     r.primary.local_ack_timeout = ack_timeout;
-    passive = request(r);
-    ASSERT_TRUE(passive.has_value());
-    qb = make_qp(b);
-    auto acc = passive->async_accept(qb, {}, fast(), use_request);
-    const auto rep = peer.next<wcm::rep>(ctx);
-    ASSERT_TRUE(rep.has_value());
-    wcm::rtu u;
-    u.local_comm_id = 64;
-    u.remote_comm_id = rep->local_comm_id;
-    peer.send(u);
-    ASSERT_TRUE(poll_until([&] { return acc.ready(); }));
-    acc.get();
+    wcm::rep rep;
+    accept_on_b(r, passive, qb, rep);
+    if (::testing::Test::HasFatalFailure()) return;
     d.local_comm_id = 64;
-    d.remote_comm_id = rep->local_comm_id;
+    d.remote_comm_id = rep.local_comm_id;
     d.remote_qpn = qb.num();
     peer.send(d);
     ASSERT_TRUE(peer.next<wcm::drep>(ctx).has_value());
@@ -811,6 +802,25 @@ class cm_udp_fake_peer : public cm_udp {
 
   /// For tests where the fake peer is the requester: the device under test
   /// `b`, listening on port 7471, and the peer's address.
+  /// The peer's REQ `r` (comm ID 64) to `b` listening is accepted on a new
+  /// QP `qb`, and the peer answers the REP (`rep`) with an RTU: `passive`
+  /// is established.
+  void accept_on_b(const wire::cm::req& r, std::optional<cm::connector>& passive, qp& qb,
+                   wire::cm::rep& rep) {
+    passive = request(r);
+    ASSERT_TRUE(passive.has_value());
+    qb = make_qp(b);
+    auto acc = passive->async_accept(qb, {}, fast(), use_request);
+    const auto got = peer.next<wire::cm::rep>(ctx);
+    ASSERT_TRUE(got.has_value());
+    rep = *got;
+    wire::cm::rtu u;
+    u.local_comm_id = 64;
+    u.remote_comm_id = rep.local_comm_id;
+    peer.send(u);
+    ASSERT_TRUE(poll_until([&] { return acc.ready(); }));
+    acc.get();
+  }
   void listen_on_b() {
     make(b, 1, "", nullptr, false);
     l = cm::listen(b.dev, {b.ip, 7471});
@@ -854,18 +864,11 @@ TEST_F(cm_udp_fake_peer, a_timeout_rej_found_by_the_requesters_ids_ends_only_an_
     j.reject_info_length = 8;
     return j;
   };
-  auto passive = request(req_to(b, peer_ip, 64));
-  ASSERT_TRUE(passive.has_value());
-  qp qb = make_qp(b);
-  auto acc = passive->async_accept(qb, {}, fast(), use_request);
-  const auto rep = peer.next<wcm::rep>(ctx);
-  ASSERT_TRUE(rep.has_value());
-  wcm::rtu u;
-  u.local_comm_id = 64;
-  u.remote_comm_id = rep->local_comm_id;
-  peer.send(u);
-  ASSERT_TRUE(poll_until([&] { return acc.ready(); }));
-  acc.get();
+  std::optional<cm::connector> passive;
+  qp qb;
+  wcm::rep rep;
+  accept_on_b(req_to(b, peer_ip, 64), passive, qb, rep);
+  ASSERT_FALSE(HasFatalFailure());
   peer.send(timeout_rej(64));
   run_for(50ms);
   EXPECT_EQ(passive->state(), cm::conn_state::established) << "a REJ without our comm ID ended a connection";

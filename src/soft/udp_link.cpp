@@ -551,6 +551,7 @@ void udp_link::transmit_each(tx_slot* slots, std::size_t count) noexcept {
                                     : ::sendmmsg(fd, msgs.data() + sent, static_cast<unsigned>(count - sent), 0);
     if (r > 0) {
       sent += static_cast<std::size_t>(r);
+      if (r >= 2) ++dev_.counters_.send_batches;
       spins = 0;  // (the budget is per stall, not per batch)
       continue;
     }
@@ -865,6 +866,7 @@ std::size_t udp_link::receive(int fd, int rounds, bool front) noexcept {
     auto& msgs = rx_msgs_;
     const int r = ::recvmmsg(fd, msgs.data(), want, MSG_DONTWAIT, nullptr);
     if (r <= 0) return total;
+    if (r >= 2) ++dev_.counters_.receive_batches;
     for (int i = 0; i < r; ++i) {
       gid from;
       std::uint16_t from_port = 0;
@@ -1141,6 +1143,7 @@ std::size_t udp_link::receive_shared() noexcept {
       r = len >= 0 ? 1 : -1;
     } else {
       r = ::recvmmsg(fd_, gro_msgs_.data() + first, static_cast<unsigned>(want), MSG_DONTWAIT, nullptr);
+      if (r >= 2) ++dev_.counters_.receive_batches;
     }
     if (r <= 0) {
       if (round == 0) {

@@ -695,6 +695,54 @@ TEST_F(udp, gso_sockets_of_idle_source_ports_are_recycled) {
   EXPECT_GE(later, 8u) << "source ports past the 256th sent without GSO";
 }
 
+// Work requests posted in one call leave in batches (sendmmsg of up to 8
+// or 15, docs/wire.md) and a receiver that finds several datagrams queued
+// reads them in batches too (recvmmsg).  UD SENDs of growing sizes make no
+// GSO run (each ends the one before), so every one is a datagram of its
+// own.  (A post of one request is sent at once, alone: a ping-pong's.)
+TEST_F(udp, datagrams_posted_together_are_sent_and_read_in_batches) {
+  make(a, 0);
+  make(b, 1);
+  make_qps(qp_type::ud, 4096);
+  constexpr std::uint32_t n = 32;
+  for (std::uint32_t i = 0; i < n; ++i) ASSERT_FALSE(post_recv(b, 4096));
+  for (std::size_t i = 0; i < a.buf.size(); ++i) a.buf[i] = std::byte(i * 7 + 1);
+  ah_attr aa;
+  aa.grh.dgid = b.g;
+  const ah h = a.p.create_ah(aa);
+  const device_counters sa = a.dev.counters(), sb = b.dev.counters();
+  std::vector<sge> sges(n);
+  std::vector<send_wr> wrs(n);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    sges[i] = {reinterpret_cast<std::uintptr_t>(a.buf.data()), 4 * (i + 1), a.m.lkey()};
+    wrs[i].wr_id = i;
+    wrs[i].sg_list = &sges[i];
+    wrs[i].num_sge = 1;
+    wrs[i].flags = send_signaled;
+    wrs[i].ah = &h;
+    wrs[i].remote_qpn = b.q.num();
+    wrs[i].remote_qkey = 0x11111111;
+  }
+  ASSERT_FALSE(a.q.post_send(std::span<const send_wr>(wrs)));
+  ASSERT_EQ(poll(a.c, n).size(), n);
+  const auto got = poll(b.c, n);
+  ASSERT_EQ(got.size(), n);
+  // Every datagram whole, in order (one source, one socket): the GRH, then
+  // the first 4 (i + 1) bytes of a's buffer.
+  for (std::uint32_t i = 0; i < n; ++i) {
+    EXPECT_EQ(got[i].status, wc_status::success);
+    EXPECT_EQ(got[i].byte_len, 40 + 4 * (i + 1)) << "datagram " << i;
+  }
+  EXPECT_EQ(std::memcmp(b.buf.data() + 40, a.buf.data(), 4 * n), 0);
+  const device_counters ca = a.dev.counters(), cb = b.dev.counters();
+  EXPECT_EQ(ca.packets_sent - sa.packets_sent, n);
+  EXPECT_EQ(ca.gso_runs, sa.gso_runs) << "sizes that grow make no run";
+  // 32 datagrams in batches of at most 15: at least three calls of two or
+  // more, unless the batching is gone.
+  EXPECT_GE(ca.send_batches - sa.send_batches, 3u);
+  EXPECT_GT(cb.receive_batches, sb.receive_batches) << "32 queued datagrams read one by one";
+}
+
 // Runs of MTU-sized packets leave as UDP GSO datagrams (with a raw socket,
 // i.e. as root) and reach the receiver's UDP_GRO socket whole; it splits
 // them, checks every segment's ICRC, computed for the IPv4 ID the kernel

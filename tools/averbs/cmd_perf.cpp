@@ -84,6 +84,7 @@ void print_counters(const device_counters& c) {
       " packets sent %llu, received %llu; go-back-N resends %llu, timeouts %llu, tail probes %llu; "
       "duplicates received %llu; READ restarts %llu;\n"
       " sequence NAKs sent %llu; RNR NAKs sent %llu, received %llu; dropped %llu; ICRC errors %llu;\n"
+      " sendmmsg calls of 2+ datagrams %llu, recvmmsg of 2+ %llu;"
       " GSO runs sent %llu (%llu packets), GRO runs received %llu (%llu without a segment size; UDP_GRO "
       "switched %llu times); peer sockets %llu;\n"
       " in-process runs %llu;"
@@ -96,6 +97,7 @@ void print_counters(const device_counters& c) {
       static_cast<unsigned long long>(c.read_restarts), static_cast<unsigned long long>(c.seq_naks_sent),
       static_cast<unsigned long long>(c.rnr_naks_sent), static_cast<unsigned long long>(c.rnr_naks_received),
       static_cast<unsigned long long>(c.dropped), static_cast<unsigned long long>(c.icrc_errors),
+      static_cast<unsigned long long>(c.send_batches), static_cast<unsigned long long>(c.receive_batches),
       static_cast<unsigned long long>(c.gso_runs), static_cast<unsigned long long>(c.gso_packets),
       static_cast<unsigned long long>(c.gro_runs), static_cast<unsigned long long>(c.gro_runs_unsized),
       static_cast<unsigned long long>(c.gro_switches), static_cast<unsigned long long>(c.peer_sockets),

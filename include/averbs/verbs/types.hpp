@@ -422,6 +422,10 @@ struct device_counters {
   std::uint64_t icrc_errors = 0;
   std::uint64_t receive_overflows = 0;  ///< datagrams the host dropped on a full socket receive buffer
   std::uint64_t completions = 0;
+  /// `sendmmsg` calls that sent two or more datagrams, and `recvmmsg`
+  /// calls that read two or more: the link's batching (docs/wire.md).
+  std::uint64_t send_batches = 0;
+  std::uint64_t receive_batches = 0;
   std::uint64_t gso_runs = 0;  ///< runs of packets sent as one UDP GSO datagram
   std::uint64_t gso_packets = 0;  ///< packets sent inside those runs
   std::uint64_t gro_runs = 0;  ///< datagrams received holding several packets (UDP GRO)

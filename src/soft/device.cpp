@@ -1373,6 +1373,8 @@ std::error_code device::post_srq_recv(srq_t* srq, const recv_wr* wrs, std::size_
     std::error_code ec;
     if (wr.num_sge > srq->max_sge)
       ec = err(errc::invalid_argument);
+    else if (recv_length(wr) > limits::max_msg_size)
+      ec = err(errc::message_too_long);
     else if (srq->q.count() >= srq->max_wr) ec = err(errc::queue_full);
     if (ec) {
       if (bad != nullptr) *bad = k;

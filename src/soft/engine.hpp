@@ -111,6 +111,14 @@ struct recv_wqe {
   wqe_sge* sges() noexcept { return reinterpret_cast<wqe_sge*>(this + 1); }
 };
 
+/// The bytes a receive's SGEs hold together (more than a message may be:
+/// post_recv refuses that, as rxe does).
+inline std::uint64_t recv_length(const recv_wr& wr) noexcept {
+  std::uint64_t n = 0;
+  for (std::uint32_t i = 0; i < wr.num_sge; ++i) n += wr.sg_list[i].length;
+  return n;
+}
+
 // ---------------------------------------------------------------------------
 // Objects.  Every field is guarded by device::lock_.
 

@@ -211,8 +211,11 @@ std::error_code device::modify_qp(qp_t* qp, const qp_attr& a, std::uint32_t mask
 }
 
 std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32_t mask) {
+  // A bit past the standard attributes (IBV_QP_RATE_LIMIT, say) is one
+  // this device does not implement: EOPNOTSUPP, as rxe's rxe_modify_qp
+  // answers; a standard one the transition does not take stays EINVAL.
   constexpr std::uint32_t known = (qp_attr_dest_qpn << 1) - 1;
-  if ((mask & ~known) != 0) return err(errc::invalid_argument);
+  if ((mask & ~known) != 0) return err(errc::not_supported);
   const qp_state cur = qp->state;
   if ((mask & m_cur) != 0 && a.cur_state != cur) return err(errc::invalid_argument);
   const qp_state next = (mask & m_state) != 0 ? a.state : cur;
@@ -250,11 +253,17 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
   if ((mask & m_dest_rd_atomic) != 0 && a.max_dest_rd_atomic > limits::max_qp_rd_atom)
     return err(errc::invalid_argument);
   if ((mask & m_dest_qpn) != 0 && a.dest_qp_num > wire::qpn_mask) return err(errc::invalid_argument);
-  if ((mask & m_access) != 0 &&
-      (a.qp_access_flags & ~(access_local_write | access_remote_write | access_remote_read |
-                             access_remote_atomic | access_mw_bind | 0x3FF00000u)) !=
-          0)  // (+ optional range)
-    return err(errc::invalid_argument);
+  if ((mask & m_access) != 0) {
+    // As reg_mr answers them: the optional range is taken; on-demand
+    // paging and the FLUSH targets (bits 8-9), which rxe takes, are
+    // requests this device cannot honour.
+    constexpr std::uint32_t flush = 3u << 8;  // IBV_ACCESS_FLUSH_GLOBAL, _PERSISTENT
+    const std::uint32_t f = a.qp_access_flags;
+    if ((f & ~(access_local_write | access_remote_write | access_remote_read | access_remote_atomic |
+               access_mw_bind | access_on_demand | flush | 0x3FF00000u)) != 0)
+      return err(errc::invalid_argument);
+    if ((f & (access_on_demand | flush)) != 0) return err(errc::not_supported);
+  }
   if ((mask & m_av) != 0 && !valid_av(a.ah)) return err(errc::invalid_argument);
   // No alternate path on RoCE: the kernel refuses one for a RoCE port
   // whatever the IBTA table allows (_ib_modify_qp: "Ban them in roce
@@ -911,6 +920,8 @@ std::error_code device::post_recv(qp_t* qp, const recv_wr* wrs, std::size_t n, s
     if (qp->srq != nullptr) ec = err(errc::invalid_argument);
     else if (qp->state == qp_state::reset) ec = err(errc::invalid_state);
     else if (wr.num_sge > qp->cap.max_recv_sge) ec = err(errc::invalid_argument);
+    else if (recv_length(wr) > limits::max_msg_size)
+      ec = err(errc::message_too_long);
     else if (qp->rq.count() >= qp->cap.max_recv_wr) ec = err(errc::queue_full);
     if (ec) {
       if (bad != nullptr) *bad = k;

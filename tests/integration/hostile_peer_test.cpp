@@ -2000,11 +2000,12 @@ TEST_F(hostile_peer, a_send_broken_off_by_an_error_completes_its_receive_in_erro
   EXPECT_EQ(wcs[1].status, wc_status::wr_flush_err);
 }
 
-// A SEND ends at max_msg_size (2 GiB) even into a longer receive: the
-// responder counts a message's bytes in 32 bits, and a receive of more
-// than 4 GiB (posting one is allowed) would otherwise let a peer wrap the
-// count.  Streams 2 GiB + 4 KiB into 32 overlapping SGEs of 96 MiB (3 GiB).
-TEST_F(hostile_peer, a_send_longer_than_max_msg_size_is_refused_though_its_receive_is_longer) {
+// A SEND ends at max_msg_size (2 GiB): the responder counts a message's
+// bytes in 32 bits, and no receive may be longer (post_recv refuses one,
+// as rxe does; 3 GiB below), so a peer cannot wrap the count.  Streams
+// 2 GiB + 4 KiB into a receive of exactly 2 GiB, 32 overlapping SGEs of
+// 64 MiB: the packet past 2 GiB is refused.
+TEST_F(hostile_peer, a_send_longer_than_max_msg_size_is_refused_and_no_receive_is_longer) {
   path_mtu_ = mtu::mtu_4096;
   max_recv_sge_ = 32;
   make_qp(qp_type::rc);
@@ -2024,6 +2025,8 @@ TEST_F(hostile_peer, a_send_longer_than_max_msg_size_is_refused_though_its_recei
     r.wr_id = 7;
     r.sg_list = sges.data();
     r.num_sge = 32;
+    ASSERT_EQ(qp_.post_recv(r), errc::message_too_long);  // 3 GiB
+    for (sge& g : sges) g.length = 64u << 20;             // 2 GiB
     ASSERT_FALSE(qp_.post_recv(r));
 
     // Packets of 4096 bytes, patched in place: opcode, AckReq, PSN.

@@ -687,7 +687,12 @@ TEST_F(qp_test, move_to_err_or_reset_with_an_attribute_bad_flow) {
 TEST_F(qp_test, modify_with_an_unknown_mask_bit_bad_flow) {
   qp q = fresh(qp_type::rc);
   const rule r = rule_for(qp_type::rc, qp_state::reset, qp_state::init);
+  // Bit 25 is IBV_QP_RATE_LIMIT, past the standard attributes: not
+  // implemented (rxe: EOPNOTSUPP).  A standard one the transition does not
+  // take (the path MTU at RESET->INIT) stays EINVAL.
   EXPECT_EQ(modify(q, good(qp_state::init, qp_state::reset), qp_attr_state | r.req | (1u << 25)),
+            errc::not_supported);
+  EXPECT_EQ(modify(q, good(qp_state::init, qp_state::reset), qp_attr_state | r.req | qp_attr_path_mtu),
             errc::invalid_argument);
   EXPECT_EQ(q.query().state, qp_state::reset);
 }
@@ -707,6 +712,19 @@ TEST_F(qp_test, init_with_pkey_index_1_bad_flow) {
 TEST_F(qp_test, init_with_unknown_access_bit_bad_flow) {
   check_value(qp_type::rc, qp_state::reset, qp_state::init, 0,
               [](qp_attr& a) { a.qp_access_flags = access_local_write | (1u << 13); });
+}
+// On-demand paging and the FLUSH targets are requests this device cannot
+// honour, on a QP as on an MR (rxe takes them: it has both).
+TEST_F(qp_test, init_with_on_demand_or_flush_access_is_not_supported) {
+  for (std::uint32_t bit : {std::uint32_t{access_on_demand}, 1u << 8, 1u << 9}) {
+    SCOPED_TRACE(bit);
+    const rule r = rule_for(qp_type::rc, qp_state::reset, qp_state::init);
+    qp q = fresh(qp_type::rc);
+    qp_attr a = good(qp_state::init, qp_state::reset);
+    a.qp_access_flags = access_local_write | access_remote_write | bit;
+    EXPECT_EQ(modify(q, a, qp_attr_state | r.req), errc::not_supported);
+    EXPECT_EQ(q.query().state, qp_state::reset);
+  }
 }
 TEST_F(qp_test, rtr_with_path_mtu_0_bad_flow) {
   check_value(qp_type::rc, qp_state::init, qp_state::rtr, 0, [](qp_attr& a) { a.path_mtu = static_cast<mtu>(0); });
@@ -1545,6 +1563,17 @@ TEST_F(qp_test, post_recv_with_larger_sgl_bad_flow) {
   auto buf = make_buffer(64);
   const std::array<sge, 3> g{buf.part(0, 8), buf.part(8, 8), buf.part(16, 8)};
   EXPECT_EQ(q.post_recv(recv_of(1, g.data(), q.query().cap.max_recv_sge + 1)), errc::invalid_argument);
+}
+
+// A receive longer than the largest message (2 GiB) is refused as a send
+// is (rxe: EINVAL for both); exactly 2 GiB is taken.
+TEST_F(qp_test, post_recv_longer_than_the_largest_message_bad_flow) {
+  qp q = fresh(qp_type::rc, {4, 4, 2, 2, 0});
+  ASSERT_TRUE(reach(q, qp_state::init));
+  auto buf = make_buffer(16);
+  const std::array<sge, 2> g{sge{buf.addr(), 0x80000000u, buf.m.lkey()}, sge{buf.addr(), 1, buf.m.lkey()}};
+  EXPECT_EQ(q.post_recv(recv_of(1, g.data(), 2)), errc::message_too_long);
+  EXPECT_EQ(q.post_recv(recv_of(2, g.data(), 1)), std::error_code{});
 }
 
 TEST_F(qp_test, nothing_after_the_bad_work_request_is_posted) {

@@ -171,6 +171,16 @@ TEST_F(srq_test, posting_more_than_max_wr_is_queue_full) {
   EXPECT_EQ(bad, 4u);
 }
 
+TEST_F(srq_test, a_receive_longer_than_the_largest_message_bad_flow) {
+  srq s = make_srq(4, 2);
+  auto dst = make_buffer(16);
+  const std::array<sge, 2> g{sge{dst.addr(), 0x80000000u, dst.m.lkey()}, sge{dst.addr(), 1, dst.m.lkey()}};
+  const recv_wr w{1, g.data(), 2};
+  std::size_t bad = 99;
+  EXPECT_EQ(s.post_recv({&w, 1}, &bad), make_error_code(errc::message_too_long));
+  EXPECT_EQ(bad, 0u);
+}
+
 TEST_F(srq_test, too_many_sges_bad_flow) {
   srq s = make_srq(4, 2);
   auto dst = make_buffer(24);

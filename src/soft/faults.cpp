@@ -199,6 +199,10 @@ void fault_link::pass(packet* p, bool urgent) noexcept {
     ++dev_.counters_.faults_reordered;
     held_ = p;  // goes out behind the next packet
     held_urgent_ = urgent;
+    // A MAD leaves outside a pass (send_urgent: a connect, a reply to
+    // one), and no flush() may follow it until the CM's retry timer: its
+    // delay time starts now.
+    if (urgent) start_held_wait();
     return;
   }
   if (urgent) inner_.send_urgent(p);
@@ -214,12 +218,14 @@ void fault_link::pass(packet* p, bool urgent) noexcept {
 // request, ACK or MAD) stays held for the next pass, up to the delay time,
 // then leaves (release_delayed).
 void fault_link::flush() noexcept {
-  if (held_ != nullptr && !held_waits_) {
-    held_waits_ = true;
-    held_due_ = deadline_after(dev_.clock().now(), cfg_.delay_time);
-    if (!timer_pending_) schedule_release(held_due_);
-  }
+  if (held_ != nullptr && !held_waits_) start_held_wait();
   inner_.flush();
+}
+
+void fault_link::start_held_wait() noexcept {
+  held_waits_ = true;
+  held_due_ = deadline_after(dev_.clock().now(), cfg_.delay_time);
+  if (!timer_pending_) schedule_release(held_due_);
 }
 
 // Keeps `p` (its payload its own) until `due`; lost if there is no room.

@@ -38,6 +38,9 @@ class fault_link final : public link {
   std::uint16_t max_run() const noexcept override { return 1; }
   /// Drops what is held or delayed (a port gone down: the cable cut).
   void drop_held() noexcept;
+  /// The packet held for reordering leaves after the delay time from now
+  /// unless another passes first.
+  void start_held_wait() noexcept;
   /// At most this many packets wait delayed; past it one is lost, as from
   /// a full queue on a wire (delay=1 with a long delay_us would otherwise
   /// keep every packet and retransmission).

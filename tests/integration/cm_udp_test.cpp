@@ -299,6 +299,31 @@ TEST_F(cm_udp, connections_survive_a_lossy_duplicating_reordering_link) {
   EXPECT_GT(a.dev.counters().dropped + b.dev.counters().dropped, 0u);
 }
 
+// A MAD held back for reordering leaves after the delay time even though
+// nothing else passes on its device: a connect's REQ goes out outside any
+// engine pass, and it used to wait for the next pass (a thread blocked on
+// the connect drives none) to start its delay, in the worst case the CM's
+// retry timeout.  Device a is never polled between the connect and the
+// check: its release must already be due.
+TEST_F(cm_udp, a_mad_held_for_reordering_leaves_after_the_delay_time) {
+  manual_time = true;
+  side a, b;
+  make(a, 0, "reorder=1,delay_us=1000,seed=1");  // the first packet, the REQ, is held
+  make(b, 1);
+  cm::listener l = cm::listen(b.dev, {b.ip, 7471}, 4);
+  auto got = l.async_get_request(use_request);
+  qp qa = make_qp(a);
+  cm::connector c(a.dev);
+  auto conn = c.async_connect(qa, {b.ip, 7471}, {}, use_request);
+  ASSERT_EQ(a.dev.counters().faults_reordered, 1u) << "the REQ was not held";
+  clock.advance(std::chrono::milliseconds(2));  // past the delay, short of any CM timeout
+  // The clock stays there: a delay started only by this first poll (the
+  // old way) would end at 3 ms and never.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(500);
+  while (!got.ready() && std::chrono::steady_clock::now() < until) ctx.poll();
+  EXPECT_TRUE(got.ready()) << "the held REQ did not leave at its delay time";
+}
+
 TEST_F(cm_udp, a_peer_that_comes_back_meets_a_stale_connection_rejection) {
   side a, b;
   make(a, 0);

@@ -4,7 +4,8 @@
 // two run every operation in turn, each checking what arrived byte by byte:
 // SEND, SEND with immediate, RDMA WRITE, WRITE with immediate, RDMA READ,
 // compare-and-swap, fetch-and-add (exactly once), ATOMIC WRITE, a SEND
-// that meets an empty receive queue (RNR, then delivered), and UD and UC
+// that meets an empty receive queue (RNR, then delivered), a SEND with
+// invalidate of a type-2 window's R_Key, and UD and UC
 // traffic (whole where it arrives; all of it without faults).  Exit status 0 means every
 // check passed; anything else prints why.
 //
@@ -288,7 +289,70 @@ void rnr(side& s, std::size_t phase) {
   }
 }
 
-// Phase 8: UD and UC between the processes, which nothing resends: under
+// Phase 8: SEND with invalidate.  The server binds a type-2 window over
+// the first message's place in its receive area; the client WRITEs
+// through it, then names its R_Key in a SEND with invalidate.  The
+// server's receive reports that key, and the window is free again: it
+// binds anew (a bound type-2 window cannot be).
+void invalidate(side& s, std::size_t phase) {
+  auto bind = [&](mw& w, std::uint32_t key) {
+    send_wr b;
+    b.wr_id = 90;
+    b.opcode = wr_opcode::bind_mw;
+    b.flags = send_signaled;
+    b.bind_mw = &w;
+    b.bind_rkey = key;
+    b.bind_info = {s.m.lkey(), s.addr(0), msg_size, access_remote_write};
+    if (auto ec = s.q.post_send(b)) throw std::runtime_error("bind: " + ec.message());
+    const auto wcs = s.poll(1);
+    return wcs[0].status == wc_status::success && wcs[0].opcode == wc_opcode::bind_mw;
+  };
+  auto next_key = [](std::uint32_t k) { return (k & ~0xFFu) | ((k + 1) & 0xFFu); };
+  if (s.server) {
+    mw w = s.p.alloc_mw(mw_type::type2);
+    const std::uint32_t key = next_key(w.rkey());
+    check(bind(w, key), "send_with_inv: bind");
+    s.post_recv(91, msg_size, msg_size);
+    s.link.send_word(key);
+    const auto wcs = s.poll(1);
+    check(wcs[0].status == wc_status::success && wcs[0].wr_id == 91 && wcs[0].byte_len == msg_size,
+          "send_with_inv: receive " + std::string(to_string(wcs[0].status)));
+    check((wcs[0].wc_flags & (wc_with_inv | wc_with_imm)) == wc_with_inv && wcs[0].imm_data == key,
+          "send_with_inv: the receive does not report the invalidated key");
+    check(region_ok(s, 0, phase, 0), "send_with_inv: bytes written through the window");
+    check(region_ok(s, 0, phase, 1), "send_with_inv: bytes of the SEND");
+    check(bind(w, next_key(key)), "send_with_inv: the window was not free after the invalidation");
+    s.link.send_word(15);
+    check(s.wait_word() == 16, "send_with_inv: client done");
+  } else {
+    fill(s, area, phase);
+    const auto key = static_cast<std::uint32_t>(s.wait_word());
+    sge g{s.addr(area), static_cast<std::uint32_t>(msg_size), s.m.lkey()};
+    send_wr w;
+    w.wr_id = 1;
+    w.opcode = wr_opcode::rdma_write;
+    w.sg_list = &g;
+    w.num_sge = 1;
+    w.flags = send_signaled;
+    w.remote_addr = s.peer.addr;
+    w.rkey = key;
+    if (auto ec = s.q.post_send(w)) throw std::runtime_error("post_send: " + ec.message());
+    sge g2{s.addr(area + msg_size), static_cast<std::uint32_t>(msg_size), s.m.lkey()};
+    send_wr inv;
+    inv.wr_id = 2;
+    inv.opcode = wr_opcode::send_with_inv;
+    inv.sg_list = &g2;
+    inv.num_sge = 1;
+    inv.flags = send_signaled;
+    inv.imm_data = key;  // the R_Key to invalidate
+    if (auto ec = s.q.post_send(inv)) throw std::runtime_error("post_send: " + ec.message());
+    expect_once(s.poll(2), 2, "send_with_inv");
+    check(s.wait_word() == 15, "send_with_inv: server check");
+    s.link.send_word(16);
+  }
+}
+
+// Phase 9: UD and UC between the processes, which nothing resends: under
 // injected faults some datagrams and messages are lost, and what arrives
 // must be whole; without faults everything arrives.  UD datagrams go
 // client to server, carry the GRH area and the sender's QP, and the server
@@ -497,7 +561,8 @@ int main(int argc, char** argv) {
     s.q = s.p.create_qp(ia);
     s.buf.assign(2 * area, std::byte{0});
     s.m = s.p.reg_mr(s.buf.data(), s.buf.size(),
-                     access_local_write | access_remote_write | access_remote_read | access_remote_atomic);
+                     access_local_write | access_remote_write | access_remote_read | access_remote_atomic |
+                         access_mw_bind);
     qp_attr at;
     at.state = qp_state::init;
     at.port_num = 1;
@@ -547,6 +612,7 @@ int main(int argc, char** argv) {
       reads(s, 5);
       atomics(s);
       rnr(s, 7);
+      invalidate(s, 8);
       unreliable(s, !faults.empty());
       const device_counters c = s.dev.counters();
       const std::uint64_t injected =

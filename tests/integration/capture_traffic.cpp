@@ -10,7 +10,7 @@
 // remote access error NAK and invalid request NAK.  Every completion is
 // checked; exit status 0 means the exchange went as planned.
 //
-//   capture_traffic --addr A --peer B --port P [--no-raw]
+//   capture_traffic --addr A --peer B --port P [--no-raw] [--gso]
 //                   [--scenario every_opcode|read_then_write|cm]
 //
 // (`read_then_write`: only an RDMA READ followed by a WRITE to the memory
@@ -62,7 +62,8 @@ struct endpoint {
 
 class exchange {
  public:
-  exchange(const std::string& addr_a, const std::string& addr_b, std::uint16_t port, bool raw) {
+  exchange(const std::string& addr_a, const std::string& addr_b, std::uint16_t port, bool raw, bool gso)
+      : gso_(gso) {
     make(a_, "capture_a", addr_a, port, raw);
     make(b_, "capture_b", addr_b, port, raw);
   }
@@ -91,11 +92,12 @@ class exchange {
       const device_counters c = e->dev.counters();
       std::printf(
           "counters %s: sent %llu received %llu retransmits %llu rnr_naks_sent %llu seq_naks_sent %llu "
-          "duplicates %llu dropped %llu icrc_errors %llu\n",
+          "duplicates %llu dropped %llu icrc_errors %llu gso_runs %llu gso_packets %llu\n",
           e == &a_ ? "a" : "b", (unsigned long long)c.packets_sent, (unsigned long long)c.packets_received,
           (unsigned long long)c.retransmits, (unsigned long long)c.rnr_naks_sent,
           (unsigned long long)c.seq_naks_sent, (unsigned long long)c.duplicates_received,
-          (unsigned long long)c.dropped, (unsigned long long)c.icrc_errors);
+          (unsigned long long)c.dropped, (unsigned long long)c.icrc_errors, (unsigned long long)c.gso_runs,
+          (unsigned long long)c.gso_packets);
     }
   }
 
@@ -257,6 +259,7 @@ class exchange {
   struct qp_pair {
     qp a, b;
   };
+  bool gso_ = false;
 
   void make(endpoint& e, const std::string& name, const std::string& address, std::uint16_t port, bool raw) {
     soft_device_options o;
@@ -265,8 +268,10 @@ class exchange {
     o.port = port;
     o.raw_send = raw;
     // A capture on lo sees a GSO run before the kernel splits it into its
-    // packets: one frame per packet needs GSO off (docs/wire.md).
-    o.gso = false;
+    // packets: one frame per packet needs GSO off (docs/wire.md), unless
+    // the device splits runs before the capture (--gso: the capture test
+    // sets lo's gso_max_segs to 1 in a namespace).
+    o.gso = gso_;
     e.sdev = std::make_unique<soft_device>(o);
     e.dev = open_device(ctx_, name);
     e.p = e.dev.alloc_pd();
@@ -664,7 +669,7 @@ class exchange {
 int main(int argc, char** argv) {
   std::string addr_a, addr_b;
   std::uint16_t port = 4791;
-  bool raw = true;
+  bool raw = true, gso = false;
   std::string scenario = "every_opcode";
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -683,6 +688,8 @@ int main(int argc, char** argv) {
       port = static_cast<std::uint16_t>(std::atoi(value().c_str()));
     else if (a == "--no-raw")
       raw = false;
+    else if (a == "--gso")
+      gso = true;
     else if (a == "--scenario")
       scenario = value();
     else {
@@ -693,12 +700,12 @@ int main(int argc, char** argv) {
   if (addr_a.empty() || addr_b.empty() ||
       (scenario != "every_opcode" && scenario != "read_then_write" && scenario != "cm")) {
     std::fprintf(stderr,
-                 "usage: capture_traffic --addr A --peer B [--port P] [--no-raw] "
+                 "usage: capture_traffic --addr A --peer B [--port P] [--no-raw] [--gso] "
                  "[--scenario every_opcode|read_then_write|cm]\n");
     return 2;
   }
   try {
-    exchange x(addr_a, addr_b, port, raw);
+    exchange x(addr_a, addr_b, port, raw, gso);
     try {
       if (scenario == "every_opcode")
         x.run();

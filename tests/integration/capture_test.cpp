@@ -1052,11 +1052,22 @@ class capture_gso : public capture {
     ns_ = ns;
     ASSERT_TRUE(shell("ip -n " + ns + " link set lo up"));
     ASSERT_TRUE(shell("ip -n " + ns + " link set dev lo gso_max_segs 1"));
+    ASSERT_TRUE(shell("ip -n " + ns + " addr add " + a6 + "/128 dev lo nodad"));
+    ASSERT_TRUE(shell("ip -n " + ns + " addr add " + b6 + "/128 dev lo nodad"));
   }
+  const std::string a6 = "fd42:ca98::a", b6 = "fd42:ca98::b";
 };
 
 TEST_F(capture_gso, gso_runs_split_by_the_kernel_carry_valid_icrcs_for_their_ids) {
   options o{loopback_address(0), loopback_address(1), true, false};
+  o.gso = true;
+  capture_and_check(o);
+}
+
+// Over IPv6 (no identification to rewrite): the runs' traffic class and
+// hop limit travel as control messages, and the checksum is real.
+TEST_F(capture_gso, gso_runs_over_ipv6_split_by_the_kernel_carry_valid_icrcs) {
+  options o{a6, b6, true, true};
   o.gso = true;
   capture_and_check(o);
 }

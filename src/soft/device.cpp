@@ -1012,7 +1012,7 @@ std::error_code device::bind_mw(qp_t* qp, send_wqe* w) noexcept {
   return {};
 }
 
-std::error_code device::invalidate_rkey(pd_t* pd, std::uint32_t rkey, qp_t* qp) noexcept {
+std::error_code device::invalidate_rkey(pd_t* pd, std::uint32_t rkey, qp_t* qp, bool remote) noexcept {
   const std::uint32_t index = rkey >> 8;
   if (index >= keys_.size()) return make_error_code(wc_status::mw_bind_err);
   key_entry& e = keys_[index];
@@ -1022,7 +1022,11 @@ std::error_code device::invalidate_rkey(pd_t* pd, std::uint32_t rkey, qp_t* qp) 
     // Only type-2 windows are invalidated by key (IBTA 10.6.7.3).
     if (mw->type != mw_type::type2 || mw->pd != pd || mw->state != mw_state::valid)
       return make_error_code(wc_status::mw_bind_err);
-    (void)qp;
+    // A SEND with Invalidate names a type-2 window of the QP it arrives on
+    // (the type 2B association, which its access is checked against too):
+    // a peer of another connection cannot revoke it.  (rxe checks only the
+    // window's state and type.)
+    if (remote && mw->qp != qp) return make_error_code(wc_status::mw_bind_err);
     mw->state = mw_state::free;
     if (mw->mr != nullptr) --mw->mr->bound_mws;
     mw->mr = nullptr;

@@ -925,7 +925,7 @@ class device final : public progress_source, public clock_listener {
                     std::uint32_t skip, std::uint32_t len) noexcept;
   bool write_host(std::byte* host, std::uint64_t addr, const packet* p, std::uint32_t skip,
                   std::uint32_t len) noexcept;
-  std::error_code invalidate_rkey(pd_t* pd, std::uint32_t rkey, qp_t* qp) noexcept;
+  std::error_code invalidate_rkey(pd_t* pd, std::uint32_t rkey, qp_t* qp, bool remote) noexcept;
   std::error_code bind_mw(qp_t* qp, send_wqe* w) noexcept;
   /// Whether `mw` is one of this device's windows (a caller may pass
   /// another device's).  Must hold lock_.

@@ -826,7 +826,8 @@ void device::requester(qp_t* qp) noexcept {
       if (op == wr_opcode::local_inv || op == wr_opcode::bind_mw) {
         // Local operations execute when everything before them is done.
         if (qp->sq.consumer() != i) return;
-        std::error_code ec = op == wr_opcode::local_inv ? invalidate_rkey(qp->pd, w->imm, qp) : bind_mw(qp, w);
+        std::error_code ec =
+            op == wr_opcode::local_inv ? invalidate_rkey(qp->pd, w->imm, qp, false) : bind_mw(qp, w);
         st.state = wqe_state::done;
         st.status = ec ? static_cast<wc_status>(ec.value()) : wc_status::success;
         // A failed invalidation is a local QP operation error, as rxe
@@ -1608,7 +1609,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
         wc.wc_flags |= wc_with_imm;
         wc.imm_data = p->hdr.imm;
       }
-      if ((ops & wire::op_inv) != 0 && invalidate_rkey(qp->pd, p->hdr.ieth_rkey, qp)) {
+      if ((ops & wire::op_inv) != 0 && invalidate_rkey(qp->pd, p->hdr.ieth_rkey, qp, true)) {
         // The message arrived; only the invalidation failed.  The requester
         // is acknowledged, the receive fails and this QP stops (rxe class J).
         // Acknowledged whether or not it asked: an unasked last packet waits

@@ -334,6 +334,28 @@ TEST_F(mw_test, type2_window_used_through_another_qp_is_rem_access_err) {
   EXPECT_TRUE(wc_ok(poll_one(p1.cq_a), 2, wc_opcode::rdma_write));
 }
 
+// A SEND with Invalidate that names a type-2 window bound through another
+// QP (same PD) fails its receive with rem_inv_req_err and leaves the
+// window to its own QP: a peer of another connection cannot revoke what
+// it cannot use.
+TEST_F(mw_test, type2_window_invalidated_through_another_qp_stays_bound) {
+  auto p1 = connected_pair();
+  auto p2 = connected_pair();  // same PD, other QPs
+  auto region = make_buffer(4096, region_access), src = make_buffer(64), dst = make_buffer(64);
+  mw w = pd_.alloc_mw(mw_type::type2);
+  const std::uint32_t key = bind_type2(p1.b, p1.cq_b, w, region, 0, 4096);
+  ASSERT_FALSE(post_recv(p2.b, {dst.whole()}, 503));
+  std::vector<sge> none;
+  send_wr s = make_wr(wr_opcode::send_with_inv, none, 1);
+  s.imm_data = key;
+  ASSERT_FALSE(p2.a.post_send(s));
+  EXPECT_TRUE(wc_is(poll_one(p2.cq_b), 503, wc_status::rem_inv_req_err));
+  EXPECT_EQ(query_state(p2.b), qp_state::err);
+  // The window still serves the QP that bound it.
+  ASSERT_FALSE(write(p1, src, region.addr(), key, 2));
+  EXPECT_TRUE(wc_ok(poll_one(p1.cq_a), 2, wc_opcode::rdma_write));
+}
+
 // A type-2 window outlives the QP it was bound through, and no other QP
 // can use it, even one that gets the destroyed QP's memory (destroying
 // the old pair responder first, then requester, makes the allocator hand

@@ -42,7 +42,8 @@ echo "== In one process: RDMA WRITE bandwidth, 1 MiB messages"
 
 echo
 echo "== The device a process gets for an address (GID table = the address)"
-AVERBS_DEVICES="udp0@$server" "$averbs" devices -d udp0 -v | head -n 40
+# (-v, as ibv_devinfo, to show the GID table; the lines that matter here.)
+AVERBS_DEVICES="udp0@$server" "$averbs" devices -d udp0 -v | grep -E 'hca_id|state|active_mtu|link_layer|GID'
 
 echo
 echo "== RC SEND latency, 8 bytes, between two processes over RoCEv2/UDP"

@@ -70,7 +70,24 @@ std::shared_ptr<device_entry> make_entry(const soft_device_options& o, const std
   std::string error;
   if (!o.faults.empty() && !soft::parse_faults(o.faults, cfg.faults, error))
     bad_option(where + ": faults: " + error);
-  e->engine = std::make_shared<soft::device>(cfg);
+  try {
+    e->engine = std::make_shared<soft::device>(cfg);
+  } catch (const std::system_error& x) {
+    // The socket calls' errors ("bind: Address already in use") say
+    // neither which device nor which address: this does, keeping the code.
+    std::string what = where + ": device '" + o.name + "'";
+    if (!o.address.empty()) {
+      const bool v6 = o.address.find(':') != std::string::npos;
+      what += " at " + (v6 ? "[" + o.address + "]" : o.address) + ":" + std::to_string(o.port);
+    }
+    if (x.code() == std::errc::address_not_available) what += ", not an address of this host";
+    // (system_error appends the code's message to what it is given.)
+    std::string call = x.what();
+    const std::string tail = ": " + x.code().message();
+    if (call.size() >= tail.size() && call.compare(call.size() - tail.size(), tail.size(), tail) == 0)
+      call.resize(call.size() - tail.size());
+    throw std::system_error(x.code(), what + ": " + call);
+  }
   return e;
 }
 
@@ -356,6 +373,18 @@ std::vector<std::string> device_names() {
 }  // namespace detail
 
 std::vector<std::string> list_devices() { return detail::device_names(); }
+
+std::vector<std::string> device_source_errors() {
+  std::vector<std::string> v;
+  for (auto* source : {&detail::environment_devices, &detail::config_devices}) {
+    try {
+      (void)source();
+    } catch (const std::system_error& e) {
+      v.push_back(e.what());
+    }
+  }
+  return v;
+}
 
 struct soft_device::impl {
   std::shared_ptr<detail::device_entry> entry;

@@ -676,8 +676,11 @@ TEST(cli_options, bad_numbers_are_usage_errors_in_every_command) {
       // An empty name is no name (it used to list every device).
       {{"devices", "--ib-dev="}, "--ib-dev needs a device name"},
       // --addr creates a device, which cannot be the embedded one.
-      {{"perf", "--test", "send_lat", "-d", "embedded", "--addr", "127.0.0.2"}, "name it other than 'embedded'"},
+      {{"perf", "--test", "send_lat", "-d", "embedded", "--addr", "127.0.0.2"},
+       "name it other than 'embedded'"},
       {{"perf", "--test", "send_lat", "127.0.0.2", "127.0.0.3"}, "one server HOST only"},
+      // An empty --addr is no address (it ran in one process, as without one).
+      {{"perf", "--test", "send_lat", "--addr="}, "--addr needs an address"},
   };
   for (const auto& [args, message] : cases) {
     std::vector<std::string> argv{AVERBS_CLI};
@@ -740,6 +743,46 @@ TEST(cli_options, a_device_named_wrongly_by_the_environment_says_why) {
   ::unsetenv("AVERBS_DEVICES");
   EXPECT_EQ(c.wait(30s), 255) << c.output();
   EXPECT_NE(c.output().find("bad port '70000'"), std::string::npos) << c.output();
+}
+
+// A device whose address another socket holds fails naming the device,
+// its source and its address, not with the bare "bind: Address already in
+// use" of the socket call.
+TEST(cli_options, a_device_whose_address_is_taken_names_itself_and_the_address) {
+  const std::uint16_t port = test_port();
+  const int squat = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  ::inet_pton(AF_INET, test_address(0).c_str(), &sa.sin_addr);
+  ASSERT_EQ(::bind(squat, reinterpret_cast<sockaddr*>(&sa), sizeof sa), 0);
+  const std::string at = test_address(0) + ":" + std::to_string(port);
+  ::setenv("AVERBS_DEVICES", ("envbusy@" + at).c_str(), 1);
+  child c({AVERBS_CLI, "devices", "-d", "envbusy"}, true);
+  ::unsetenv("AVERBS_DEVICES");
+  EXPECT_EQ(c.wait(30s), 255) << c.output();
+  EXPECT_NE(c.output().find("AVERBS_DEVICES: device 'envbusy' at " + at + ": bind: Address already in use"),
+            std::string::npos)
+      << c.output();
+  ::close(squat);
+}
+
+// A source that cannot be read lists none of its devices; `averbs
+// devices` says why on stderr and ends with status 1 after what it found
+// (it listed "embedded" alone and ended 0).
+TEST(cli_options, devices_warns_of_a_source_it_cannot_read) {
+  ::setenv("AVERBS_DEVICES", "udp0=127.0.0.2", 1);
+  child listed({AVERBS_CLI, "devices", "-l"}, true);
+  child shown({AVERBS_CLI, "devices"}, true);
+  ::unsetenv("AVERBS_DEVICES");
+  for (child* c : {&listed, &shown}) {
+    EXPECT_EQ(c->wait(30s), 1) << c->output();
+    EXPECT_NE(
+        c->output().find("averbs devices: warning: AVERBS_DEVICES: 'udp0=127.0.0.2' is not name@address"),
+        std::string::npos)
+        << c->output();
+    EXPECT_NE(c->output().find("embedded"), std::string::npos) << "what was found is still listed";
+  }
 }
 
 // A device that does not exist is named in the message.

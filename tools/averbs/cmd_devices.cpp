@@ -270,11 +270,16 @@ int cmd_devices(std::span<char* const> args) {
     }
   }
   const auto names = list_devices();
+  // A source that cannot be read lists none of its devices: say why, and
+  // end with status 1 after what was found.
+  const auto broken = device_source_errors();
+  for (const auto& why : broken) std::fprintf(stderr, "averbs devices: warning: %s\n", why.c_str());
+  const int source_rc = broken.empty() ? 0 : 1;
   if (list) {
     std::printf("%zu HCA%s found:\n", names.size(), names.size() == 1 ? "" : "s");
     for (const auto& n : names) std::printf("\t%s\n", n.c_str());
     std::printf("\n");
-    return 0;
+    return source_rc;
   }
   context ctx;
   if (!only.empty()) {
@@ -291,7 +296,7 @@ int cmd_devices(std::span<char* const> args) {
     }
     return print_device(ctx, only, verbose, port);
   }
-  int rc = 0;
+  int rc = source_rc;
   for (const auto& n : names) rc |= print_device(ctx, n, verbose, port);
   return rc;
 }

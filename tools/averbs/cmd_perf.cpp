@@ -317,6 +317,10 @@ int cmd_perf(std::span<char* const> raw_args) {
       o.oob_port = static_cast<std::uint16_t>(number(1, 65535));
     } else if (a == "--addr") {
       addr = value();
+      if (addr.empty()) {
+        std::fprintf(stderr, "averbs perf: --addr needs an address\n");
+        return 2;
+      }
     } else if (a == "--faults") {
       faults = value();
     } else if (a == "--no-icrc") {

@@ -30,6 +30,13 @@ namespace averbs {
 /// opened, and an entry with a bad value is listed and says why when
 /// opened (a configuration line without an address is not listed).
 std::vector<std::string> list_devices();
+/// Why a source of device names cannot be read (`AVERBS_DEVICES`, the
+/// configuration file): one message per broken source, naming it and the
+/// place, as opening one of its devices would say.  Empty when every
+/// source reads (a device's own bad value still shows only when opened).
+/// `list_devices()` lists nothing from a broken source; `averbs devices`
+/// prints these as warnings.
+std::vector<std::string> device_source_errors();
 
 namespace detail {
 void start_open_device(context& ctx, const std::string& name, completer<device> c) noexcept;

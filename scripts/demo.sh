@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Quick start, command 1: installs what is needed, builds, and runs the demo:
-# two processes, each with its own soft RDMA device on its own loopback
-# address, talk RoCEv2 over UDP: perftest-style latency and bandwidth, and
-# ten thousand connections through the connection manager.
+# latency and bandwidth in one process; the device a process gets for an
+# address; then two processes, each with its own soft RDMA device on its own
+# loopback address, talk RoCEv2 over UDP: perftest-style latency and
+# bandwidth, 10,000 pipelined and 10,000 one-at-a-time connections through
+# the connection manager, and the no-op through every completion token.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/install-deps.sh

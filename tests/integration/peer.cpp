@@ -15,6 +15,7 @@
 
 #include <averbs/verbs.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -358,7 +359,11 @@ void invalidate(side& s, std::size_t phase) {
 // client to server, carry the GRH area and the sender's QP, and the server
 // answers through init_ah_from_wc(); UC SENDs go client to server.
 void unreliable(side& s, bool lossy) {
+  constexpr std::size_t phase = 9;
   constexpr std::size_t n = 16, ud_len = 1000, uc_len = 3000;  // a UC message: 3 packets
+  // What earlier phases left in the receive area must not pass for a
+  // message that never came.
+  std::fill(s.buf.begin(), s.buf.begin() + area, std::byte{0});
   constexpr std::size_t ud_slot = ud_len + 40, uc_base = n * ud_slot, replies = 8;
   constexpr std::uint32_t qkey = 0x11111111;
   qp_init_attr ia;
@@ -428,14 +433,14 @@ void unreliable(side& s, bool lossy) {
   };
   // Receive k holds a message m after the one before it (under faults any
   // m: duplicated and reordered packets are UD's and UC's to deliver): the
-  // one whose first byte it starts with (pattern(8, m, 0) differs for
+  // one whose first byte it starts with (pattern(phase, m, 0) differs for
   // every m < 256), whole.
   auto whole = [&](std::size_t off, std::size_t len, std::size_t& next) {
     std::size_t m = lossy ? 0 : next;
-    while (m < n && s.buf[off] != std::byte(pattern(8, m, 0))) ++m;
+    while (m < n && s.buf[off] != std::byte(pattern(phase, m, 0))) ++m;
     if (m == n) return false;
     for (std::size_t i = 0; i < len; ++i)
-      if (s.buf[off + i] != std::byte(pattern(8, m, i))) return false;
+      if (s.buf[off + i] != std::byte(pattern(phase, m, i))) return false;
     next = m + 1;
     return true;
   };
@@ -476,7 +481,7 @@ void unreliable(side& s, bool lossy) {
     check(s.wait_word() == 23, "unreliable: client done");
   } else {
     for (std::size_t m = 0; m < n; ++m)
-      for (std::size_t i = 0; i < uc_len; ++i) s.buf[area + m * uc_len + i] = std::byte(pattern(8, m, i));
+      for (std::size_t i = 0; i < uc_len; ++i) s.buf[area + m * uc_len + i] = std::byte(pattern(phase, m, i));
     for (std::size_t k = 0; k < replies; ++k) post_recv_on(ud, 300 + k, k * 128, 40 + 64);
     check(s.wait_word() == 20, "unreliable: sync");
     ah_attr a;

@@ -774,8 +774,9 @@ TEST(cli_options, devices_warns_of_a_source_it_cannot_read) {
   ::setenv("AVERBS_DEVICES", "udp0=127.0.0.2", 1);
   child listed({AVERBS_CLI, "devices", "-l"}, true);
   child shown({AVERBS_CLI, "devices"}, true);
+  child one({AVERBS_CLI, "devices", "-d", "embedded"}, true);
   ::unsetenv("AVERBS_DEVICES");
-  for (child* c : {&listed, &shown}) {
+  for (child* c : {&listed, &shown, &one}) {
     EXPECT_EQ(c->wait(30s), 1) << c->output();
     EXPECT_NE(
         c->output().find("averbs devices: warning: AVERBS_DEVICES: 'udp0=127.0.0.2' is not name@address"),

@@ -294,7 +294,7 @@ int cmd_devices(std::span<char* const> args) {
         std::fprintf(stderr, "averbs devices: %s\n", e.what());
       return 255;
     }
-    return print_device(ctx, only, verbose, port);
+    return print_device(ctx, only, verbose, port) | source_rc;
   }
   int rc = source_rc;
   for (const auto& n : names) rc |= print_device(ctx, n, verbose, port);

@@ -43,8 +43,9 @@ class qp {
   /// Moves the QP through the IBTA state table and sets attributes
   /// (`ibv_modify_qp`).  The mask must hold exactly the attributes the
   /// transition requires plus any it allows.  Errors: `invalid_argument`
-  /// (mask or value), `invalid_state` (a transition the table does not
-  /// list).  Nothing changes on error.
+  /// (mask or value), `not_supported` (a mask bit past the standard
+  /// attributes; on-demand paging or FLUSH access), `invalid_state` (a
+  /// transition the table does not list).  Nothing changes on error.
   template <completion_token<void> Token>
   auto async_modify(const qp_attr& attr, std::uint32_t mask, Token&& token) const {
     return detail::initiate<void>(detail::context_of(obj_.get()), nullptr, std::forward<Token>(token),
@@ -85,7 +86,7 @@ class qp {
 
   /// Posts receive work requests (`ibv_post_recv`).  Errors:
   /// `invalid_state` (RESET), `invalid_argument` (SRQ attached, too many
-  /// SGEs), `queue_full`.
+  /// SGEs), `message_too_long` (SGEs over 2 GiB together), `queue_full`.
   std::error_code post_recv(std::span<const recv_wr> wrs, std::size_t* bad = nullptr) const noexcept;
   std::error_code post_recv(const recv_wr& wr) const noexcept { return post_recv({&wr, 1}); }
 

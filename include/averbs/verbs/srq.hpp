@@ -27,7 +27,8 @@ class srq {
   explicit operator bool() const noexcept { return obj_ != nullptr; }
 
   /// Posts receives (`ibv_post_srq_recv`).  Errors: `invalid_argument` (too
-  /// many SGEs), `queue_full`; `*bad` is the index of the first not posted.
+  /// many SGEs), `message_too_long` (SGEs over 2 GiB together),
+  /// `queue_full`; `*bad` is the index of the first not posted.
   std::error_code post_recv(std::span<const recv_wr> wrs, std::size_t* bad = nullptr) const noexcept;
   std::error_code post_recv(const recv_wr& wr) const noexcept { return post_recv({&wr, 1}); }
 

@@ -226,12 +226,22 @@ std::error_code find_route(const gid& ip, route& out, bool own) {
     list.push_back({k.name, k.entry, k.entry->engine->gids()});
   }
   // Creates a named device when chosen; false if it cannot be (its address
-  // taken by another process, say): the search goes on.
-  auto create = [](candidate& c) {
+  // taken by another process, say): the search goes on.  A device whose
+  // configuration is wrong is remembered: the owner of a local address
+  // must not quietly become the embedded device instead.
+  // (One that could not be created for another reason, its address taken,
+  // is the likelier owner: then the address is unreachable, as before.)
+  std::error_code config_error;
+  bool other_failure = false;
+  auto create = [&config_error, &other_failure](candidate& c) {
     if (c.e != nullptr) return true;
     try {
       c.e = averbs::detail::find_device(c.name);
-    } catch (const std::system_error&) {
+    } catch (const std::system_error& e) {
+      if (e.code() != make_error_code(errc::invalid_argument))
+        other_failure = true;
+      else if (!config_error)
+        config_error = e.code();
       return false;
     }
     return c.e != nullptr && !c.e->removed.load();
@@ -286,9 +296,13 @@ std::error_code find_route(const gid& ip, route& out, bool own) {
     }
     return owner(embedded);
   };
-  if (own ? owner(udp) || owner(loop) || owner(named) || embedded_owner()
-          : owner(udp) || owner(loop) || owner(embedded) || router(udp) || router(named) || owner(named) ||
-                embedded_owner())
+  if (own) {
+    if (owner(udp) || owner(loop) || owner(named)) return {};
+    if (config_error && !other_failure) return config_error;  // (averbs devices -d NAME says what)
+    return embedded_owner() ? std::error_code{} : err(errc::address_unreachable);
+  }
+  if (owner(udp) || owner(loop) || owner(embedded) || router(udp) || router(named) || owner(named) ||
+      embedded_owner())
     return {};
   return err(errc::address_unreachable);
 }

@@ -345,7 +345,12 @@ std::vector<known_device> known_devices() {
     if (known.count(d.name) != 0) return;
     known_device k{d.name, nullptr, {}};
     try {
-      gid::parse(options_of(d).address, k.address);
+      // The address alone: a device whose options are wrong still owns
+      // it, and opening it by address says what is wrong (it used to be
+      // passed over for the embedded device, in silence).
+      soft_device_options o;
+      if (!d.address.empty()) split_address(d.address, o, d.where);
+      gid::parse(o.address, k.address);
     } catch (const std::system_error&) {
       // Broken: listed without an address; opening it says why.
     }

@@ -1299,6 +1299,44 @@ TEST(device_config, a_configured_device_owns_a_host_address_ahead_of_the_embedde
   std::remove(path.c_str());
 }
 
+// A configured device whose options are wrong still owns its address:
+// opening a device by that address is the configuration's error, not the
+// embedded device in its place (which reaches no other host, and hid the
+// mistake).
+TEST(device_config, opening_by_address_a_device_configured_wrongly_is_an_error_not_the_embedded_one) {
+  const std::uint16_t port = test_port();
+  const std::string addr = test_address(0);
+  const std::string path = "/tmp/averbs_config_wrong_" + std::to_string(::getpid()) + ".conf";
+  {
+    std::ofstream f(path);
+    f << "cfg_wrong  " << addr << ":" << port << " icrc=no\n";
+  }
+  ::setenv("AVERBS_CONFIG", path.c_str(), 1);
+  gid ip;
+  ASSERT_TRUE(gid::parse(addr, ip));
+  context ctx;
+  std::error_code ec;
+  device d = cm::open_device(ctx, ip, ec);
+  EXPECT_EQ(ec, errc::invalid_argument) << (d ? d.name() : std::string("(none)"));
+  // Opened by name, it says what and where.
+  try {
+    (void)open_device(ctx, "cfg_wrong");
+    ADD_FAILURE() << "a device with icrc=no opened";
+  } catch (const std::system_error& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ":1: unknown option 'icrc=no'"), std::string::npos)
+        << e.what();
+  }
+  // Put right, it is the owner.
+  {
+    std::ofstream f(path);
+    f << "cfg_wrong  " << addr << ":" << port << " icrc=0\n";
+  }
+  device fixed = cm::open_device(ctx, ip);
+  EXPECT_EQ(fixed.name(), "cfg_wrong");
+  ::unsetenv("AVERBS_CONFIG");
+  std::remove(path.c_str());
+}
+
 // A device's management socket shares its address and port (the
 // reuseport group the data socket forms once bound, which a QP1 selector
 // steers): two sockets there, as /proc/net/udp lists them.  If it could not

@@ -231,6 +231,8 @@ std::vector<named_device> config_devices() {
   if (read_error) bad_option(what + ": read error");
   if (text.size() > max_size) bad_option(what + " is larger than 1 MiB");
 
+  // A UTF-8 byte-order mark (an editor's) is not part of the first name.
+  if (text.starts_with("\xEF\xBB\xBF")) text.erase(0, 3);
   std::vector<named_device> v;
   std::istringstream lines(text);
   std::string line;
@@ -240,6 +242,9 @@ std::vector<named_device> config_devices() {
     named_device d;
     if (!(words >> d.name)) continue;
     d.where = path + ":" + std::to_string(n);
+    for (const char c : d.name)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F)
+        bad_option(d.where + ": the name holds a control character");
     if (d.name == "embedded")
       bad_option(d.where + ": 'embedded' is the name of the in-process device; give this one another");
     words >> d.address;
@@ -268,9 +273,16 @@ soft_device_options options_of(const named_device& d) {
   soft_device_options o;
   o.name = d.name;
   split_address(d.address, o, d.where);
+  std::vector<std::string> given;
   for (const std::string& opt : d.options) {
     const auto eq = opt.find('=');
     const std::string key = opt.substr(0, eq), value = eq == std::string::npos ? "" : opt.substr(eq + 1);
+    // Each once: the last of two would win in silence ("icrc=0 icrc=1").
+    if (eq != std::string::npos && std::find(given.begin(), given.end(), key) != given.end())
+      bad_option(d.where + ": option '" + key + "' is given twice");
+    given.push_back(key);
+    if (key == "faults" && eq != std::string::npos && value.empty())
+      bad_option(d.where + ": 'faults=' needs a specification (drop=0.01,... as AVERBS_FAULTS)");
     if (key == "faults" && !value.empty())
       o.faults = value;
     else if (key == "icrc" && (value == "0" || value == "1"))
@@ -283,7 +295,13 @@ soft_device_options options_of(const named_device& d) {
       bad_option(d.where + ": unknown option '" + opt + "' (faults=SPEC, icrc=0|1, raw=0|1, gso=0|1)");
   }
   if (d.where == "AVERBS_DEVICES") {
-    if (const char* f = std::getenv("AVERBS_FAULTS")) o.faults = f;
+    if (const char* f = std::getenv("AVERBS_FAULTS")) {
+      // Checked here, to name the variable the error is in.
+      soft::fault_config unused;
+      std::string error;
+      if (*f != 0 && !soft::parse_faults(f, unused, error)) bad_option("AVERBS_FAULTS: " + error);
+      o.faults = f;
+    }
     o.check_icrc = switch_from_environment("AVERBS_ICRC", o.check_icrc);
     o.gso = switch_from_environment("AVERBS_GSO", o.gso);
   }

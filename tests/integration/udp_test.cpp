@@ -1299,6 +1299,59 @@ TEST(device_config, a_configured_device_owns_a_host_address_ahead_of_the_embedde
   std::remove(path.c_str());
 }
 
+// Small mistakes in a source are errors that say where: an option given
+// twice on a line (the last used to win in silence), an empty faults=, a
+// control character in a name; AVERBS_FAULTS names itself.  An editor's
+// byte-order mark is not part of the first name.
+TEST(device_config, repeated_options_empty_faults_and_odd_names_are_errors_that_say_where) {
+  const std::uint16_t port = test_port();
+  const std::string at = test_address(0) + ":" + std::to_string(port);
+  const std::string path = "/tmp/averbs_config_small_" + std::to_string(::getpid()) + ".conf";
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << "\xEF\xBB\xBF"
+      << "cfg_bom   " << at << "\n"
+      << "cfg_twice " << test_address(1) << ":" << port << " icrc=0 icrc=1\n"
+      << "cfg_empty " << test_address(2) << ":" << port << " faults=\n";
+  }
+  ::setenv("AVERBS_CONFIG", path.c_str(), 1);
+  context ctx;
+  const auto message_of = [&](const std::string& name) -> std::string {
+    try {
+      (void)open_device(ctx, name);
+    } catch (const std::system_error& e) {
+      EXPECT_EQ(e.code(), errc::invalid_argument) << e.what();
+      return e.what();
+    }
+    return "(opened)";
+  };
+  std::error_code ec;
+  device bom = open_device(ctx, "cfg_bom", ec);
+  EXPECT_FALSE(ec) << "the byte-order mark became part of the name: " << ec.message();
+  bom = {};
+  EXPECT_NE(message_of("cfg_twice").find(path + ":2: option 'icrc' is given twice"), std::string::npos)
+      << message_of("cfg_twice");
+  EXPECT_NE(message_of("cfg_empty").find(path + ":3: 'faults=' needs a specification"), std::string::npos)
+      << message_of("cfg_empty");
+  // A control character in a name is the whole file's error: every name
+  // of the file says it.
+  {
+    std::ofstream f(path, std::ios::binary);
+    f << "cfg_fine " << test_address(1) << ":" << port << "\n"
+      << "cfg\x01ctl " << test_address(3) << ":" << port << "\n";
+  }
+  EXPECT_NE(message_of("cfg_fine").find(path + ":2: the name holds a control character"), std::string::npos)
+      << message_of("cfg_fine");
+  ::unsetenv("AVERBS_CONFIG");
+  std::remove(path.c_str());
+
+  ::setenv("AVERBS_DEVICES", ("env_faults@" + at).c_str(), 1);
+  ::setenv("AVERBS_FAULTS", "drop=2", 1);
+  EXPECT_EQ(message_of("env_faults").rfind("AVERBS_FAULTS: ", 0), 0u) << message_of("env_faults");
+  ::unsetenv("AVERBS_FAULTS");
+  ::unsetenv("AVERBS_DEVICES");
+}
+
 // A configured device whose options are wrong still owns its address:
 // opening a device by that address is the configuration's error, not the
 // embedded device in its place (which reaches no other host, and hid the

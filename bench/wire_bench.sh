@@ -249,9 +249,15 @@ same_placement() {
 # geo A B: the geometric mean of the raw figure measured just before and
 # just after an averbs run, its denominator (n/a unless both exist).
 geo() { isnum "${1:-}" && isnum "${2:-}" && awk -v a="$1" -v b="$2" 'BEGIN { printf "%.4f", sqrt(a * b) }'; }
-# recheck_failed NAME: say so when a raw re-measurement failed (its round
-# is left out, as if the placement had changed: a crash must not hide).
-recheck_failed() { ((bg_rc == 0)) || echo "wire_bench: round $r: the raw $1 re-measurement failed (exit status $bg_rc): the round is left out" >&2; }
+# recheck_failed NAME FILE: say so when a raw re-measurement failed, and
+# empty its output, so that a figure it printed before failing is not
+# used: the round is left out, as if the placement had changed (a crash
+# must not hide).
+recheck_failed() {
+  ((bg_rc == 0)) && return 0
+  echo "wire_bench: round $r: the raw $1 re-measurement failed (exit status $bg_rc): the round is left out" >&2
+  : >"$2"
+}
 # pair KEY NUMERATOR DENOMINATOR: this round's ratio, when both figures
 # exist (a per-round ratio is immune to drift between rounds).
 pair() { isnum "${2:-}" && isnum "${3:-}" && add "$1" "$(awk -v a="$2" -v b="$3" 'BEGIN { printf "%.6f", a / b }')"; }
@@ -311,7 +317,7 @@ for ((r = 1; r <= rounds; r++)); do
   next_port
   bg "$tmp/udp_lat1.cli" timeout -k 2 60 "$udpb" pingpong --pp-modes plain --server-addr "$srv_ip" \
     --client-addr "$cli_ip" -p "$port" --cpus "$cpus" -s 8 -n "$udp_iters"
-  recheck_failed ping-pong
+  recheck_failed ping-pong "$tmp/udp_lat1.cli"
   udp_lat1=$(kv "$tmp/udp_lat1.cli" "pingpong mode=plain " t_typical)
   # averbs, 8-byte send latency (perftest's t_typical).
   averbs_pair av_lat 60 send_lat 8 "$lat_iters" --
@@ -323,7 +329,7 @@ for ((r = 1; r <= rounds; r++)); do
   next_port
   bg "$tmp/udp_lat2.cli" timeout -k 2 60 "$udpb" pingpong --pp-modes plain --server-addr "$srv_ip" \
     --client-addr "$cli_ip" -p "$port" --cpus "$cpus" -s 8 -n "$udp_iters"
-  recheck_failed ping-pong
+  recheck_failed ping-pong "$tmp/udp_lat2.cli"
   udp_lat2=$(kv "$tmp/udp_lat2.cli" "pingpong mode=plain " t_typical)
   pair_if_same_placement lat "$av_lat" "$(geo "$udp_lat1" "$udp_lat2")" "$udp_lat1" "$udp_lat2" 0.15 ge1
   line+=" averbs send_lat ${av_lat:-n/a} us (raw just before ${udp_lat1:-n/a}, after ${udp_lat2:-n/a});"
@@ -332,7 +338,7 @@ for ((r = 1; r <= rounds; r++)); do
   next_port
   bg "$tmp/udp_bw1.cli" timeout -k 2 60 "$udpb" throughput --variants gso_gro,splice_gro --server-addr "$srv_ip" \
     --client-addr "$cli_ip" -p "$port" --cpus "$cpus" --seconds "$udp_seconds"
-  recheck_failed throughput
+  recheck_failed throughput "$tmp/udp_bw1.cli"
   # averbs, 1 MiB write bandwidth (BW average).
   averbs_pair av_bw 120 write_bw 1048576 "$bw_iters" --
   rc=$?
@@ -341,7 +347,7 @@ for ((r = 1; r <= rounds; r++)); do
   next_port
   bg "$tmp/udp_bw2.cli" timeout -k 2 60 "$udpb" throughput --variants gso_gro,splice_gro --server-addr "$srv_ip" \
     --client-addr "$cli_ip" -p "$port" --cpus "$cpus" --seconds "$udp_seconds"
-  recheck_failed throughput
+  recheck_failed throughput "$tmp/udp_bw2.cli"
   udp_bw2=$(kv "$tmp/udp_bw2.cli" "throughput variant=gso_gro " MiBps)
   # The target's denominator is the best variant (splice_gro or gso_gro,
   # the only ones that win here; both ran just before and just after): the
@@ -351,6 +357,8 @@ for ((r = 1; r <= rounds; r++)); do
   best1=$(kv "$tmp/udp_bw1.cli" "throughput variant=$best_v " MiBps)
   best2=$(kv "$tmp/udp_bw2.cli" "throughput variant=$best_v " MiBps)
   pair_if_same_placement bw "$av_bw" "$(geo "$best1" "$best2")" "$best1" "$best2" 0.25 le1
+  bw_left_out=0
+  [[ " ${vals[bw_moved]:-} " == *" $r "* ]] && bw_left_out=1
   gso1=$(kv "$tmp/udp_bw1.cli" "throughput variant=gso_gro " MiBps)
   pair_if_same_placement bw_gso "$av_bw" "$(geo "$gso1" "$udp_bw2")" "$gso1" "$udp_bw2" 0.25 le1
   # A raw run that lost bytes (its receive buffer overflowed) is no fair
@@ -371,13 +379,14 @@ for ((r = 1; r <= rounds; r++)); do
     if ((rc == 0)) && isnum "$av_loss"; then add av_loss "$av_loss"; else av_loss='' && fail av_loss "$(why av_loss "$rc")"; fi
     # The loss ratio spans both averbs runs: it counts only if the raw
     # baseline held from before the loss-free run (as checked above) to
-    # after the lossy one.
+    # after the lossy one, and the loss-free run itself counted (its
+    # figure is the denominator).
     next_port
     bg "$tmp/udp_bw3.cli" timeout -k 2 60 "$udpb" throughput --variants gso_gro --server-addr "$srv_ip" \
       --client-addr "$cli_ip" -p "$port" --cpus "$cpus" --seconds "$udp_seconds"
-    recheck_failed throughput
+    recheck_failed throughput "$tmp/udp_bw3.cli"
     udp_bw3=$(kv "$tmp/udp_bw3.cli" "throughput variant=gso_gro " MiBps)
-    if same_placement "$gso1" "$udp_bw2" 0.25; then
+    if ((!bw_left_out)) && same_placement "$gso1" "$udp_bw2" 0.25; then
       pair_if_same_placement loss "$av_loss" "$av_bw" "$udp_bw2" "$udp_bw3" 0.25 le1
     else
       add loss_moved "$r"

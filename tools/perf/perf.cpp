@@ -826,40 +826,36 @@ latency_result remote_run::latency(std::size_t size, std::size_t iters) {
       s.receives_posted = true;
     }
     s.meet(step_receives_posted, "the start of a size");
-    std::uint64_t prev = clock_.now();
+    // A sample is the time between two of this side's posts, one round
+    // trip, as perftest takes them (iters - 1 samples).  The server's
+    // first post follows the client's first SEND: a clock started before
+    // that (at the out-of-band meeting) would make its first sample
+    // whatever the two processes' start-up skew was.
+    std::uint64_t prev = 0;
     for (std::size_t i = 0; i < iters; ++i) {
-      if (!is_server()) {
-        post(wr_opcode::send, i);
-        (void)s.next(s.rcq, "the peer's SEND");
-      } else {
-        (void)s.next(s.rcq, "the peer's SEND");
-        post(wr_opcode::send, i);
-      }
-      if (auto ec = s.q.post_recv(rwr)) throw std::runtime_error("post_recv: " + ec.message());
+      if (is_server()) (void)s.next(s.rcq, "the peer's SEND");
       const std::uint64_t t = clock_.now();
-      samples.push_back(t - prev);
+      if (i != 0) samples.push_back(t - prev);
       prev = t;
+      post(wr_opcode::send, i);
+      if (!is_server()) (void)s.next(s.rcq, "the peer's SEND");
+      if (auto ec = s.q.post_recv(rwr)) throw std::runtime_error("post_recv: " + ec.message());
     }
   } else if (k == test_kind::write_lat) {
     // Write from the upper half into the peer's lower half; watch our own
     // lower half's last byte.
     const volatile auto* mine = reinterpret_cast<const volatile std::uint8_t*>(s.buf.data() + size - 1);
     g.addr += s.half;
-    std::uint64_t prev = clock_.now();
+    std::uint64_t prev = 0;  // (between posts, as send_lat's)
     for (std::size_t i = 0; i < iters; ++i) {
       const auto v = static_cast<std::uint8_t>(i + 1);
-      if (!is_server()) {
-        s.buf[s.half + size - 1] = std::byte{v};
-        post(wr_opcode::rdma_write, i);
-        s.until_written(mine, v, "the peer's RDMA WRITE");
-      } else {
-        s.until_written(mine, v, "the peer's RDMA WRITE");
-        s.buf[s.half + size - 1] = std::byte{v};
-        post(wr_opcode::rdma_write, i);
-      }
+      if (is_server()) s.until_written(mine, v, "the peer's RDMA WRITE");
+      s.buf[s.half + size - 1] = std::byte{v};
       const std::uint64_t t = clock_.now();
-      samples.push_back(t - prev);
+      if (i != 0) samples.push_back(t - prev);
       prev = t;
+      post(wr_opcode::rdma_write, i);
+      if (!is_server()) s.until_written(mine, v, "the peer's RDMA WRITE");
     }
   } else {
     rtt_factor = 1;

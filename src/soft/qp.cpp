@@ -357,6 +357,11 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
   }
   switch (next) {
     case qp_state::reset: {
+      // What the responder accepted is acknowledged first, as on a move to
+      // ERR: the peer's message arrived (its receive completed here), and
+      // a held or lazy ACK dropped with the state would have the peer
+      // retry it into this QP until retry_exc_err.
+      send_held_ack(qp);
       // Discard all queued work without completions (IBTA 10.3.1).  Not
       // the SRQ's: a receive taken from it for an unfinished message is
       // flushed, as a move to ERR does, rather than lost.
@@ -659,16 +664,22 @@ std::error_code device::destroy_qp(qp_t* qp) {
   {
     std::lock_guard lock(lock_);
     destroy_qp_locked(qp);
+    // The DREQ of a connection the QP had (on the in-process link, queued
+    // here) is handled now: a thread asleep on the peer's notify would
+    // otherwise wait for the DREQ's resend.
+    run();
   }
   drain_released();
   return {};
 }
 
 void device::destroy_qp_locked(qp_t* qp) noexcept {
-  if (qp->cm != nullptr) gsi_->on_qp(qp, qp_note::destroyed);
-  // An acknowledgement still held for this QP goes out first: the peer's
-  // work arrived, and it must learn so.
+  // An acknowledgement still held for this QP goes out first, ahead of the
+  // DREQ the CM sends for a connection the QP still had (as disconnect and
+  // a move to ERR order them): the peer's work arrived, and a DREQ first
+  // would have it flush a message that did.
   send_held_ack(qp);
+  if (qp->cm != nullptr) gsi_->on_qp(qp, qp_note::destroyed);
   // Outstanding work is discarded without completions, as a move to RESET
   // does (mlx5 moves the QP to RESET first; rxe flushes without posting
   // once the QP is invalid): a program that frees its WR contexts after

@@ -603,6 +603,47 @@ TEST_F(cm_test, destroying_the_qp_aborts_a_pending_connect) {
   EXPECT_EQ(c.state(), cm::conn_state::closed);
 }
 
+// Destroying a connected QP without disconnecting: the CM sends a DREQ,
+// after the ACK the QP still held for the peer's SEND that arrived (the
+// peer's unsignaled SEND then completes quietly, not wr_flush_err), and the
+// peer hears of it at once, not at the DREQ's resend.
+TEST_F(cm_test, destroying_a_connected_qp_acknowledges_what_arrived_and_tells_the_peer_at_once) {
+  cm::listener l = cm::listen(dev, at(7000));
+  pair p = connect_pair(7000, l);
+  std::vector<std::byte> src(64, std::byte{0x3C}), dst(64);
+  mr ms = pd_.reg_mr(src.data(), src.size(), access_local_write);
+  mr md = pd_.reg_mr(dst.data(), dst.size(), access_local_write);
+  const sge rs{reinterpret_cast<std::uintptr_t>(dst.data()), 64, md.lkey()};
+  const sge ss{reinterpret_cast<std::uintptr_t>(src.data()), 64, ms.lkey()};
+  recv_wr r;
+  r.wr_id = 7;
+  r.sg_list = &rs;
+  r.num_sge = 1;
+  ASSERT_FALSE(p.b.post_recv(r));
+  send_wr s;
+  s.wr_id = 8;
+  s.opcode = wr_opcode::send;
+  s.flags = 0;  // unsignaled: it completes only if it fails
+  s.sg_list = &ss;
+  s.num_sge = 1;
+  ASSERT_FALSE(p.a.post_send(s));
+  work_completion wc[4];
+  std::size_t got = 0;
+  for (int i = 0; i < 1000 && got == 0; ++i) got = cq_.poll(wc);
+  ASSERT_EQ(got, 1u);
+  ASSERT_EQ(wc[0].wr_id, 7u);
+  ASSERT_EQ(wc[0].status, wc_status::success);
+  auto told = p.active.async_notify_disconnect(use_request);
+  p.b.destroy();
+  EXPECT_TRUE(told.ready()) << "the DREQ waited for a later pass";
+  for (int i = 0; i < 100; ++i) {
+    const std::size_t n = cq_.poll(wc);
+    for (std::size_t k = 0; k < n; ++k)
+      ADD_FAILURE() << "wr " << wc[k].wr_id << ": " << to_string(wc[k].status) << " (the SEND had arrived)";
+  }
+  EXPECT_EQ(p.a.query().state, qp_state::err);
+}
+
 TEST_F(cm_test, destroying_the_qp_aborts_a_pending_accept) {
   cm::listener l = cm::listen(dev, at(7000));
   qp a = make_qp(), b = make_qp();

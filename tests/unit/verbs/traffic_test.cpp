@@ -1793,6 +1793,25 @@ TEST_F(fault_streams, a_seed_repeats_exactly_and_the_next_seed_is_unrelated) {
   EXPECT_FALSE(shifted) << "seed 2 is seed 1 one draw on";
 }
 
+// A move to RESET sends the acknowledgement the responder still held for a
+// message that arrived: the sender must not retry it into the reset QP
+// until retry_exc_err (its receive completed here).
+TEST_F(traffic, reset_after_a_message_arrived_still_acknowledges_it) {
+  auto p = connected_pair();
+  auto src = make_buffer(64), dst = make_buffer(64);
+  ASSERT_FALSE(post_recv(p.b, {dst.whole()}, 2));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 1, 0));  // unsignaled
+  const auto got = poll(p.cq_b, 1);
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(got[0].status, wc_status::success);
+  qp_attr reset;
+  reset.state = qp_state::reset;
+  p.b.modify(reset, qp_attr_state);
+  advance(std::chrono::seconds(2), std::chrono::milliseconds(10));  // past 7 retries of 67 ms
+  EXPECT_TRUE(quiet(p.cq_a)) << "the SEND that arrived failed at its sender";
+  EXPECT_EQ(query_state(p.a), qp_state::rts);
+}
+
 // A packet held for reordering that its pass gave nothing to go behind
 // waits for the next pass: the next packet overtakes it.  Alone, it leaves
 // after the delay time.

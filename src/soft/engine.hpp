@@ -833,6 +833,11 @@ class device final : public progress_source, public clock_listener {
   void disarm_timers(qp_t* qp) noexcept;
   void schedule_qp_timer(qp_t* qp, clock::time_point when, bool rnr) noexcept;
   void add_qp_timer(std::uint32_t qpn, std::uint64_t gen, clock::time_point when, bool rnr);
+  /// Whether a QP timer (retransmit, RNR, tail probe; payload: the QPN in
+  /// the low 32 bits of `a`, the generation in `b`) is still its QP's.  The
+  /// timer queue's sweep asks, under the device lock (disarm_timers and
+  /// the CM's disarm are what ask for a sweep).
+  static bool qp_timer_alive(void* arg, const detail::timer_payload& p) noexcept;
   void recover_stalled_qps() noexcept;
   bool starve(qp_t* qp) noexcept;
   void flush_ack(qp_t* qp) noexcept;

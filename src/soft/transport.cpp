@@ -393,13 +393,19 @@ constexpr std::uint64_t rnr_timer_bit = std::uint64_t{1} << 32;
 }  // namespace
 
 void device::add_qp_timer(std::uint32_t qpn, std::uint64_t gen, clock::time_point when, bool rnr) {
-  if (timers_.schedule(when,
-                       [](void* arg, const detail::timer_payload& pl) noexcept {
-                         static_cast<device*>(arg)->on_qp_timer(static_cast<std::uint32_t>(pl.a), pl.b,
-                                                                (pl.a & rnr_timer_bit) != 0);
-                       },
-                       this, {qpn | (rnr ? rnr_timer_bit : 0), gen, {}}))
+  if (timers_.schedule(
+          when,
+          [](void* arg, const detail::timer_payload& pl) noexcept {
+            static_cast<device*>(arg)->on_qp_timer(static_cast<std::uint32_t>(pl.a), pl.b,
+                                                   (pl.a & rnr_timer_bit) != 0);
+          },
+          this, {qpn | (rnr ? rnr_timer_bit : 0), gen, {}}, &device::qp_timer_alive))
     rearm_timer_fd();
+}
+
+bool device::qp_timer_alive(void* arg, const detail::timer_payload& p) noexcept {
+  const qp_t* qp = static_cast<device*>(arg)->qp_by_number(static_cast<std::uint32_t>(p.a));
+  return qp != nullptr && qp->comp.timer_gen == p.b;
 }
 
 void device::schedule_qp_timer(qp_t* qp, clock::time_point when, bool rnr) noexcept {
@@ -485,8 +491,16 @@ void device::note_request_sent(qp_t* qp) noexcept {
   }
 }
 
-// Invalidates every timer of the QP (reset, error, RNR wait).
+// Invalidates every timer of the QP (reset, error, RNR wait).  The heap
+// entries stay until their deadlines unless swept: each one left behind is
+// counted, so that an RNR loop (a new retransmit timer each round) or QPs
+// churned with long timeouts cannot pile them up.
 void device::disarm_timers(qp_t* qp) noexcept {
+  // (One count per entry: a sweep starts once the cancelled are half the
+  // heap.)
+  if (qp->comp.timer_scheduled) timers_.note_cancelled();
+  if (qp->comp.probe_scheduled) timers_.note_cancelled();
+  if (qp->comp.rnr_waiting) timers_.note_cancelled();
   qp->comp.timer_gen++;
   qp->comp.timer_armed = false;
   qp->comp.timer_scheduled = false;
@@ -540,11 +554,12 @@ std::chrono::nanoseconds device::tail_probe_delay(const qp_t* qp) noexcept {
 
 void device::schedule_tail_probe(qp_t* qp) noexcept {
   try {
-    if (timers_.schedule(qp->comp.probe_at,
-                         [](void* arg, const detail::timer_payload& pl) noexcept {
-                           static_cast<device*>(arg)->on_tail_probe(static_cast<std::uint32_t>(pl.a), pl.b);
-                         },
-                         this, {qp->qpn, qp->comp.timer_gen, {}}))
+    if (timers_.schedule(
+            qp->comp.probe_at,
+            [](void* arg, const detail::timer_payload& pl) noexcept {
+              static_cast<device*>(arg)->on_tail_probe(static_cast<std::uint32_t>(pl.a), pl.b);
+            },
+            this, {qp->qpn, qp->comp.timer_gen, {}}, &device::qp_timer_alive))
       rearm_timer_fd();
     qp->comp.probe_scheduled = true;
   } catch (...) {

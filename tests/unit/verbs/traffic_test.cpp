@@ -1812,6 +1812,28 @@ TEST_F(traffic, reset_after_a_message_arrived_still_acknowledges_it) {
   EXPECT_EQ(query_state(p.a), qp_state::rts);
 }
 
+// Every RNR NAK leaves the retransmit timer it disarms in the timer heap
+// until its deadline, and the resend after the RNR wait queues a new one.
+// With a long timeout (20: 4.3 s) and a short RNR timer (10 us) a slow
+// receiver piled up one entry per round; the cancelled are now swept.
+TEST_F(traffic, rnr_rounds_leave_no_cancelled_timers_piling_up) {
+  qp_options o;
+  o.timeout = 20;
+  o.min_rnr_timer = 1;  // 0.01 ms
+  o.rnr_retry = 7;      // for ever
+  auto p = connected_pair(o);
+  auto src = make_buffer(64);
+  ASSERT_FALSE(post_send(p.a, wr_opcode::send, {src.whole()}, 1));  // b has no receive
+  for (int i = 0; i < 3000; ++i) {
+    clock.advance(std::chrono::microseconds(20));
+    ctx->poll();
+  }
+  const device_counters c = dev.counters();
+  ASSERT_GT(c.rnr_naks_received, 1000u) << "the rounds did not happen";
+  EXPECT_LT(c.timers, 300u) << c.rnr_naks_received << " RNR rounds";
+  EXPECT_EQ(query_state(p.a), qp_state::rts);
+}
+
 // A packet held for reordering that its pass gave nothing to go behind
 // waits for the next pass: the next packet overtakes it.  Alone, it leaves
 // after the delay time.

@@ -513,8 +513,48 @@ std::size_t context_impl::poll() noexcept {
   return worked;
 }
 
+namespace {
+thread_local context_impl* t_polling = nullptr;  // context_impl::polling()
+}  // namespace
+
+context_impl* context_impl::polling() noexcept { return t_polling; }
+
+bool context_impl::release_after_poll(std::vector<std::shared_ptr<void>>& objs) noexcept {
+  try {
+    std::lock_guard lock(released_mu_);
+    released_.reserve(released_.size() + objs.size());
+    for (auto& o : objs) released_.push_back(std::move(o));
+    has_released_.store(true, std::memory_order_release);
+  } catch (...) {
+    return false;
+  }
+  objs.clear();
+  return true;
+}
+
+void context_impl::drop_released() noexcept {
+  std::vector<std::shared_ptr<void>> v;
+  {
+    std::lock_guard lock(released_mu_);
+    v.swap(released_);
+    has_released_.store(false, std::memory_order_relaxed);
+  }
+  v.clear();  // destructors may remove sources: sources_mu_ is not held here
+}
+
 std::size_t context_impl::poll_sources() noexcept {
+  const std::size_t worked = poll_sources_locked();
+  if (has_released_.load(std::memory_order_acquire)) drop_released();
+  return worked;
+}
+
+std::size_t context_impl::poll_sources_locked() noexcept {
   std::shared_lock lock(sources_mu_);
+  struct polling_scope {
+    context_impl* outer;
+    explicit polling_scope(context_impl* c) : outer(std::exchange(t_polling, c)) {}
+    ~polling_scope() { t_polling = outer; }
+  } scope(this);
   epoll_event evs[16];
   const int n = ::epoll_wait(ep_, evs, 16, 0);
   std::size_t worked = 0;

@@ -166,6 +166,15 @@ class context_impl final : public clock_listener {
   // Progress.
   void add_source(progress_source& s, std::error_code& ec) noexcept;
   void remove_source(progress_source& s) noexcept;
+  /// The context whose sources this thread is calling progress() on (in
+  /// poll_sources(), holding sources_mu_ shared), or null.
+  static context_impl* polling() noexcept;
+  /// Takes `objs` (left empty) to release once the poll under way lets go
+  /// of sources_mu_: a source's progress() may drop objects whose
+  /// destructors remove sources (a device's last handle), which under the
+  /// lock this thread holds shared would deadlock.  False, `objs`
+  /// untouched, if there is no memory.
+  bool release_after_poll(std::vector<std::shared_ptr<void>>& objs) noexcept;
   std::size_t poll() noexcept;
   /// Tells busy-polled sources a thread is about to sleep (true) or woke (false).
   void sleep_sources(bool armed) noexcept;
@@ -223,6 +232,7 @@ class context_impl final : public clock_listener {
   void run_timers() noexcept;
   void drain_deferred() noexcept;
   std::size_t poll_sources() noexcept;
+  std::size_t poll_sources_locked() noexcept;  // poll_sources() holding sources_mu_
   /// Frees the slot of a completion nobody will take (its thread exited,
   /// its port closed, its handle dropped) later, outside the completer's
   /// locks: destroying the handler or the result may release the last
@@ -255,6 +265,11 @@ class context_impl final : public clock_listener {
   thread_state* poller_ = nullptr;     // Must hold lead_mu_.
   thread_state* followers_ = nullptr;  // Must hold lead_mu_: linked through follower_next/prev.
   bool progress_leads_ = false;        // Must hold lead_mu_: the progress thread polls; every wait follows.
+  /// Releases what release_after_poll() took.  Holds no lock of ours.
+  void drop_released() noexcept;
+  std::mutex released_mu_;
+  std::vector<std::shared_ptr<void>> released_;  // Must hold released_mu_.
+  std::atomic<bool> has_released_{false};
   std::shared_mutex sources_mu_;  // shared: calling progress(); exclusive: (un)registering
   std::vector<progress_source*> busy_sources_;  // Must hold sources_mu_.
   std::vector<progress_source*> sources_;       // Must hold sources_mu_.

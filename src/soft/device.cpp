@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: MIT
 // Soft device: object tables, keys and memory, CQ/SRQ, events, timers,
 // packets, the loopback link and the run loop.
+#include "core/context_impl.hpp"
 #include "soft/engine.hpp"
 #include "soft/links.hpp"
 #include "soft/splitmix.hpp"
@@ -1661,6 +1662,12 @@ void device::drain_released() noexcept {
     v.swap(graveyard_);
     graveyard_full_.store(false, std::memory_order_relaxed);
   }
+  // Called from progress(), this thread holds its context's sources lock:
+  // an object here may hold a device's last handle there (a spare
+  // connector, its listener and device dropped meanwhile on another
+  // thread), whose release removes the source under that lock.  The
+  // context releases them once it has let go.
+  if (detail::context_impl* c = detail::context_impl::polling(); c != nullptr) (void)c->release_after_poll(v);
   v.clear();  // destructors may take the lock again
   // The room goes back, so that the next release_later() does not have to
   // allocate (unless more were released meanwhile).

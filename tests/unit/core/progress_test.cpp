@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: MIT
 // Rule 5: progress without threads.
+#include "core/context_impl.hpp"
 #include "thread_switches.hpp"
 
 #include <averbs/async.hpp>
@@ -89,6 +90,58 @@ TEST(progress, wait_drives_a_registered_source) {
   r.get(ec);
   EXPECT_FALSE(ec);
   ctx.remove_source(dev);
+}
+
+// A source's progress() runs with the context's sources lock held shared;
+// an object it drops there may hold a device's last handle, whose release
+// removes a source (the lock, exclusive).  Handed to release_after_poll(),
+// it is released once the poll has let go of the lock: poll() returns,
+// the source is gone, and polling() names the context only inside it.
+TEST(progress, objects_a_source_drops_are_released_after_the_sources_lock) {
+  averbs::context ctx;
+  fake_device other(ctx);
+  ctx.add_source(other);
+  class dropping final : public averbs::progress_source {
+   public:
+    dropping(averbs::context& c, fake_device& o)
+        : ctx_(c), other_(o), fd_(::eventfd(1, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+    ~dropping() { ::close(fd_); }
+    int native_handle() const noexcept override { return fd_; }
+    void progress() noexcept override {
+      std::uint64_t v;
+      if (::read(fd_, &v, sizeof v) != sizeof v) return;
+      polled_in = averbs::detail::context_impl::polling();
+      // Stands for a device's last handle: releasing it removes a source.
+      std::vector<std::shared_ptr<void>> objs;
+      objs.emplace_back(nullptr, [this](void*) {
+        ctx_.remove_source(other_);
+        released = true;
+      });
+      handed = polled_in != nullptr && polled_in->release_after_poll(objs);
+      released_inside = released;
+    }
+    averbs::detail::context_impl* polled_in = nullptr;
+    bool handed = false, released = false, released_inside = false;
+
+   private:
+    averbs::context& ctx_;
+    fake_device& other_;
+    int fd_;
+  } d(ctx, other);
+  ctx.add_source(d);
+  EXPECT_EQ(averbs::detail::context_impl::polling(), nullptr);
+  ctx.poll();  // (a deadlock before the hand-over)
+  EXPECT_EQ(d.polled_in, &ctx.detail_impl());
+  EXPECT_TRUE(d.handed);
+  EXPECT_FALSE(d.released_inside) << "released under the sources lock";
+  EXPECT_TRUE(d.released);
+  EXPECT_EQ(averbs::detail::context_impl::polling(), nullptr);
+  // `other` is no source any more: adding it again works.
+  std::error_code ec;
+  ctx.add_source(other, ec);
+  EXPECT_FALSE(ec);
+  ctx.remove_source(other);
+  ctx.remove_source(d);
 }
 
 TEST(progress, source_registered_twice_is_refused) {

@@ -161,13 +161,15 @@ int main(int argc, char** argv) {
       else
         spd = std::move(p);
     });
-    if (!wait_until(ctx, [&] { return spd.has_value() || failed; }) || failed)
-      throw std::system_error(failed, "alloc_pd by callback");
+    if (!wait_until(ctx, [&] { return spd.has_value() || failed; }))
+      throw std::runtime_error("alloc_pd by callback did not complete in 30 s");
+    if (failed) throw std::system_error(failed, "alloc_pd by callback");
     std::printf("3. callback: a protection domain on %s\n", sdev.name().c_str());
 
     // 4. A future: ready once a wait has delivered it.
     std::future<averbs::pd> pd_later = cdev.async_alloc_pd(averbs::use_future);
-    while (pd_later.wait_for(0s) != std::future_status::ready) ctx.poll();
+    if (!wait_until(ctx, [&] { return pd_later.wait_for(0s) == std::future_status::ready; }))
+      throw std::runtime_error("alloc_pd by future did not complete in 30 s");
     averbs::pd cpd = pd_later.get();  // (throws what the operation failed with)
     std::printf("4. use_future: a protection domain on %s\n", cdev.name().c_str());
 
@@ -195,8 +197,12 @@ int main(int argc, char** argv) {
     });
     averbs::cm::connector active(cdev);
     connect_from_client(active, cqp, {server_at.ip, cm_port}, connected);
-    if (!wait_until(ctx, [&] { return accepted && connected; }))
-      throw std::runtime_error("the connection did not complete in 30 s");
+    if (!wait_until(ctx, [&] { return accepted && connected; })) {
+      // (Not by an exception: the suspended coroutine refers to
+      // `connected`, which unwinding would destroy under it.)
+      std::fprintf(stderr, "async_tour: the connection did not complete in 30 s\n");
+      std::quick_exit(1);
+    }
     std::printf("5. server, by callbacks: %s\n   client, in a coroutine: %s\n", accepted->c_str(),
                 connected->c_str());
     if (!passive || sqp.query().state != averbs::qp_state::rts || cqp.query().state != averbs::qp_state::rts)

@@ -301,10 +301,9 @@ std::error_code find_route(const gid& ip, route& out, bool own) {
     if (config_error && !other_failure) return config_error;  // (averbs devices -d NAME says what)
     return embedded_owner() ? std::error_code{} : err(errc::address_unreachable);
   }
-  if (owner(udp) || owner(loop) || owner(embedded) || router(udp) || router(named) || owner(named) ||
-      embedded_owner())
-    return {};
-  return err(errc::address_unreachable);
+  if (owner(udp) || owner(loop) || owner(embedded) || router(udp) || router(named) || owner(named)) return {};
+  if (config_error && !other_failure) return config_error;  // a route only a wrong entry would give
+  return embedded_owner() ? std::error_code{} : err(errc::address_unreachable);
 }
 
 }  // namespace

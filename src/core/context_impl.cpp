@@ -135,6 +135,7 @@ void context_impl::shutdown() noexcept {
     if (state_of(w) == state_pending) complete({i, gen_of(w)}, make_error_code(errc::operation_aborted), nullptr, true);
   }
   free_dropped();
+  drop_released();  // (empty unless a poll was cut short)
 }
 
 // ---------------------------------------------------------------------------

@@ -1667,7 +1667,16 @@ void device::drain_released() noexcept {
   // connector, its listener and device dropped meanwhile on another
   // thread), whose release removes the source under that lock.  The
   // context releases them once it has let go.
-  if (detail::context_impl* c = detail::context_impl::polling(); c != nullptr) (void)c->release_after_poll(v);
+  if (detail::context_impl* c = detail::context_impl::polling(); c != nullptr && !c->release_after_poll(v)) {
+    // No memory to hand them over: back to the graveyard (whose room is
+    // v's), for a drain outside a poll.
+    std::lock_guard lock(lock_);
+    if (graveyard_.empty()) {
+      graveyard_.swap(v);
+      graveyard_full_.store(true, std::memory_order_release);
+      return;
+    }
+  }
   v.clear();  // destructors may take the lock again
   // The room goes back, so that the next release_later() does not have to
   // allocate (unless more were released meanwhile).

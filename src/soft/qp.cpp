@@ -664,10 +664,10 @@ std::error_code device::destroy_qp(qp_t* qp) {
   {
     std::lock_guard lock(lock_);
     destroy_qp_locked(qp);
-    // The DREQ of a connection the QP had (on the in-process link, queued
-    // here) is handled now: a thread asleep on the peer's notify would
-    // otherwise wait for the DREQ's resend.
-    run();
+    // The DREQ of a connection the QP had, on the in-process link queued
+    // here, is handled now: a thread asleep on the peer's notify would
+    // otherwise wait for the DREQ's resend.  (A network link sent it.)
+    kick();
   }
   drain_released();
   return {};

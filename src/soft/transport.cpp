@@ -496,17 +496,17 @@ void device::note_request_sent(qp_t* qp) noexcept {
 // counted, so that an RNR loop (a new retransmit timer each round) or QPs
 // churned with long timeouts cannot pile them up.
 void device::disarm_timers(qp_t* qp) noexcept {
-  // (One count per entry: a sweep starts once the cancelled are half the
-  // heap.)
-  if (qp->comp.timer_scheduled) timers_.note_cancelled();
-  if (qp->comp.probe_scheduled) timers_.note_cancelled();
-  if (qp->comp.rnr_waiting) timers_.note_cancelled();
+  // (One count per entry, after the generation moved: a sweep the count
+  // starts must find these stale.  It starts once the cancelled are half
+  // the heap.)
+  const int left = int{qp->comp.timer_scheduled} + int{qp->comp.probe_scheduled} + int{qp->comp.rnr_waiting};
   qp->comp.timer_gen++;
   qp->comp.timer_armed = false;
   qp->comp.timer_scheduled = false;
   qp->comp.probe_armed = false;
   qp->comp.probe_scheduled = false;
   qp->comp.probe_due = false;
+  for (int i = 0; i < left; ++i) timers_.note_cancelled();
 }
 
 // A tail probe (after TCP's tail loss probe; not in IBTA or rxe).  A

@@ -1299,6 +1299,16 @@ TEST(device_config, a_configured_device_owns_a_host_address_ahead_of_the_embedde
   std::remove(path.c_str());
 }
 
+/// Unsets the device sources' variables and removes the file when a test
+/// ends, however it ends (an assertion that returns early included).
+struct device_sources_guard {
+  std::string path;
+  ~device_sources_guard() {
+    for (const char* v : {"AVERBS_CONFIG", "AVERBS_DEVICES", "AVERBS_FAULTS"}) ::unsetenv(v);
+    if (!path.empty()) std::remove(path.c_str());
+  }
+};
+
 // Small mistakes in a source are errors that say where: an option given
 // twice on a line (the last used to win in silence), an empty faults=, a
 // control character in a name; AVERBS_FAULTS names itself.  An editor's
@@ -1307,6 +1317,7 @@ TEST(device_config, repeated_options_empty_faults_and_odd_names_are_errors_that_
   const std::uint16_t port = test_port();
   const std::string at = test_address(0) + ":" + std::to_string(port);
   const std::string path = "/tmp/averbs_config_small_" + std::to_string(::getpid()) + ".conf";
+  const device_sources_guard guard{path};
   {
     std::ofstream f(path, std::ios::binary);
     f << "\xEF\xBB\xBF"
@@ -1360,6 +1371,7 @@ TEST(device_config, opening_by_address_a_device_configured_wrongly_is_an_error_n
   const std::uint16_t port = test_port();
   const std::string addr = test_address(0);
   const std::string path = "/tmp/averbs_config_wrong_" + std::to_string(::getpid()) + ".conf";
+  const device_sources_guard guard{path};
   {
     std::ofstream f(path);
     f << "cfg_wrong  " << addr << ":" << port << " icrc=no\n";
@@ -1371,6 +1383,8 @@ TEST(device_config, opening_by_address_a_device_configured_wrongly_is_an_error_n
   std::error_code ec;
   device d = cm::open_device(ctx, ip, ec);
   EXPECT_EQ(ec, errc::invalid_argument) << (d ? d.name() : std::string("(none)"));
+  cm::resolve(ctx, ip, ec);  // a route only the wrong entry would give
+  EXPECT_EQ(ec, errc::invalid_argument);
   // Opened by name, it says what and where.
   try {
     (void)open_device(ctx, "cfg_wrong");

@@ -644,6 +644,24 @@ TEST_F(cm_test, destroying_a_connected_qp_acknowledges_what_arrived_and_tells_th
   EXPECT_EQ(p.a.query().state, qp_state::err);
 }
 
+// A connection request delivered to a future nobody holds any more: its
+// connector's last reference goes with the future's state, and the
+// connector's release takes the device lock, which the completion holds.
+TEST_F(cm_test, a_request_delivered_to_a_dropped_future_is_released_without_a_deadlock) {
+  cm::listener l = cm::listen(dev, at(7000));
+  { auto dropped = l.async_get_request(use_future); }
+  qp a = make_qp();
+  cm::connector c(dev);
+  auto conn = c.async_connect(a, at(7000), {}, use_request);
+  for (int i = 0; i < 20; ++i) ctx->poll();  // the REQ is delivered to the dropped future
+  // Nobody accepts: the connector released with the future rejected it, or
+  // the connect is still waiting; either way the device still works.
+  EXPECT_TRUE(conn.ready() || c.state() == cm::conn_state::connecting) << static_cast<int>(c.state());
+  cm::listener l2 = cm::listen(dev, at(7001));
+  pair p = connect_pair(7001, l2);
+  check_send(p.a, p.b);
+}
+
 TEST_F(cm_test, destroying_the_qp_aborts_a_pending_accept) {
   cm::listener l = cm::listen(dev, at(7000));
   qp a = make_qp(), b = make_qp();

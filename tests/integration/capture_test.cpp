@@ -1006,6 +1006,22 @@ class capture : public ::testing::Test {
     return true;
   }
 
+  /// A network namespace of the test's own with lo up, kept in ns_ (and
+  /// deleted by TearDown); root only: a skip otherwise, saying `what`
+  /// needs it.
+  void make_namespace(const std::string& prefix, const std::string& what) {
+    if (::geteuid() != 0) AVERBS_SKIP_FOR_ENVIRONMENT(what + " runs in a network namespace: needs root");
+    const std::string ns = prefix + std::to_string(::getpid()) + "_" + std::to_string(roce_port());
+    if (!shell("ip netns add " + ns)) AVERBS_SKIP_FOR_ENVIRONMENT("ip netns add failed here");
+    ns_ = ns;
+    ASSERT_TRUE(shell("ip -n " + ns + " link set lo up"));
+  }
+  /// Two IPv6 addresses of ours on the namespace's lo.
+  void add_addresses(const std::string& a, const std::string& b) {
+    ASSERT_TRUE(shell("ip -n " + ns_ + " addr add " + a + "/128 dev lo nodad"));
+    ASSERT_TRUE(shell("ip -n " + ns_ + " addr add " + b + "/128 dev lo nodad"));
+  }
+
   std::string tshark_, dumpcap_, python_, dir_, ns_;
   std::size_t roce_frames_ = 0;
 };
@@ -1055,20 +1071,15 @@ class capture_gso : public capture {
   void SetUp() override {
     capture::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
-    if (::geteuid() != 0)
-      AVERBS_SKIP_FOR_ENVIRONMENT("the GSO capture runs in a network namespace: needs root");
-    const std::string ns = "avb_gso" + std::to_string(::getpid()) + "_" + std::to_string(roce_port());
-    if (!shell("ip netns add " + ns)) AVERBS_SKIP_FOR_ENVIRONMENT("ip netns add failed here");
-    ns_ = ns;
-    ASSERT_TRUE(shell("ip -n " + ns + " link set lo up"));
+    make_namespace("avb_gso", "the GSO capture");
+    if (IsSkipped() || HasFatalFailure()) return;
     // An iproute2 without the keyword, or a kernel that ignores it, cannot
     // cut runs here: that is the host's, and the test cannot run.
     std::string shown;
-    if (!shell("ip -n " + ns + " link set dev lo gso_max_segs 1") ||
-        !sh("ip -d -n " + ns + " link show lo", &shown) || !says_one_segment(shown))
+    if (!shell("ip -n " + ns_ + " link set dev lo gso_max_segs 1") ||
+        !sh("ip -d -n " + ns_ + " link show lo", &shown) || !says_one_segment(shown))
       AVERBS_SKIP_FOR_ENVIRONMENT("lo's gso_max_segs cannot be set to 1 here: " + shown);
-    ASSERT_TRUE(shell("ip -n " + ns + " addr add " + a6 + "/128 dev lo nodad"));
-    ASSERT_TRUE(shell("ip -n " + ns + " addr add " + b6 + "/128 dev lo nodad"));
+    add_addresses(a6, b6);
   }
   const std::string a6 = "fd42:ca98::a", b6 = "fd42:ca98::b";
 };
@@ -1093,14 +1104,9 @@ class capture_v6 : public capture {
   void SetUp() override {
     capture::SetUp();
     if (IsSkipped() || HasFatalFailure()) return;
-    if (::geteuid() != 0)
-      AVERBS_SKIP_FOR_ENVIRONMENT("the IPv6 capture runs in a network namespace: needs root");
-    const std::string ns = "avb_cap" + std::to_string(::getpid()) + "_" + std::to_string(roce_port());
-    if (!shell("ip netns add " + ns)) AVERBS_SKIP_FOR_ENVIRONMENT("ip netns add failed here");
-    ns_ = ns;
-    ASSERT_TRUE(shell("ip -n " + ns + " link set lo up"));
-    ASSERT_TRUE(shell("ip -n " + ns + " addr add " + a + "/128 dev lo nodad"));
-    ASSERT_TRUE(shell("ip -n " + ns + " addr add " + b + "/128 dev lo nodad"));
+    make_namespace("avb_cap", "the IPv6 capture");
+    if (IsSkipped() || HasFatalFailure()) return;
+    add_addresses(a, b);
   }
   const std::string a = "fd42:ca97::a", b = "fd42:ca97::b";
 };

@@ -1299,6 +1299,18 @@ TEST(device_config, a_configured_device_owns_a_host_address_ahead_of_the_embedde
   std::remove(path.c_str());
 }
 
+/// What opening device `name` fails with (as invalid_argument, a source's
+/// error), or "(opened)".
+std::string open_failure(context& ctx, const std::string& name) {
+  try {
+    (void)open_device(ctx, name);
+  } catch (const std::system_error& e) {
+    EXPECT_EQ(e.code(), errc::invalid_argument) << e.what();
+    return e.what();
+  }
+  return "(opened)";
+}
+
 /// Unsets the device sources' variables and removes the file when a test
 /// ends, however it ends (an assertion that returns early included).
 struct device_sources_guard {
@@ -1327,15 +1339,7 @@ TEST(device_config, repeated_options_empty_faults_and_odd_names_are_errors_that_
   }
   ::setenv("AVERBS_CONFIG", path.c_str(), 1);
   context ctx;
-  const auto message_of = [&](const std::string& name) -> std::string {
-    try {
-      (void)open_device(ctx, name);
-    } catch (const std::system_error& e) {
-      EXPECT_EQ(e.code(), errc::invalid_argument) << e.what();
-      return e.what();
-    }
-    return "(opened)";
-  };
+  const auto message_of = [&](const std::string& name) { return open_failure(ctx, name); };
   std::error_code ec;
   device bom = open_device(ctx, "cfg_bom", ec);
   EXPECT_FALSE(ec) << "the byte-order mark became part of the name: " << ec.message();
@@ -1540,15 +1544,7 @@ TEST(device_config, malformed_sources_are_errors_that_say_where) {
   const std::uint16_t port = test_port();
   const std::string at = addr + ":" + std::to_string(port);
   context ctx;
-  const auto message_of = [&](const std::string& name) -> std::string {
-    try {
-      (void)open_device(ctx, name);
-    } catch (const std::system_error& e) {
-      EXPECT_EQ(e.code(), errc::invalid_argument) << e.what();
-      return e.what();
-    }
-    return "(opened)";
-  };
+  const auto message_of = [&](const std::string& name) { return open_failure(ctx, name); };
   const auto says = [](const std::string& what, const std::string& part) {
     return what.find(part) != std::string::npos;
   };

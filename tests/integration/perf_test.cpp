@@ -681,6 +681,11 @@ TEST(cli_options, bad_numbers_are_usage_errors_in_every_command) {
       {{"perf", "--test", "send_lat", "127.0.0.2", "127.0.0.3"}, "one server HOST only"},
       // An empty --addr is no address (it ran in one process, as without one).
       {{"perf", "--test", "send_lat", "--addr="}, "--addr needs an address"},
+      // An option of the other kind of test is refused (it was ignored).
+      {{"perf", "--test", "connect", "-s", "4096"}, "-s does not apply to --test connect"},
+      {{"perf", "--test", "connect", "-Q", "4"}, "-Q does not apply to --test connect"},
+      {{"perf", "--test", "send_lat", "-w", "8"}, "-w applies to --test connect only"},
+      {{"perf", "--test", "write_bw", "--no-verify"}, "--no-verify applies to --test connect only"},
   };
   for (const auto& [args, message] : cases) {
     std::vector<std::string> argv{AVERBS_CLI};

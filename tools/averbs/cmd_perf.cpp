@@ -271,6 +271,7 @@ int cmd_perf(std::span<char* const> raw_args) {
   const std::vector<std::string> args = split_attached_values(raw_args);
   perf::options o;
   bool mtu_given = false;
+  std::string data_option, connect_option;  // the first option of a data test, of --test connect, given
   bool have_test = false, named_device = false, icrc = true, connect_test = false, show_counters = false, gso = true;
   std::string host, addr, faults;
   perf::connect_options co;
@@ -330,28 +331,36 @@ int cmd_perf(std::span<char* const> raw_args) {
     } else if (a == "--no-gso") {
       gso = false;
     } else if (a == "-s" || a == "--size") {
+      if (data_option.empty()) data_option = a;
       o.size = static_cast<std::size_t>(number(1, 8l << 20));
     } else if (a == "-a" || a == "--all") {
+      if (data_option.empty()) data_option = a;
       o.all_sizes = true;
     } else if (a == "-n" || a == "--iters") {
       // perftest's floor; the ceiling keeps a latency run's samples in memory.
       o.iters = static_cast<std::size_t>(number(5, 100'000'000));
     } else if (a == "-m" || a == "--mtu") {
+      if (data_option.empty()) data_option = a;
       mtu_given = true;
       if (!perf::mtu_of_bytes(number(256, 4096), o.path_mtu)) {
         std::fprintf(stderr, "averbs perf: MTU must be 256, 512, 1024, 2048 or 4096\n");
         return 2;
       }
     } else if (a == "-t" || a == "--tx-depth") {
+      if (data_option.empty()) data_option = a;
       o.tx_depth = static_cast<std::uint32_t>(number(1, 15000));
     } else if (a == "-r" || a == "--rx-depth") {
+      if (data_option.empty()) data_option = a;
       o.rx_depth = static_cast<std::uint32_t>(number(1, 15000));
     } else if (a == "-Q" || a == "--cq-mod") {
+      if (data_option.empty()) data_option = a;
       o.cq_mod = static_cast<std::uint32_t>(number(1, 1024));
       o.cq_mod_given = true;
     } else if (a == "--report_gbits" || a == "--report-gbits") {
+      if (data_option.empty()) data_option = a;
       o.report_gbits = true;
     } else if (a == "-I" || a == "--inline" || a == "--inline_size") {
+      if (data_option.empty()) data_option = a;
       o.inline_size = static_cast<std::uint32_t>(number(0, 512));  // the device's max_inline_data
     } else if (a == "-D" || a == "--duration") {
       o.duration = static_cast<std::uint32_t>(number(1, 86400));
@@ -364,15 +373,19 @@ int cmd_perf(std::span<char* const> raw_args) {
       // calibrates its cycle counter against the monotonic clock and warns
       // about nothing, so there is nothing to ignore.
     } else if (a == "-o" || a == "--outs") {
+      if (data_option.empty()) data_option = a;
       o.outstanding_reads = static_cast<std::uint32_t>(number(1, 128));
     } else if (a == "-u" || a == "--qp-timeout") {
       o.qp_timeout = static_cast<std::uint8_t>(number(0, 31));  // 0: no timeout (IBTA), as perftest allows
       co.ack_timeout = o.qp_timeout;
     } else if (a == "-w" || a == "--window") {
+      if (connect_option.empty()) connect_option = a;
       co.window = static_cast<std::size_t>(number(1, 1'000'000));
     } else if (a == "--sync") {
+      if (connect_option.empty()) connect_option = a;
       co.sync_connections = static_cast<std::size_t>(number(1, 100'000'000));
     } else if (a == "--no-verify") {
+      if (connect_option.empty()) connect_option = a;
       co.verify = false;
     } else if (!a.empty() && a[0] != '-' && host.empty()) {
       host = a;
@@ -386,6 +399,15 @@ int cmd_perf(std::span<char* const> raw_args) {
   }
   if (!have_test) {
     std::fprintf(stderr, "averbs perf: --test is required (try --help)\n");
+    return 2;
+  }
+  // An option of the other kind of test is a mistake, not a no-op.
+  if (connect_test && !data_option.empty()) {
+    std::fprintf(stderr, "averbs perf: %s does not apply to --test connect\n", data_option.c_str());
+    return 2;
+  }
+  if (!connect_test && !connect_option.empty()) {
+    std::fprintf(stderr, "averbs perf: %s applies to --test connect only\n", connect_option.c_str());
     return 2;
   }
   if (o.duration != 0 && (connect_test || perf::is_latency(o.test) || o.iters != 0 || o.all_sizes)) {

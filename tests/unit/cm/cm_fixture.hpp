@@ -92,13 +92,31 @@ class cm_test : public ::testing::Test {
     return p;
   }
 
+  /// 64 bytes to send (filled with `fill`) and 64 to receive into,
+  /// registered, with their SGEs.
+  struct send_buffers {
+    std::vector<std::byte> src, dst;
+    mr ms, md;
+    sge ss, rs;
+  };
+  std::unique_ptr<send_buffers> make_send_buffers(std::byte fill) {
+    auto b = std::make_unique<send_buffers>();
+    b->src.assign(64, fill);
+    b->dst.assign(64, std::byte{0});
+    b->ms = pd_.reg_mr(b->src.data(), b->src.size(), access_local_write);
+    b->md = pd_.reg_mr(b->dst.data(), b->dst.size(), access_local_write);
+    b->ss = {reinterpret_cast<std::uintptr_t>(b->src.data()), 64, b->ms.lkey()};
+    b->rs = {reinterpret_cast<std::uintptr_t>(b->dst.data()), 64, b->md.lkey()};
+    return b;
+  }
+
   /// Runs one SEND from `from` to `to` and checks it arrives.
   void check_send(const qp& from, const qp& to) {
-    std::vector<std::byte> src(64, std::byte{0x5A}), dst(64);
-    mr ms = pd_.reg_mr(src.data(), src.size(), access_local_write);
-    mr md = pd_.reg_mr(dst.data(), dst.size(), access_local_write);
-    const sge rs{reinterpret_cast<std::uintptr_t>(dst.data()), 64, md.lkey()};
-    const sge ss{reinterpret_cast<std::uintptr_t>(src.data()), 64, ms.lkey()};
+    const auto bufs = make_send_buffers(std::byte{0x5A});
+    const std::vector<std::byte>& src = bufs->src;
+    const std::vector<std::byte>& dst = bufs->dst;
+    const sge& rs = bufs->rs;
+    const sge& ss = bufs->ss;
     recv_wr r;
     r.wr_id = 7;
     r.sg_list = &rs;

@@ -610,11 +610,9 @@ TEST_F(cm_test, destroying_the_qp_aborts_a_pending_connect) {
 TEST_F(cm_test, destroying_a_connected_qp_acknowledges_what_arrived_and_tells_the_peer_at_once) {
   cm::listener l = cm::listen(dev, at(7000));
   pair p = connect_pair(7000, l);
-  std::vector<std::byte> src(64, std::byte{0x3C}), dst(64);
-  mr ms = pd_.reg_mr(src.data(), src.size(), access_local_write);
-  mr md = pd_.reg_mr(dst.data(), dst.size(), access_local_write);
-  const sge rs{reinterpret_cast<std::uintptr_t>(dst.data()), 64, md.lkey()};
-  const sge ss{reinterpret_cast<std::uintptr_t>(src.data()), 64, ms.lkey()};
+  const auto bufs = make_send_buffers(std::byte{0x3C});
+  const sge& rs = bufs->rs;
+  const sge& ss = bufs->ss;
   recv_wr r;
   r.wr_id = 7;
   r.sg_list = &rs;

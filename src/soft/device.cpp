@@ -1780,6 +1780,9 @@ void device::on_ack_timer() noexcept {
 void device::run() noexcept {
   if (running_) return;
   running_ = true;
+  // Packets waiting for room in a full send buffer go first; the QPs they
+  // stopped (park()) go on behind them if there is room now.
+  if (starved_requesters_ != 0 && link_->send_blocked()) link_->flush();
   if (lost_timers_ != 0 || starved_requesters_ != 0) recover_stalled_qps();
   if (std::exchange(agent_recovery_, false)) gsi_->recover();
   const bool held_before = acks_held_;
@@ -1896,6 +1899,10 @@ void device::run() noexcept {
       req_head_ = qp->req.next_ready;
       if (req_head_ == nullptr) req_tail_ = nullptr;
       qp->req.scheduled = false;
+      if (link_->send_blocked()) {
+        park(qp);
+        continue;
+      }
       if (answering_read(qp)) responder_turn(qp);
       requester(qp);
       continue;

@@ -497,6 +497,10 @@ class link {
   }
   /// The run is ending: push out anything batched.
   virtual void flush() noexcept {}
+  /// Whether packets wait for room in a full send buffer: the device starts
+  /// no new request or READ response packets meanwhile (rxe's requester
+  /// waits alike for its packets in the qdisc).
+  virtual bool send_blocked() const noexcept { return false; }
   /// Moves what has arrived into the device's receive queue; returns the
   /// number of packets.
   virtual std::size_t poll() noexcept { return 0; }
@@ -840,6 +844,7 @@ class device final : public progress_source, public clock_listener {
   static bool qp_timer_alive(void* arg, const detail::timer_payload& p) noexcept;
   void recover_stalled_qps() noexcept;
   bool starve(qp_t* qp) noexcept;
+  void park(qp_t* qp) noexcept;
   void flush_ack(qp_t* qp) noexcept;
   /// Sends the ACK `qp` holds (coalesced or lazy), now, ahead of anything
   /// queued after it: before the QP stops (ERR, destroy), when no later

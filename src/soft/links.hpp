@@ -12,6 +12,7 @@
 #include <chrono>
 #include <memory>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace averbs::soft {
@@ -46,6 +47,7 @@ class fault_link final : public link {
   /// keep every packet and retransmission).
   static constexpr std::size_t max_delayed = 4096;
   std::size_t send_batch() const noexcept override { return inner_.send_batch(); }
+  bool send_blocked() const noexcept override { return inner_.send_blocked(); }
   bool peers_ack_unasked() const noexcept override { return inner_.peers_ack_unasked(); }
   void want_ip_fields() noexcept override { inner_.want_ip_fields(); }
   bool management_active(std::chrono::steady_clock::time_point now) const noexcept override {
@@ -121,6 +123,7 @@ class udp_link final : public link {
   std::uint64_t receive_overflows() const noexcept override;
   void note_management() noexcept override;
   std::size_t send_batch() const noexcept override { return tx_limit_; }
+  bool send_blocked() const noexcept override { return backlog_head_ != nullptr; }
   bool management_active(std::chrono::steady_clock::time_point now) const noexcept override {
     return now - last_management_ <= quiet_for;
   }
@@ -187,6 +190,28 @@ class udp_link final : public link {
   void write_ip_udp(tx_slot& s) noexcept;
   void transmit(tx_slot* slots, std::size_t count) noexcept;
   void transmit_each(tx_slot* slots, std::size_t count) noexcept;
+  // A full socket send buffer (a qdisc or a NIC queue holding packets, or
+  // a buffer capped at net.core.wmem_max without CAP_NET_ADMIN) refuses
+  // packets: they wait in the backlog, in order, their payloads copied,
+  // and leave before anything newer, at the next flush or when the retry
+  // timer fires (about when a queue of a few packets drains); the device
+  // starts no new requests meanwhile (send_blocked()).  A packet past
+  // max_backlog is lost, as from a full queue on a wire.
+  static constexpr std::size_t max_backlog = 4096;
+  static constexpr std::chrono::microseconds backlog_retry{50};
+  /// Keeps the packets of `slots` in the backlog (their payloads copied).
+  void defer(tx_slot* slots, std::size_t count) noexcept;
+  /// Sends what the backlog holds, oldest first, until the socket refuses.
+  void send_backlog() noexcept;
+  void arm_backlog_timer() noexcept;
+  packet* backlog_head_ = nullptr;  // linked through packet::next
+  packet* backlog_tail_ = nullptr;
+  std::size_t backlog_size_ = 0;
+  bool backlog_timer_ = false;
+  bool resending_ = false;  // send_backlog() is sending: what it puts back was counted
+  // Tries before a full send buffer's packets go to the backlog (a syscall
+  // each, under the device lock).
+  static constexpr int full_buffer_spins = 4;
   /// Sends slots [0, n) as one UDP GSO datagram; false if the kernel
   /// refused (the caller sends them one by one).
   bool transmit_gso(tx_slot* slots, std::size_t n, int fd) noexcept;
@@ -275,6 +300,12 @@ class udp_link final : public link {
   static constexpr std::chrono::milliseconds rx_idle{100};
 
   device& dev_;
+  // The network namespace the device was made in (nsfs device and inode):
+  // sockets the link opens as it goes (flows, GSO runs, peers) only there.
+  std::pair<std::uint64_t, std::uint64_t> netns_{};
+  /// A UDP socket of our family, or -1 if the calling thread is in another
+  /// network namespace than the device.
+  int socket_here() const noexcept;
   bool v6_ = false;
   // The shared socket reports each datagram's traffic class and hop limit
   // (set once the first UD QP is created; a read then always takes control

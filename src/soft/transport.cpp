@@ -466,6 +466,14 @@ bool device::starve(qp_t* qp) noexcept {
   return false;
 }
 
+// The link's send buffer is full (link::send_blocked()): the QP's turn
+// waits for the next pass, as a starved one's, but with no wake-up: the
+// link's retry timer or the next poll runs that pass.
+void device::park(qp_t* qp) noexcept {
+  if (!qp->req.starved) ++starved_requesters_;
+  qp->req.starved = true;
+}
+
 void device::arm_retry_timer(qp_t* qp) noexcept {
   if (qp->type != qp_type::rc || qp->timeout == 0) return;  // timeout 0: no retransmission timer
   qp->comp.deadline = deadline_after(pass_now(), std::chrono::nanoseconds(wire::ack_timeout_ns(qp->timeout)));

@@ -9,6 +9,7 @@
 #include <netinet/ip.h>
 #include <netinet/udp.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -139,10 +140,28 @@ ssize_t send_one(int fd, const msghdr& m) noexcept {
                   m.msg_namelen);
 }
 
+// The calling thread's network namespace (device and inode of its nsfs
+// file); {0, 0} where /proc cannot say.
+std::pair<std::uint64_t, std::uint64_t> thread_netns() noexcept {
+  struct stat st;
+  if (::stat("/proc/thread-self/ns/net", &st) != 0) return {0, 0};
+  return {st.st_dev, st.st_ino};
+}
+
 }  // namespace
+
+int udp_link::socket_here() const noexcept {
+  // A socket belongs to the namespace of the thread that opens it, and the
+  // thread driving the device may have joined another since (setns): one
+  // opened there would send where none of our peers is.  The datagrams
+  // take the path the device's own sockets offer instead.
+  if (thread_netns() != netns_) return -1;
+  return ::socket(v6_ ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+}
 
 udp_link::udp_link(device& d, const device_config& cfg)
     : dev_(d), port_(cfg.port), local_(cfg.address), check_icrc_(cfg.check_icrc), gso_(cfg.gso) {
+  netns_ = thread_netns();
   v6_ = !local_.is_ipv4_mapped();
   const int af = v6_ ? AF_INET6 : AF_INET;
   fd_ = ::socket(af, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -255,6 +274,7 @@ udp_link::udp_link(device& d, const device_config& cfg)
 
 udp_link::~udp_link() {
   for (std::size_t i = 0; i < tx_count_; ++i) dev_.free_packet(tx_[i].p);
+  while (backlog_head_ != nullptr) dev_.free_packet(std::exchange(backlog_head_, backlog_head_->next));
   for (packet* p : rx_)
     if (p != nullptr) dev_.free_packet(p);
   for (auto& [sport, g] : gso_fds_)
@@ -332,6 +352,7 @@ void udp_link::flush() noexcept {
     flushes_ = 0;
     if (const clock::time_point now = dev_.pass_now(); now >= next_prune_) prune_idle(now);
   }
+  if (backlog_head_ != nullptr) send_backlog();
   if (tx_count_ == 0) return;
   transmit(tx_.data(), tx_count_);
   tx_count_ = 0;
@@ -387,8 +408,7 @@ int udp_link::gso_fd(std::uint16_t sport) noexcept {
     if (lru->second.fd >= 0) ::close(lru->second.fd);
     gso_fds_.erase(lru);
   }
-  const int af = v6_ ? AF_INET6 : AF_INET;
-  int fd = ::socket(af, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  int fd = socket_here();
   if (fd >= 0) {
     bool ok = true;
     if (v6_) {
@@ -472,10 +492,11 @@ bool udp_link::transmit_gso(tx_slot* slots, std::size_t n, int fd) noexcept {
       dev_.counters_.gso_packets += n;
       return true;
     }
-    if (errno == EINTR || ((errno == EAGAIN || errno == ENOBUFS) && spins < 64)) continue;
+    if (errno == EINTR || ((errno == EAGAIN || errno == ENOBUFS) && spins < full_buffer_spins)) continue;
     break;
   }
-  // Refused (no GSO on this route, say): back to ID-0 ICRCs, one by one.
+  // Refused (no GSO on this route, or a full buffer): back to ID-0 ICRCs,
+  // one by one (or into the backlog).
   if (!v6_)
     for (std::size_t k = 1; k < n; ++k) wire::store_icrc(slots[k].p->icrc, trailer_icrc(slots[k]));
   return false;
@@ -512,7 +533,8 @@ void udp_link::transmit(tx_slot* slots, std::size_t count) noexcept {
     const int fd = j - i >= 2 && (v6_ || a.p->hop_limit != 0) ? gso_fd(a.sport) : -1;
     if (fd >= 0) {
       transmit_each(slots + single, i - single);
-      if (!transmit_gso(slots + i, j - i, fd)) transmit_each(slots + i, j - i);
+      // (Behind what a full buffer refused: into the backlog too.)
+      if (backlog_head_ != nullptr || !transmit_gso(slots + i, j - i, fd)) transmit_each(slots + i, j - i);
       single = i = j;
       continue;
     }
@@ -523,6 +545,10 @@ void udp_link::transmit(tx_slot* slots, std::size_t count) noexcept {
 
 void udp_link::transmit_each(tx_slot* slots, std::size_t count) noexcept {
   if (count == 0) return;
+  if (backlog_head_ != nullptr) {
+    defer(slots, count);  // behind the packets waiting for room
+    return;
+  }
   // A datagram alone (a ping-pong's) through its flow's connected socket.
   if (count == 1 && raw_fd_ >= 0) {
     if (flow* f = flow_for(slots[0]); f != nullptr && transmit_flow(slots[0], *f)) return;
@@ -556,12 +582,82 @@ void udp_link::transmit_each(tx_slot* slots, std::size_t count) noexcept {
       continue;
     }
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0 && (errno == EAGAIN || errno == ENOBUFS) && ++spins < 64) continue;  // socket buffer full
+    if (r < 0 && (errno == EAGAIN || errno == ENOBUFS)) {
+      if (++spins < full_buffer_spins) continue;
+      // The send buffer stays full: the rest waits for room.
+      for (std::size_t i = 0; i < sent; ++i) dev_.free_packet(slots[i].p);
+      defer(slots + sent, count - sent);
+      return;
+    }
     // Unroutable or refused: the packet is lost, as on a wire; RC retransmits.
     dev_.counters_.dropped += 1;
+    dev_.free_packet(std::exchange(slots[sent].p, nullptr));
     ++sent;
   }
-  for (std::size_t i = 0; i < count; ++i) dev_.free_packet(slots[i].p);
+  for (std::size_t i = 0; i < count; ++i)
+    if (slots[i].p != nullptr) dev_.free_packet(slots[i].p);
+}
+
+void udp_link::defer(tx_slot* slots, std::size_t count) noexcept {
+  for (std::size_t i = 0; i < count; ++i) {
+    packet* p = slots[i].p;
+    if (p == nullptr) continue;  // (dropped already)
+    if (backlog_size_ >= max_backlog) {
+      ++dev_.counters_.dropped;
+      dev_.free_packet(p);
+      continue;
+    }
+    p->own_payload();  // it outlives this pass: the memory may change or go
+    p->next = nullptr;
+    if (backlog_tail_ != nullptr)
+      backlog_tail_->next = p;
+    else
+      backlog_head_ = p;
+    backlog_tail_ = p;
+    ++backlog_size_;
+    if (!resending_) ++dev_.counters_.send_deferred;  // (each packet once)
+  }
+  if (backlog_head_ != nullptr) arm_backlog_timer();
+}
+
+void udp_link::send_backlog() noexcept {
+  packet* p = std::exchange(backlog_head_, nullptr);
+  backlog_tail_ = nullptr;
+  backlog_size_ = 0;
+  std::array<tx_slot, quiet_batch> slots;
+  while (p != nullptr) {
+    std::size_t n = 0;
+    while (p != nullptr && n < slots.size()) {
+      packet* next = std::exchange(p->next, nullptr);
+      // (A port gone down meanwhile sends nothing: the cable was pulled.)
+      if (dev_.port_carries(p) && prepare(slots[n], p)) ++n;
+      p = next;
+    }
+    resending_ = true;
+    transmit(slots.data(), n);
+    resending_ = false;
+    if (backlog_head_ == nullptr) continue;
+    // Refused again: the rest stays behind what was just put back.
+    backlog_tail_->next = p;
+    for (; p != nullptr; p = p->next) {
+      backlog_tail_ = p;
+      ++backlog_size_;
+    }
+    return;
+  }
+}
+
+void udp_link::arm_backlog_timer() noexcept {
+  if (backlog_timer_) return;
+  // The link lives as long as its device, and the device's timers with it.
+  backlog_timer_ = dev_.schedule_timer(deadline_after(dev_.clock().now(), backlog_retry),
+                                       [](void* arg, const detail::timer_payload&) noexcept {
+                                         auto* self = static_cast<udp_link*>(arg);
+                                         self->backlog_timer_ = false;
+                                         // Sent now; the pass that follows lets the stopped requesters go on.
+                                         if (self->backlog_head_ != nullptr) self->send_backlog();
+                                       },
+                                       this, {});
 }
 
 std::size_t udp_link::flow_key_hash::operator()(const flow_key& k) const noexcept {
@@ -631,7 +727,7 @@ udp_link::flow* udp_link::flow_for(const tx_slot& s) noexcept {
 }
 
 int udp_link::open_flow_socket(const packet& p, std::uint16_t sport) noexcept {
-  const int fd = ::socket(v6_ ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  const int fd = socket_here();
   if (fd < 0) return -1;
   bool ok = set_int(fd, SOL_SOCKET, SO_REUSEADDR, 1) == 0;
   if (v6_) {
@@ -735,7 +831,7 @@ bool udp_link::transmit_flow(tx_slot& s, flow& f) noexcept {
       dev_.free_packet(s.p);
       return true;
     }
-    if (errno == EINTR || ((errno == EAGAIN || errno == ENOBUFS) && spins < 64)) continue;
+    if (errno == EINTR || ((errno == EAGAIN || errno == ENOBUFS) && spins < full_buffer_spins)) continue;
     break;
   }
   // Refused (an ICMP error from a vanished peer, say): the caller sends it
@@ -1021,7 +1117,7 @@ void udp_link::open_peer(const gid& from, std::uint16_t port) noexcept {
   // Only in a group whose selector sends the unconnected traffic to the
   // shared and management sockets.
   if (gsi_fd_ < 0) return;
-  const int fd = ::socket(v6_ ? AF_INET6 : AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  const int fd = socket_here();
   bool ok = fd >= 0 && set_int(fd, SOL_SOCKET, SO_REUSEPORT, 1) == 0;
   if (ok && v6_) {
     set_int(fd, IPPROTO_UDP, UDP_NO_CHECK6_RX, 1);

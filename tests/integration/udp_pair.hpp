@@ -95,6 +95,7 @@ class udp_pair_test : public ::testing::Test {
     o.port = port != 0 ? port : test_port();
     o.faults = faults;
     o.raw_send = raw_send;
+    o.gso = gso;
     if (manual_time) o.clock = &manual;
     e.sdev = std::make_unique<soft_device>(o);
     e.dev = open_device(ctx, o.name);
@@ -127,12 +128,13 @@ class udp_pair_test : public ::testing::Test {
 
   /// Takes `q` (of type `t`) from RESET to RTS (RTR if `rtr_only`),
   /// connected to QP `dest_qpn` at `dgid` unless it is UD: PSNs 0, path
-  /// MTU 1024, every remote access, Q_Key 0x11111111 for UD, `rd_atomic`
-  /// READs/atomics each way, ACK timeout `timeout`, `retry` retries and
-  /// RNR retries; `flow_label` picks the UDP source port (rxe's rule).
+  /// MTU `path_mtu` (1024), every remote access, Q_Key 0x11111111 for
+  /// UD, `rd_atomic` READs/atomics each way, ACK timeout `timeout`, `retry`
+  /// retries and RNR retries; `flow_label` picks the UDP source port
+  /// (rxe's rule).
   static void connect_qp(const qp& q, qp_type t, const gid& dgid, std::uint32_t dest_qpn,
                          std::uint8_t rd_atomic, std::uint8_t timeout, std::uint8_t retry,
-                         bool rtr_only = false, std::uint32_t flow_label = 0) {
+                         bool rtr_only = false, std::uint32_t flow_label = 0, mtu path_mtu = mtu::mtu_1024) {
     qp_attr at;
     at.state = qp_state::init;
     at.port_num = 1;
@@ -144,7 +146,7 @@ class udp_pair_test : public ::testing::Test {
     at.state = qp_state::rtr;
     std::uint32_t mask = qp_attr_state;
     if (t != qp_type::ud) {
-      at.path_mtu = mtu::mtu_1024;
+      at.path_mtu = path_mtu;
       at.dest_qp_num = dest_qpn;
       at.rq_psn = 0;
       at.max_dest_rd_atomic = rd_atomic;
@@ -285,6 +287,8 @@ class udp_pair_test : public ::testing::Test {
   /// make()'s devices send through a raw socket when they may (the
   /// default); false: through the bound socket, as without CAP_NET_RAW.
   bool raw_send = true;
+  /// make()'s devices send runs of packets as UDP GSO datagrams (the default).
+  bool gso = true;
 };
 
 }  // namespace averbs::test

@@ -7,6 +7,7 @@
 #include <averbs/cm.hpp>
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
 #include <poll.h>
@@ -24,6 +25,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <span>
 #include <sstream>
 #include <thread>
@@ -741,6 +743,127 @@ TEST_F(udp, datagrams_posted_together_are_sent_and_read_in_batches) {
   // more, unless the batching is gone.
   EXPECT_GE(ca.send_batches - sa.send_batches, 3u);
   EXPECT_GT(cb.receive_batches, sb.receive_batches) << "32 queued datagrams read one by one";
+}
+
+// A queue in front of a slower wire fills a socket's send buffer: a NIC's
+// ring, or here a token bucket (tc tbf, 200 Mbit/s) on the lo of a network
+// namespace of the test's own.  Sixteen QPs WRITE at once, more than the
+// raw socket's 8 MB buffer holds (GSO off: every run of packets goes
+// through it).  The packets the socket refuses wait, in order, and leave
+// as it drains: none is lost and every byte arrives (helper-106 #1: each
+// refused packet was dropped as on a wire, and RC resent it).
+class udp_queue : public udp_pair_test {
+ protected:
+  ~udp_queue() override {
+    if (!ns_.empty()) sh("ip netns del " + ns_);
+  }
+  static bool sh(const std::string& cmd) { return std::system((cmd + " >/dev/null 2>&1").c_str()) == 0; }
+  /// Runs `fn` on a thread in the namespace.  A device opens sockets as it
+  /// goes (a flow's, a GSO run's) in the namespace of the thread driving
+  /// it: the devices are made and driven there.
+  void in_namespace(const std::function<void()>& fn) {
+    std::thread t([&] {
+      const int fd = ::open(("/run/netns/" + ns_).c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd >= 0 && ::setns(fd, CLONE_NEWNET) == 0)
+        fn();
+      else
+        ADD_FAILURE() << "setns into " << ns_ << ": " << std::strerror(errno);
+      if (fd >= 0) ::close(fd);
+    });
+    t.join();
+  }
+  void write_through_a_queue();
+  std::string ns_;
+};
+
+void udp_queue::write_through_a_queue() {
+  gso = false;
+  make(a, 0);
+  make(b, 1);
+  ASSERT_EQ(a.dev.query_port(1).active_mtu, mtu::mtu_4096) << "lo's MTU is 65536";
+  constexpr std::size_t qps = 16, size = 1 << 20;
+  for (endpoint* e : {&a, &b}) {
+    e->buf.assign(qps * size, std::byte{0});
+    e->m = e->p.reg_mr(e->buf.data(), e->buf.size(), access_local_write | access_remote_write);
+  }
+  for (std::size_t i = 0; i < a.buf.size(); ++i) a.buf[i] = std::byte((i * 7 + i / 4093) & 0xFF);
+  std::vector<qp> qa, qb;
+  for (std::size_t k = 0; k < qps; ++k) {
+    qp_init_attr ia;
+    ia.send_cq = ia.recv_cq = a.c;
+    ia.cap = {4, 4, 1, 1, 0};
+    qa.push_back(a.p.create_qp(ia));
+    ia.send_cq = ia.recv_cq = b.c;
+    qb.push_back(b.p.create_qp(ia));
+  }
+  // Timeout 18 (1 s): the queue holds hundreds of milliseconds of packets,
+  // and the ACKs queue behind them (one lo).
+  for (std::size_t k = 0; k < qps; ++k) {
+    connect_qp(qa[k], qp_type::rc, b.g, qb[k].num(), 1, 18, 7, false, 0, mtu::mtu_4096);
+    connect_qp(qb[k], qp_type::rc, a.g, qa[k].num(), 1, 18, 7, false, 0, mtu::mtu_4096);
+  }
+  const device_counters before = a.dev.counters();
+  for (std::size_t k = 0; k < qps; ++k)
+    ASSERT_FALSE(post_wr(qa[k], wr_opcode::rdma_write, k, a.buf.data() + k * size, size, a.m,
+                         b.buf.data() + k * size, b.m.rkey()));
+  const auto wc = poll(a.c, qps);
+  ASSERT_EQ(wc.size(), qps);
+  for (const auto& c : wc) EXPECT_EQ(c.status, wc_status::success) << "WRITE " << c.wr_id;
+  EXPECT_EQ(std::memcmp(a.buf.data(), b.buf.data(), a.buf.size()), 0);
+  const device_counters after = a.dev.counters();
+  ASSERT_GT(after.send_deferred, before.send_deferred)
+      << "the send buffer never filled: the queue drained as fast as 16 QPs sent";
+  EXPECT_EQ(after.dropped, before.dropped) << "packets lost to a full send buffer";
+  // Nothing waited for a retransmission timeout.  (Sequence NAKs may come:
+  // lo hands packets to the receiving CPU's queue, and the qdisc's
+  // releases run on either core, so two of them can swap.)
+  EXPECT_EQ(after.retry_timeouts, before.retry_timeouts);
+}
+
+TEST_F(udp_queue, a_full_send_buffer_holds_packets_back_and_loses_none) {
+  if (::geteuid() != 0) AVERBS_SKIP_FOR_ENVIRONMENT("a network namespace with a qdisc needs root");
+  if (!can_send_raw()) AVERBS_SKIP_FOR_ENVIRONMENT("the shared raw socket needs CAP_NET_RAW");
+  const std::string ns = "avb_q" + std::to_string(::getpid()) + "_" + std::to_string(test_port());
+  if (!sh("ip netns add " + ns)) AVERBS_SKIP_FOR_ENVIRONMENT("ip netns add failed here");
+  ns_ = ns;
+  ASSERT_TRUE(sh("ip -n " + ns + " link set lo up"));
+  if (!sh("ip netns exec " + ns + " tc qdisc add dev lo root tbf rate 200mbit burst 256kb limit 256mb"))
+    AVERBS_SKIP_FOR_ENVIRONMENT("tc cannot put a token bucket (tbf) on a namespace's lo here");
+  in_namespace([&] { write_through_a_queue(); });
+}
+
+// A device made on a thread in a network namespace and driven from a
+// thread outside it: the sockets it opens as it goes (a flow's for a lone
+// datagram, a GSO run's) would be the driving thread's namespace's, where
+// no peer is, and what they sent was lost (a tail probe or a NAK later
+// resent it).  It sends through its own sockets instead.
+TEST_F(udp_queue, a_device_driven_from_another_namespace_sends_only_where_it_was_made) {
+  if (::geteuid() != 0) AVERBS_SKIP_FOR_ENVIRONMENT("a network namespace needs root");
+  if (!can_send_raw())
+    AVERBS_SKIP_FOR_ENVIRONMENT("flow and GSO sockets go with the raw socket (CAP_NET_RAW)");
+  const std::string ns = "avb_d" + std::to_string(::getpid()) + "_" + std::to_string(test_port());
+  if (!sh("ip netns add " + ns)) AVERBS_SKIP_FOR_ENVIRONMENT("ip netns add failed here");
+  ns_ = ns;
+  ASSERT_TRUE(sh("ip -n " + ns + " link set lo up"));
+  in_namespace([&] {
+    make(a, 0);
+    make(b, 1);
+  });
+  ASSERT_FALSE(HasFatalFailure());
+  make_qps(qp_type::rc, 1 << 20);  // (driven from here on, outside the namespace)
+  write_ping_pong(20);
+  for (std::size_t i = 0; i < a.buf.size(); ++i) a.buf[i] = std::byte(i * 11 + 3);
+  ASSERT_FALSE(post_wr(a.q, wr_opcode::rdma_write, 99, a.buf.data(), 1 << 20, a.m, b.buf.data(), b.m.rkey()));
+  const auto wc = poll(a.c, 1);
+  ASSERT_EQ(wc.size(), 1u);
+  EXPECT_EQ(wc[0].status, wc_status::success);
+  EXPECT_EQ(std::memcmp(a.buf.data(), b.buf.data(), a.buf.size()), 0);
+  const device_counters ca = a.dev.counters();
+  EXPECT_EQ(ca.flow_sends, 0u) << "a flow socket opened outside the device's namespace";
+  EXPECT_EQ(ca.gso_runs, 0u) << "a GSO socket opened outside the device's namespace";
+  EXPECT_EQ(ca.retransmits, 0u);
+  EXPECT_EQ(ca.tail_probes, 0u);
+  EXPECT_EQ(b.dev.counters().seq_naks_sent, 0u);
 }
 
 // Runs of MTU-sized packets leave as UDP GSO datagrams (with a raw socket,

@@ -426,6 +426,11 @@ struct device_counters {
   /// calls that read two or more: the link's batching (docs/wire.md).
   std::uint64_t send_batches = 0;
   std::uint64_t receive_batches = 0;
+  /// Packets a full socket send buffer refused (a queue in front of a
+  /// slower wire): kept in order and sent at a later pass, while the
+  /// device started no new requests.  None is lost to a full buffer unless
+  /// thousands wait (then counted in `dropped`).
+  std::uint64_t send_deferred = 0;
   std::uint64_t gso_runs = 0;  ///< runs of packets sent as one UDP GSO datagram
   std::uint64_t gso_packets = 0;  ///< packets sent inside those runs
   std::uint64_t gro_runs = 0;  ///< datagrams received holding several packets (UDP GRO)

@@ -282,11 +282,22 @@ std::error_code find_route(const gid& ip, route& out, bool own) {
     }
     return false;
   };
+  // An address a configured device claims is never the embedded device's
+  // (whose table is every host address): a process that opened the
+  // embedded device before still finds the configured owner, a route to
+  // it, or its error -- not a device that reaches no other process.
+  const bool claimed = [&] {
+    for (const auto* list : {&udp, &loop, &named})
+      for (const candidate& c : *list)
+        if (std::find(c.table.begin(), c.table.end(), ip) != c.table.end()) return true;
+    return false;
+  }();
   // The embedded device, created if it is not yet (it binds nothing) and
   // only if it owns the address (its table is the host's addresses):
   // created by a search it cannot answer, it would come ahead of the
   // configured devices in later ones (an opened owner).
   auto embedded_owner = [&] {
+    if (claimed) return false;
     if (embedded.empty()) {
       const std::vector<gid> host = averbs::soft::host_addresses();
       if (std::find(host.begin(), host.end(), ip) == host.end()) return false;
@@ -301,7 +312,9 @@ std::error_code find_route(const gid& ip, route& out, bool own) {
     if (config_error && !other_failure) return config_error;  // (averbs devices -d NAME says what)
     return embedded_owner() ? std::error_code{} : err(errc::address_unreachable);
   }
-  if (owner(udp) || owner(loop) || owner(embedded) || router(udp) || router(named) || owner(named)) return {};
+  if (owner(udp) || owner(loop) || (!claimed && owner(embedded)) || router(udp) || router(named) ||
+      owner(named))
+    return {};
   if (config_error && !other_failure) return config_error;  // a route only a wrong entry would give
   return embedded_owner() ? std::error_code{} : err(errc::address_unreachable);
 }

@@ -1490,6 +1490,33 @@ TEST(device_config, repeated_options_empty_faults_and_odd_names_are_errors_that_
   ::unsetenv("AVERBS_DEVICES");
 }
 
+// The embedded device, once open, has every host address in its table;
+// an address a configured device claims is still that device's: opened
+// or resolved, it is the configuration's error, not the embedded device
+// (which reaches no other process).  As the embedded device's is, the
+// address is one of the host's (127.0.0.1).
+TEST(device_config, an_open_embedded_device_does_not_take_a_configured_devices_address) {
+  const std::uint16_t port = test_port();
+  const std::string path = "/tmp/averbs_config_claimed_" + std::to_string(::getpid()) + ".conf";
+  const device_sources_guard guard{path};
+  {
+    std::ofstream f(path);
+    f << "cfg_claimed  127.0.0.1:" << port << " icrc=no\n";
+  }
+  ::setenv("AVERBS_CONFIG", path.c_str(), 1);
+  gid lo;
+  ASSERT_TRUE(gid::parse("127.0.0.1", lo));
+  context ctx;
+  const device embedded = open_device(ctx, "embedded");
+  std::error_code ec;
+  (void)embedded.find_gid(1, lo, ec);
+  ASSERT_FALSE(ec) << "the embedded device's table lacks 127.0.0.1";
+  device d = cm::open_device(ctx, lo, ec);
+  EXPECT_EQ(ec, errc::invalid_argument) << (d ? d.name() : std::string("(none)"));
+  const cm::route r = cm::resolve(ctx, lo, ec);
+  EXPECT_EQ(ec, errc::invalid_argument) << r.device;
+}
+
 // A configured device whose options are wrong still owns its address:
 // opening a device by that address is the configuration's error, not the
 // embedded device in its place (which reaches no other host, and hid the

@@ -2097,14 +2097,30 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
       retry(qp, false);  // go back N from the hole the probe filled
   };
 
+  // A response is missing: go back once, after the progress that came with
+  // it, which ends the old position's retry state, gap_retry's included
+  // (the other way round, the next response of the old stream went back
+  // again).  A go-back for a hole the progress found is that one.
+  auto after_progress_then_gap = [&] {
+    const std::uint64_t resends = counters_.retransmits;
+    after_progress();
+    if (qp->state != qp_state::rts && qp->state != qp_state::sqd) return;
+    if (counters_.retransmits == resends)
+      gap_retry(qp);
+    else
+      qp->comp.gap_retry = true;
+  };
+
   if (has_aeth && type == wire::aeth_type::rnr_nak) {
     // IBTA 9.7.5.2.8: the request at `psn` found no receive; everything
     // before it arrived.  Wait the RNR time, then resend from it.
     ++counters_.rnr_naks_received;
     if (psn_before(psn, qp->comp.psn)) return;  // stale
+    // Another for the request whose RNR wait is under way (a tail probe's,
+    // a duplicate on the wire): the same refusal, not a second retry.
+    if (qp->comp.rnr_waiting && psn == qp->comp.psn) return;
     if (!acked_below(psn)) {
-      gap_retry(qp);
-      after_progress();
+      after_progress_then_gap();
       return;
     }
     // It may acknowledge earlier requests: progress refills the RNR budget
@@ -2122,6 +2138,10 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
     // occasional lost SEND or NAK into retry_exc_err.)
     qp->comp.retry_left = qp->retry_cnt;
     qp->comp.retry_counted = false;
+    // It answers a tail probe too: the resend after the wait may arm one.
+    qp->comp.probed = false;
+    qp->comp.probes_sent = 0;
+    qp->comp.probe_read = false;
     disarm_timers(qp);
     qp->comp.rnr_waiting = true;
     schedule_qp_timer(
@@ -2172,8 +2192,7 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
     // as rxe's check_psn() retries it; the NAK will come again if the
     // responder still means it.
     if (!complete_before) {
-      gap_retry(qp);
-      after_progress();
+      after_progress_then_gap();
       return;
     }
     // The WQE holding `psn` fails; the QP goes to error.  A reserved NAK
@@ -2192,15 +2211,16 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
   }
   if ((ops & wire::op_read) == 0 && p->hdr.bth.opcode != static_cast<std::uint8_t>(opcode::rc_atomic_ack)) {
     // A plain ACK covers every PSN up to and including `psn`.
-    if (!acked_below(psn_add(psn, 1))) gap_retry(qp);  // a READ/atomic response is missing
-    after_progress();
+    if (!acked_below(psn_add(psn, 1)))
+      after_progress_then_gap();  // a READ/atomic response is missing
+    else
+      after_progress();
     return;
   }
   // A READ response or atomic ACK at `psn` also acknowledges every request
   // before it (IBTA 9.7.6.1.1: responses come in order).
   if (!acked_below(psn)) {
-    gap_retry(qp);
-    after_progress();
+    after_progress_then_gap();
     return;
   }
   std::uint32_t i = 0;
@@ -2211,8 +2231,10 @@ void device::complete_rx(qp_t* qp, packet* p) noexcept {
   }
   auto* w = qp->sq.at<send_wqe>(i);
   if (psn != qp->comp.psn || psn_before(psn, st->first_psn) || psn_before(st->last_psn, psn)) {
-    if (psn_before(qp->comp.psn, psn)) gap_retry(qp);  // an earlier response was lost
-    after_progress();
+    if (psn_before(qp->comp.psn, psn))
+      after_progress_then_gap();  // an earlier response was lost
+    else
+      after_progress();
     return;
   }
   if ((ops & wire::op_read) != 0 && is_atomic_write(w->opcode)) {

@@ -2320,6 +2320,94 @@ TEST_F(hostile_peer, an_rnr_nak_that_acknowledges_a_send_refills_the_rnr_budget)
   EXPECT_EQ(qp_.query().state, qp_state::rts);
 }
 
+// A second RNR NAK for the request whose RNR wait is under way (a
+// duplicate on the wire, or the answer to a tail probe) is the same
+// refusal: with rnr_retry 1 the resend still comes (it used to spend the
+// budget's one retry and end in rnr_retry_exc_err without a resend)
+// (helper-117 #3).
+TEST_F(hostile_peer, a_repeated_rnr_nak_is_not_a_second_retry) {
+  make_qp(qp_type::rc, nullptr, 14, 7, 1);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::send, 16, m);
+  ASSERT_TRUE(next_request());
+  respond(wire::opcode::rc_ack, 0, wire::aeth_rnr_nak(14));  // 1.28 ms: both arrive within it
+  respond(wire::opcode::rc_ack, 0, wire::aeth_rnr_nak(14));
+  const auto again = next_request(std::chrono::seconds(1));
+  ASSERT_TRUE(again.has_value()) << "the SEND was not resent";
+  EXPECT_EQ(again->bth.psn, 0u);
+  respond(wire::opcode::rc_ack, 0, wire::aeth_ack_unlimited);
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+}
+
+// An RNR NAK answers a tail probe as well: the probe state ends with it,
+// so a resend after the RNR wait that is lost gets a tail probe of its own
+// (after 1/64 of the timeout), not the whole retransmit timeout
+// (helper-117 #2).  Timeout 18: the probe after about 17 ms, the timeout
+// after a second.
+TEST_F(hostile_peer, a_resend_after_an_rnr_wait_is_probed_again) {
+  make_qp(qp_type::rc, nullptr, 18);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write);
+  post(wr_opcode::send, 16, m);
+  ASSERT_TRUE(next_request());
+  const auto probe = next_request(std::chrono::milliseconds(500));  // unanswered: probed
+  ASSERT_TRUE(probe.has_value());
+  ASSERT_EQ(probe->bth.psn, 0u);
+  respond(wire::opcode::rc_ack, 0, wire::aeth_rnr_nak(1));
+  const auto resend = next_request(std::chrono::milliseconds(500));
+  ASSERT_TRUE(resend.has_value()) << "no resend after the RNR wait";
+  EXPECT_EQ(resend->bth.psn, 0u);
+  // That resend is lost: a probe comes long before the timeout.
+  const auto start = std::chrono::steady_clock::now();
+  const auto probe2 = next_request(std::chrono::milliseconds(500));
+  ASSERT_TRUE(probe2.has_value()) << "nothing within 500 ms of a timeout of a second";
+  EXPECT_EQ(probe2->bth.psn, 0u);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(500));
+  EXPECT_EQ(dev_.counters().retry_timeouts, 0u);
+  respond(wire::opcode::rc_ack, 0, wire::aeth_ack_unlimited);
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+}
+
+// A SEND, then a READ of four packets whose first response is lost: the
+// second response completes the SEND (progress) and shows the gap, and the
+// READ is asked again once; the third response of the old stream is
+// ignored (the progress used to end the go-back's state after it had
+// begun, and the third asked for the READ a second time) (helper-117 #4).
+TEST_F(hostile_peer, a_lost_read_response_behind_progress_asks_for_the_read_once) {
+  make_qp(qp_type::rc, nullptr, 18);  // no tail probe for 17 ms
+  mr m = pd_.reg_mr(buf_.data(), 8192, access_local_write);
+  post(wr_opcode::send, 16, m);
+  post(wr_opcode::rdma_read, 4096, m, 0x1000, 0x77);
+  const auto sendp = next_request();
+  const auto read = next_request();
+  ASSERT_TRUE(sendp && read);
+  ASSERT_EQ(static_cast<wire::opcode>(read->bth.opcode), wire::opcode::rc_read_request);
+  ASSERT_EQ(read->bth.psn, 1u);
+  respond(wire::opcode::rc_read_response_middle, 2, 0, filled(1024, 0x22));
+  respond(wire::opcode::rc_read_response_middle, 3, 0, filled(1024, 0x33));
+  const auto again = next_request(std::chrono::seconds(1));
+  ASSERT_TRUE(again.has_value()) << "the READ was not asked again";
+  EXPECT_EQ(static_cast<wire::opcode>(again->bth.opcode), wire::opcode::rc_read_request);
+  EXPECT_EQ(again->bth.psn, 1u);
+  const auto twice = next_request(std::chrono::milliseconds(5));
+  EXPECT_FALSE(twice.has_value()) << "asked again at PSN " << twice->bth.psn;
+  EXPECT_EQ(dev_.counters().retransmits, 1u);
+  respond(wire::opcode::rc_read_response_first, 1, wire::aeth_ack_unlimited, filled(1024, 0x11));
+  respond(wire::opcode::rc_read_response_middle, 2, 0, filled(1024, 0x22));
+  respond(wire::opcode::rc_read_response_middle, 3, 0, filled(1024, 0x33));
+  respond(wire::opcode::rc_read_response_last, 4, wire::aeth_ack_unlimited, filled(1024, 0x44));
+  const auto wcs = drain();
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].status, wc_status::success);
+  EXPECT_EQ(wcs[1].status, wc_status::success);
+  EXPECT_EQ(wcs[1].opcode, wc_opcode::rdma_read);
+  EXPECT_EQ(buf_[0], std::byte{0x11});
+  EXPECT_EQ(buf_[3 * 1024], std::byte{0x44});
+}
+
 // A NAK for a request behind a READ whose response never came cannot
 // answer for the READ (only its response can): the READ is asked again,
 // as rxe's completer retries it, rather than completed with the NAK's

@@ -1204,6 +1204,10 @@ bool device::post_cqe(cq_t* cq, const work_completion& wc, bool solicited) noexc
     cq->error = true;
     ++counters_.cq_overflows;
     raise_event(cq->events, event_type::cq_err, cq->event_id());
+    // No completion will come now: a notification parked before fails, as
+    // one asked for after does (arm_cq).
+    fail_all(cq->notifies, err(errc::invalid_state));
+    cq->armed = false;
     return false;
   }
   const std::uint32_t p = cq->q.producer();

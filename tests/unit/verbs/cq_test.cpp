@@ -504,6 +504,26 @@ TEST_F(cq_test, an_overflowed_cq_accepts_no_more_completions) {
   EXPECT_EQ(ec, make_error_code(errc::invalid_state));
 }
 
+// A notification parked before the CQ overflows, for solicited events
+// only (so the successful completions that fill the CQ do not complete
+// it), fails with invalid_state at the overflow: it could never come, and
+// it used to wait forever (helper-116 #2).
+TEST_F(cq_test, a_notification_parked_before_an_overflow_fails_with_it) {
+  qp_options o;
+  auto p = connect(o, o, 2, 256);
+  auto parked = p.cq_a.async_notify(true, use_request);
+  auto src = make_buffer(8), remote = make_buffer(8);
+  for (std::uint64_t id = 1; id <= 3; ++id)
+    ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write, {src.whole()}, id, send_signaled, remote.addr(),
+                           remote.m.rkey()));
+  EXPECT_EQ(drain(p.cq_a).size(), 2u);
+  EXPECT_EQ(count_events(event_type::cq_err), 1u);
+  ASSERT_TRUE(parked.ready()) << "the notification still waits on an overflowed CQ";
+  std::error_code ec;
+  parked.get(ec);
+  EXPECT_EQ(ec, make_error_code(errc::invalid_state));
+}
+
 // A port entry can hold the last handle of a CQ; dequeuing the next batch
 // into the same array destroys it, and the CQ's teardown completes its
 // parked notification into this port.  That must not happen under the

@@ -1082,6 +1082,7 @@ std::error_code device::create_cq(std::uint32_t cqe, event_channel* events, cq_t
   cq->events = events;
   const std::uint32_t i = take_slot(cqs_, free_cqs_);
   cq->handle = i;
+  cq->id = new_event_id();
   out = cq.get();
   cqs_[i] = std::move(cq);
   ++live_cqs_;
@@ -1295,6 +1296,7 @@ std::error_code device::create_srq(pd_t* pd, const srq_attr& attr, srq_t*& out) 
   srq->limit = attr.srq_limit;
   const std::uint32_t i = take_slot(srqs_, free_srqs_);
   srq->handle = i;
+  srq->id = new_event_id();
   out = srq.get();
   srqs_[i] = std::move(srq);
   ++pd->children;

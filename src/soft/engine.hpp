@@ -222,11 +222,15 @@ struct cq_notify {
 };
 
 struct cq_t {
-  std::uint32_t handle = 0;
+  std::uint32_t handle = 0;         // its slot in the device's table
   event_channel* events = nullptr;  // the creating handle's (null once it closed)
   ring q;
-  /// The number async events name it by (`cq::handle()`): never 0.
-  std::uint32_t event_id() const noexcept { return handle + 1; }
+  /// The number async events name it by (`cq::handle()`): never 0, and not
+  /// the number of an earlier CQ of the device (device::new_event_id), so
+  /// an event delivered before a destroy cannot name the CQ that takes
+  /// the slot next.
+  std::uint32_t id = 0;
+  std::uint32_t event_id() const noexcept { return id; }
   std::uint32_t cqe = 0;  // capacity the user sees
   std::uint32_t users = 0;
   bool armed = false;
@@ -236,9 +240,10 @@ struct cq_t {
 };
 
 struct srq_t {
-  std::uint32_t handle = 0;
-  /// The number async events name it by (`srq::handle()`): never 0.
-  std::uint32_t event_id() const noexcept { return handle + 1; }
+  std::uint32_t handle = 0;  // its slot in the device's table
+  /// The number async events name it by (`srq::handle()`), as a CQ's.
+  std::uint32_t id = 0;
+  std::uint32_t event_id() const noexcept { return id; }
   pd_t* pd = nullptr;
   ring q;
   std::uint32_t max_wr = 0;
@@ -1050,6 +1055,12 @@ class device final : public progress_source, public clock_listener {
   std::vector<std::uint32_t> free_ahs_;
   std::vector<std::unique_ptr<cq_t>> cqs_;
   std::vector<std::uint32_t> free_cqs_;
+  // The last number a CQ or SRQ was given for its events (cq_t::id).
+  std::uint32_t last_event_id_ = 0;
+  std::uint32_t new_event_id() noexcept {
+    if (++last_event_id_ == 0) ++last_event_id_;  // (0 names nothing)
+    return last_event_id_;
+  }
   std::vector<std::unique_ptr<srq_t>> srqs_;
   std::vector<std::uint32_t> free_srqs_;
   std::vector<std::unique_ptr<qp_t>> qps_;  // index = qpn - first_qpn_

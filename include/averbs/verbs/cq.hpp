@@ -34,8 +34,10 @@ class cq {
   /// The capacity the CQ was created or resized with.
   std::uint32_t cqe() const noexcept;
 
-  /// The number an `async_event` names this CQ by (`cq_err`); unique among
-  /// the device's live CQs, 0 for an empty or destroyed handle.
+  /// The number an `async_event` names this CQ by (`cq_err`); never given
+  /// to another CQ of the device (until 2^32 have been created), so an
+  /// event read after its CQ was destroyed names no later one; 0 for an
+  /// empty or destroyed handle.
   std::uint32_t handle() const noexcept;
 
   /// Completes when the next completion (`solicited_only`: the next

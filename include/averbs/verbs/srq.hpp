@@ -33,8 +33,9 @@ class srq {
   std::error_code post_recv(const recv_wr& wr) const noexcept { return post_recv({&wr, 1}); }
 
   /// The number an `async_event` names this SRQ by (`srq_limit_reached`);
-  /// unique among the device's live SRQs, 0 for an empty or destroyed
-  /// handle.
+  /// never given to another SRQ or CQ of the device (until 2^32 have been
+  /// created), so an event read after its SRQ was destroyed names no later
+  /// one; 0 for an empty or destroyed handle.
   std::uint32_t handle() const noexcept;
 
   /// `ibv_modify_srq`: `srq_attr_mask::max_wr` resizes, `limit` arms the

@@ -399,6 +399,9 @@ struct qp_t {
     std::uint32_t nak_count = 0;  // packets seen past the gap since the NAK
     bool rnr_behind = false;      // an RNR NAK was sent; the packets pipelined behind it may follow
     bool rnr_nak = false;         // the NAK outstanding is an RNR NAK: the requester waits, then resends
+    // Until then a packet past the gap was pipelined behind the RNR NAK'd
+    // one; from then on it may follow a lost resend (rnr_pipeline_time).
+    clock::time_point rnr_until{};
     bool drop_msg = false;        // UC: dropping until the next FIRST/ONLY
     bool comm_est = false;        // COMM_EST raised
     // The message in progress.
@@ -1009,6 +1012,10 @@ class device final : public progress_source, public clock_listener {
   // A tail probe waits 1/64 of the QP's retransmit timeout, at least this
   // long; none is sent when that is more than a quarter of the timeout.
   static constexpr std::chrono::microseconds tail_probe_floor{250};
+  // How long after an RNR NAK the packets past its gap still count as the
+  // requester's pipeline, at least (send_rnr_nak): a burst queued in the
+  // socket while the engine was busy is read well after it was sent.
+  static constexpr std::chrono::milliseconds rnr_pipeline_time{1};
   std::uint64_t link_polls_ = 0;  // poll_link() calls (run_due_probes)
   std::uint32_t probes_due_ = 0;  // QPs with probe_due set, at the last count
   // Network links hold coalesced ACKs for one engine pass, so they leave in

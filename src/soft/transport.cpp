@@ -187,7 +187,13 @@ void device::on_lazy_ack_timer() noexcept {
 }
 
 // IBTA 9.7.5.2.8: the request at `psn` found no receive.  It also stands
-// for the one NAK of the gap that follows it.
+// for the one NAK of the gap that follows it, while that gap can only be
+// the packets the requester pipelined behind the refused one: until the
+// RNR time has passed (the requester may not resend before, C9-125) and
+// at least rnr_pipeline_time (a pipeline read late, behind a short RNR
+// time).  A packet past the gap after that may follow a resend that was
+// lost, and gets its NAK at once (rxe NAKs every gap; without this one the
+// requester found out only when it stopped and probed).
 void device::send_rnr_nak(qp_t* qp, std::uint32_t psn) noexcept {
   send_ack(qp, wire::aeth_rnr_nak(qp->min_rnr_timer), psn);
   ++counters_.rnr_naks_sent;
@@ -195,6 +201,9 @@ void device::send_rnr_nak(qp_t* qp, std::uint32_t psn) noexcept {
   qp->resp.nak_count = 0;
   qp->resp.rnr_behind = true;
   qp->resp.rnr_nak = true;
+  const auto wait = std::max<std::chrono::nanoseconds>(
+      std::chrono::nanoseconds(wire::rnr_timer_ns(qp->min_rnr_timer)), rnr_pipeline_time);
+  qp->resp.rnr_until = deadline_after(pass_now(), wait);
 }
 
 void device::send_ack(qp_t* qp, std::uint8_t syndrome, std::uint32_t psn) noexcept {
@@ -1314,6 +1323,13 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       // After an RNR NAK the first packet behind the gap is the one the
       // requester had pipelined, not a resend: the RNR NAK answers it.
       bool again = false;
+      if (r.rnr_nak && pass_now() >= r.rnr_until) {
+        // Past the pipeline: the resend of `r.psn` was lost (or this
+        // packet was held up on the way): one NAK, as for any gap.
+        r.nak_sent = false;
+        r.rnr_behind = false;
+        r.rnr_nak = false;
+      }
       if (r.nak_sent && psn == ((r.psn + 1) & wire::psn_mask)) {
         again = !r.rnr_behind;
         r.rnr_behind = false;

@@ -2291,6 +2291,31 @@ TEST_F(hostile_peer, a_long_pipeline_behind_an_rnr_nak_gets_no_sequence_nak) {
   EXPECT_FALSE(extra.has_value()) << "syndrome " << int(extra->aeth.syndrome) << " psn " << extra->bth.psn;
 }
 
+// Past the RNR time (and the pipeline's millisecond), packets past the
+// gap can no longer be the pipeline: the requester's resend of the refused
+// packet was lost, and the first of them gets a sequence NAK at once, as
+// rxe NAKs every gap.  (The suppression used to last until an in-order
+// packet came: the requester found out only when it stopped and probed.)
+// (helper-117 #1)
+TEST_F(hostile_peer, packets_past_an_rnr_gap_after_the_rnr_time_get_a_sequence_nak) {
+  make_qp(qp_type::rc);  // min_rnr_timer 1: 10 us
+  send(wire::opcode::rc_send_only, 0, filled(16, 0xAA));
+  const auto rnr = next_ack();
+  ASSERT_TRUE(rnr.has_value());
+  ASSERT_EQ(wire::aeth_type_of(rnr->aeth.syndrome), wire::aeth_type::rnr_nak);
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // The resend of PSN 0 was lost; what the requester sent behind it comes.
+  send(wire::opcode::rc_send_only, 1, filled(16, 0xBB));
+  send(wire::opcode::rc_send_only, 2, filled(16, 0xCC));
+  const auto nak = next_ack(std::chrono::milliseconds(500));
+  ASSERT_TRUE(nak.has_value()) << "no NAK for the gap";
+  EXPECT_EQ(wire::aeth_type_of(nak->aeth.syndrome), wire::aeth_type::nak);
+  EXPECT_EQ(nak->aeth.syndrome, wire::aeth_nak(wire::nak_code::psn_sequence_error));
+  EXPECT_EQ(nak->bth.psn, 0u);
+  const auto extra = next_ack(std::chrono::milliseconds(50));
+  EXPECT_FALSE(extra.has_value()) << "a second NAK for one gap: syndrome " << int(extra->aeth.syndrome);
+}
+
 // An RNR NAK that also acknowledges earlier requests is progress, which
 // refills the RNR retry budget before the NAK spends from it (rxe's
 // check_psn() resets both retry counters): with rnr_retry 1, two RNR NAKs

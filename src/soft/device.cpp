@@ -1041,6 +1041,9 @@ std::error_code device::invalidate_rkey(pd_t* pd, std::uint32_t rkey, qp_t* qp, 
 // AH
 
 std::error_code device::create_ah(pd_t* pd, const ah_attr& attr, ah_t*& out) {
+  // No multicast here (max_mcast_grp 0): a send to a group would leave as
+  // an IP multicast datagram through whatever route the host has for it.
+  if (attr.is_global && attr.grh.dgid.is_group()) return err(errc::not_supported);
   if (!valid_av(attr)) return err(errc::invalid_argument);
   std::lock_guard lock(lock_);
   if (live_ahs_ >= limits::max_ah) return err(errc::no_resources);

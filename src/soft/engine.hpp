@@ -708,6 +708,7 @@ class device final : public progress_source, public clock_listener {
   /// refuses a mixed pair).  The GID table never changes: no lock needed.
   bool valid_av(const ah_attr& av) const noexcept {
     return av.is_global && av.port_num == 1 && av.grh.sgid_index < gids_.size() && !av.grh.dgid.is_zero() &&
+           !av.grh.dgid.is_group() &&  // a connected QP's peer is one port
            gids_[av.grh.sgid_index].is_ipv4_mapped() == av.grh.dgid.is_ipv4_mapped();
   }
   /// The hop limit a packet to `dst` leaves with.  As the kernel's RoCE

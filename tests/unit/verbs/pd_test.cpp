@@ -279,6 +279,19 @@ TEST_F(pd_test, create_ah_with_zero_dgid_bad_flow) {
   EXPECT_EQ(create_ah(a), errc::invalid_argument);
 }
 
+// The device has no multicast (max_mcast_grp 0): an AH to a group address
+// is not_supported, where it was taken and its sends left as IP multicast
+// datagrams by whatever route the host had (helper-116 #3).  Limited
+// broadcast is a group too.
+TEST_F(pd_test, create_ah_to_a_group_address_is_not_supported) {
+  ah_attr a = loopback_av();
+  for (const char* g : {"239.1.2.3", "224.0.0.1", "255.255.255.255"}) {
+    ASSERT_TRUE(gid::parse(g, a.grh.dgid)) << g;
+    EXPECT_EQ(create_ah(a), errc::not_supported) << g;
+  }
+  EXPECT_EQ(dev.query().max_mcast_grp, 0u);
+}
+
 // IPv4 to IPv4 and IPv6 to IPv6 only (the kernel's route resolution
 // refuses a mixed pair; no datagram could carry one): an AH or a QP's path
 // whose source GID and destination differ in family is refused, where it

@@ -1473,6 +1473,8 @@ void device::set_port_state(port_state s) {
   // What the fault injector held or delayed was on the cable: gone with it,
   // not sent when the port comes back.
   if (s != port_state::active && faults_ != nullptr) static_cast<fault_link*>(faults_.get())->drop_held();
+  if (auto* u = dynamic_cast<udp_link*>(base_link_.get()); u != nullptr && s != port_state::active)
+    u->drop_backlog();
   broadcast_event(s == port_state::active ? event_type::port_active : event_type::port_err, 1);
 }
 
@@ -1791,8 +1793,13 @@ void device::run() noexcept {
   running_ = true;
   // Packets waiting for room in a full send buffer go first; the QPs they
   // stopped (park()) go on behind them if there is room now.
-  if (starved_requesters_ != 0 && link_->send_blocked()) link_->flush();
-  if (lost_timers_ != 0 || starved_requesters_ != 0) recover_stalled_qps();
+  // (While it stays full they stay parked: no scan of every QP per pass.)
+  bool blocked = false;
+  if (starved_requesters_ != 0 && link_->send_blocked()) {
+    link_->flush();
+    blocked = link_->send_blocked();
+  }
+  if (lost_timers_ != 0 || (starved_requesters_ != 0 && !blocked)) recover_stalled_qps();
   if (std::exchange(agent_recovery_, false)) gsi_->recover();
   const bool held_before = acks_held_;
   const std::uint64_t sent_before = counters_.packets_sent;

@@ -397,7 +397,8 @@ struct qp_t {
     std::uint8_t last_opcode = 0xFF;  // previous request opcode; 0xFF none
     bool nak_sent = false;        // one PSN-sequence NAK per gap (unless it persists)
     std::uint32_t nak_count = 0;  // packets seen past the gap since the NAK
-    bool rnr_behind = false;      // an RNR NAK was sent; the packets pipelined behind it may follow
+    bool rnr_seen = false;        // behind an RNR NAK: rnr_highest holds the pipeline's last PSN so far
+    std::uint32_t rnr_highest = 0;
     bool rnr_nak = false;         // the NAK outstanding is an RNR NAK: the requester waits, then resends
     // Until then a packet past the gap was pipelined behind the RNR NAK'd
     // one; from then on it may follow a lost resend (rnr_pipeline_time).

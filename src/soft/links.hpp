@@ -129,6 +129,9 @@ class udp_link final : public link {
   }
   std::uint16_t port() const noexcept { return port_; }
   bool raw() const noexcept { return raw_fd_ >= 0; }
+  /// Drops what waits for room in the send buffer (a port gone down: the
+  /// cable cut), counted in `dropped`.
+  void drop_backlog() noexcept;
 
  private:
   // A sendmmsg of loopback datagrams runs each through the receiver's

@@ -187,19 +187,21 @@ void device::on_lazy_ack_timer() noexcept {
 }
 
 // IBTA 9.7.5.2.8: the request at `psn` found no receive.  It also stands
-// for the one NAK of the gap that follows it, while that gap can only be
-// the packets the requester pipelined behind the refused one: until the
-// RNR time has passed (the requester may not resend before, C9-125) and
-// at least rnr_pipeline_time (a pipeline read late, behind a short RNR
-// time).  A packet past the gap after that may follow a resend that was
-// lost, and gets its NAK at once (rxe NAKs every gap; without this one the
-// requester found out only when it stopped and probed).
+// for the one NAK of the gap that follows it while that gap holds the
+// packets the requester pipelined behind the refused one: a rising run
+// from `psn` + 1 that began before the RNR time had passed (the requester
+// may not resend before, C9-125) and at least rnr_pipeline_time (a
+// pipeline read late behind a short RNR time), however long it lasts.  A
+// packet past the gap that repeats the run, or comes later without
+// continuing it, follows a resend that was lost, and gets its NAK at once
+// (rxe NAKs every gap; without this the requester found out only when it
+// stopped and probed).
 void device::send_rnr_nak(qp_t* qp, std::uint32_t psn) noexcept {
   send_ack(qp, wire::aeth_rnr_nak(qp->min_rnr_timer), psn);
   ++counters_.rnr_naks_sent;
   qp->resp.nak_sent = true;
   qp->resp.nak_count = 0;
-  qp->resp.rnr_behind = true;
+  qp->resp.rnr_seen = false;
   qp->resp.rnr_nak = true;
   const auto wait = std::max<std::chrono::nanoseconds>(
       std::chrono::nanoseconds(wire::rnr_timer_ns(qp->min_rnr_timer)), rnr_pipeline_time);
@@ -1320,22 +1322,27 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       // or a lost resend costs a retransmission timeout.  (A packet merely
       // reordered behind a later one does not count; a repeat that finds
       // the requester still resending from `r.psn` is ignored there.)
-      // After an RNR NAK the first packet behind the gap is the one the
-      // requester had pipelined, not a resend: the RNR NAK answers it.
-      bool again = false;
-      if (r.rnr_nak && pass_now() >= r.rnr_until) {
-        // Past the pipeline: the resend of `r.psn` was lost (or this
-        // packet was held up on the way): one NAK, as for any gap.
-        r.nak_sent = false;
-        r.rnr_behind = false;
+      // After an RNR NAK the packets behind the gap are the ones the
+      // requester had pipelined, which the RNR NAK answers (send_rnr_nak):
+      // one rising run from `r.psn` + 1, begun while the requester could
+      // not have resent yet.  A packet that repeats a PSN of it starts a
+      // new round (the resend of `r.psn` was lost), and so does one that
+      // does not continue it once that time is over: it gets the gap's NAK.
+      if (r.rnr_nak) {
+        const bool repeat = r.rnr_seen && !psn_before(r.rnr_highest, psn);
+        const bool continues = r.rnr_seen && psn == psn_add(r.rnr_highest, 1);
+        if (!repeat && (continues || pass_now() < r.rnr_until)) {
+          if (!r.rnr_seen || psn_before(r.rnr_highest, psn)) r.rnr_highest = psn;
+          r.rnr_seen = true;
+          return;
+        }
         r.rnr_nak = false;
+        r.nak_sent = false;
       }
+      bool again = false;
       if (r.nak_sent && psn == ((r.psn + 1) & wire::psn_mask)) {
-        again = !r.rnr_behind;
-        r.rnr_behind = false;
-      } else if (r.nak_sent && !r.rnr_nak) {
-        // (Not behind an RNR NAK: every packet the requester pipelined
-        // comes past it before the RNR timer lets it resend.)
+        again = true;
+      } else if (r.nak_sent) {
         again = ++r.nak_count >= 64;
       }
       if (!r.nak_sent || again) {
@@ -1352,7 +1359,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       return;
     }
     r.nak_sent = false;
-    r.rnr_behind = false;
+    r.rnr_seen = false;
     r.rnr_nak = false;
   } else {
     // UC: a gap drops the rest of the message; a FIRST or ONLY resyncs.

@@ -585,7 +585,8 @@ void udp_link::transmit_each(tx_slot* slots, std::size_t count) noexcept {
     if (r < 0 && (errno == EAGAIN || errno == ENOBUFS)) {
       if (++spins < full_buffer_spins) continue;
       // The send buffer stays full: the rest waits for room.
-      for (std::size_t i = 0; i < sent; ++i) dev_.free_packet(slots[i].p);
+      for (std::size_t i = 0; i < sent; ++i)
+        if (slots[i].p != nullptr) dev_.free_packet(slots[i].p);  // (a dropped one is freed)
       defer(slots + sent, count - sent);
       return;
     }
@@ -645,6 +646,15 @@ void udp_link::send_backlog() noexcept {
     }
     return;
   }
+}
+
+void udp_link::drop_backlog() noexcept {
+  while (backlog_head_ != nullptr) {
+    ++dev_.counters_.dropped;
+    dev_.free_packet(std::exchange(backlog_head_, backlog_head_->next));
+  }
+  backlog_tail_ = nullptr;
+  backlog_size_ = 0;
 }
 
 void udp_link::arm_backlog_timer() noexcept {

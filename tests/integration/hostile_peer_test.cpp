@@ -2292,9 +2292,9 @@ TEST_F(hostile_peer, a_long_pipeline_behind_an_rnr_nak_gets_no_sequence_nak) {
 }
 
 // Past the RNR time (and the pipeline's millisecond), packets past the
-// gap can no longer be the pipeline: the requester's resend of the refused
-// packet was lost, and the first of them gets a sequence NAK at once, as
-// rxe NAKs every gap.  (The suppression used to last until an in-order
+// gap that do not continue the pipeline (here there was none) follow a
+// resend of the refused packet that was lost: the first of them gets a
+// sequence NAK at once, as rxe NAKs every gap.  (The suppression used to last until an in-order
 // packet came: the requester found out only when it stopped and probed.)
 // (helper-117 #1)
 TEST_F(hostile_peer, packets_past_an_rnr_gap_after_the_rnr_time_get_a_sequence_nak) {
@@ -2314,6 +2314,46 @@ TEST_F(hostile_peer, packets_past_an_rnr_gap_after_the_rnr_time_get_a_sequence_n
   EXPECT_EQ(nak->bth.psn, 0u);
   const auto extra = next_ack(std::chrono::milliseconds(50));
   EXPECT_FALSE(extra.has_value()) << "a second NAK for one gap: syndrome " << int(extra->aeth.syndrome);
+}
+
+// A pipeline behind an RNR NAK that outlasts the pipeline's millisecond
+// (a slow link, other QPs' packets between) is still the pipeline while it
+// continues: no NAK.  A repeat of one of its PSNs is a new round whose
+// resend of the refused packet was lost: one NAK (helper-118 #2).
+TEST_F(hostile_peer, a_slow_pipeline_behind_an_rnr_nak_gets_no_nak_until_it_repeats) {
+  make_qp(qp_type::rc);
+  for (std::uint32_t psn = 0; psn < 4; ++psn) send(wire::opcode::rc_send_only, psn, filled(16, 0xAA));
+  const auto rnr = next_ack();
+  ASSERT_TRUE(rnr.has_value());
+  ASSERT_EQ(wire::aeth_type_of(rnr->aeth.syndrome), wire::aeth_type::rnr_nak);
+  // 5 ms of the device taking in PSNs 1-3, then the rest of the pipeline.
+  const auto before = next_ack(std::chrono::milliseconds(5));
+  EXPECT_FALSE(before.has_value()) << "a NAK inside the pipeline: PSN " << before->bth.psn;
+  for (std::uint32_t psn = 4; psn < 8; ++psn) send(wire::opcode::rc_send_only, psn, filled(16, 0xAA));
+  const auto early = next_ack(std::chrono::milliseconds(50));
+  EXPECT_FALSE(early.has_value()) << "a NAK inside the pipeline: PSN " << early->bth.psn;
+  send(wire::opcode::rc_send_only, 1, filled(16, 0xAA));  // the next round, without PSN 0
+  const auto nak = next_ack(std::chrono::milliseconds(500));
+  ASSERT_TRUE(nak.has_value()) << "no NAK for the new round's gap";
+  EXPECT_EQ(nak->aeth.syndrome, wire::aeth_nak(wire::nak_code::psn_sequence_error));
+  EXPECT_EQ(nak->bth.psn, 0u);
+}
+
+// Behind a short RNR time (10 us) the requester's next round may come
+// within the pipeline's millisecond: a PSN of the pipeline seen again is
+// that round, whose resend of the refused packet was lost: one NAK at
+// once.
+TEST_F(hostile_peer, a_pipeline_psn_seen_again_behind_an_rnr_nak_gets_a_nak_at_once) {
+  make_qp(qp_type::rc);  // min_rnr_timer 1: 10 us
+  for (std::uint32_t psn = 0; psn < 3; ++psn) send(wire::opcode::rc_send_only, psn, filled(16, 0xAA));
+  const auto rnr = next_ack();
+  ASSERT_TRUE(rnr.has_value());
+  ASSERT_EQ(wire::aeth_type_of(rnr->aeth.syndrome), wire::aeth_type::rnr_nak);
+  send(wire::opcode::rc_send_only, 1, filled(16, 0xAA));  // the next round, without PSN 0
+  const auto nak = next_ack(std::chrono::milliseconds(500));
+  ASSERT_TRUE(nak.has_value()) << "no NAK for the new round's gap";
+  EXPECT_EQ(nak->aeth.syndrome, wire::aeth_nak(wire::nak_code::psn_sequence_error));
+  EXPECT_EQ(nak->bth.psn, 0u);
 }
 
 // An RNR NAK that also acknowledges earlier requests is progress, which

@@ -836,7 +836,8 @@ TEST_F(udp_queue, a_full_send_buffer_holds_packets_back_and_loses_none) {
 // thread outside it: the sockets it opens as it goes (a flow's for a lone
 // datagram, a GSO run's) would be the driving thread's namespace's, where
 // no peer is, and what they sent was lost (a tail probe or a NAK later
-// resent it).  It sends through its own sockets instead.
+// resent it).  It sends through its own sockets instead: no flow or GSO
+// socket is opened.
 TEST_F(udp_queue, a_device_driven_from_another_namespace_sends_only_where_it_was_made) {
   if (::geteuid() != 0) AVERBS_SKIP_FOR_ENVIRONMENT("a network namespace needs root");
   if (!can_send_raw())
@@ -858,12 +859,11 @@ TEST_F(udp_queue, a_device_driven_from_another_namespace_sends_only_where_it_was
   ASSERT_EQ(wc.size(), 1u);
   EXPECT_EQ(wc[0].status, wc_status::success);
   EXPECT_EQ(std::memcmp(a.buf.data(), b.buf.data(), a.buf.size()), 0);
+  // (What such a socket sent was lost: recovered by probes and NAKs, so
+  // the data alone would not show it.)
   const device_counters ca = a.dev.counters();
   EXPECT_EQ(ca.flow_sends, 0u) << "a flow socket opened outside the device's namespace";
   EXPECT_EQ(ca.gso_runs, 0u) << "a GSO socket opened outside the device's namespace";
-  EXPECT_EQ(ca.retransmits, 0u);
-  EXPECT_EQ(ca.tail_probes, 0u);
-  EXPECT_EQ(b.dev.counters().seq_naks_sent, 0u);
 }
 
 // Runs of MTU-sized packets leave as UDP GSO datagrams (with a raw socket,

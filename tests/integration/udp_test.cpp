@@ -772,11 +772,29 @@ class udp_queue : public udp_pair_test {
     });
     t.join();
   }
-  void write_through_a_queue();
+  /// A network namespace of the test's own with lo up, kept in ns_ (the
+  /// destructor deletes it); with `queue`, lo sends through a 200 Mbit/s
+  /// token bucket.  Root only (a skip otherwise).
+  void make_namespace(const std::string& prefix, bool queue) {
+    if (::geteuid() != 0) AVERBS_SKIP_FOR_ENVIRONMENT("a network namespace needs root");
+    if (!can_send_raw()) AVERBS_SKIP_FOR_ENVIRONMENT("the shared raw socket needs CAP_NET_RAW");
+    const std::string ns = prefix + std::to_string(::getpid()) + "_" + std::to_string(test_port());
+    if (!sh("ip netns add " + ns)) AVERBS_SKIP_FOR_ENVIRONMENT("ip netns add failed here");
+    ns_ = ns;
+    ASSERT_TRUE(sh("ip -n " + ns + " link set lo up"));
+    if (queue &&
+        !sh("ip netns exec " + ns + " tc qdisc add dev lo root tbf rate 200mbit burst 256kb limit 256mb"))
+      AVERBS_SKIP_FOR_ENVIRONMENT("tc cannot put a token bucket (tbf) on a namespace's lo here");
+  }
+  /// Makes the devices and sixteen QP pairs (path MTU 4096) and posts a
+  /// 1 MiB WRITE on each; then, unless `flap`, checks they all complete
+  /// with nothing lost.  With `flap`, a's port goes down and up while
+  /// packets wait for room, and that must drop them (a cable cut).
+  void write_through_a_queue(bool flap = false);
   std::string ns_;
 };
 
-void udp_queue::write_through_a_queue() {
+void udp_queue::write_through_a_queue(bool flap) {
   gso = false;
   make(a, 0);
   make(b, 1);
@@ -806,6 +824,24 @@ void udp_queue::write_through_a_queue() {
   for (std::size_t k = 0; k < qps; ++k)
     ASSERT_FALSE(post_wr(qa[k], wr_opcode::rdma_write, k, a.buf.data() + k * size, size, a.m,
                          b.buf.data() + k * size, b.m.rkey()));
+  if (flap) {
+    // Drive until packets wait, then cut the cable: what waits is lost
+    // at once, as fault injection's held packets are (it used to stay,
+    // and leave when the port came back).
+    bool cut = false;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!cut && std::chrono::steady_clock::now() < until) {
+      a.c.poll({});
+      b.c.poll({});
+      if (a.dev.counters().send_deferred == before.send_deferred) continue;
+      const std::uint64_t dropped = a.dev.counters().dropped;
+      a.sdev->set_port_state(port_state::down);
+      cut = a.dev.counters().dropped > dropped;
+      a.sdev->set_port_state(port_state::active);
+    }
+    EXPECT_TRUE(cut) << "the packets waiting for room outlived the port going down";
+    return;
+  }
   const auto wc = poll(a.c, qps);
   ASSERT_EQ(wc.size(), qps);
   for (const auto& c : wc) EXPECT_EQ(c.status, wc_status::success) << "WRITE " << c.wr_id;
@@ -821,15 +857,17 @@ void udp_queue::write_through_a_queue() {
 }
 
 TEST_F(udp_queue, a_full_send_buffer_holds_packets_back_and_loses_none) {
-  if (::geteuid() != 0) AVERBS_SKIP_FOR_ENVIRONMENT("a network namespace with a qdisc needs root");
-  if (!can_send_raw()) AVERBS_SKIP_FOR_ENVIRONMENT("the shared raw socket needs CAP_NET_RAW");
-  const std::string ns = "avb_q" + std::to_string(::getpid()) + "_" + std::to_string(test_port());
-  if (!sh("ip netns add " + ns)) AVERBS_SKIP_FOR_ENVIRONMENT("ip netns add failed here");
-  ns_ = ns;
-  ASSERT_TRUE(sh("ip -n " + ns + " link set lo up"));
-  if (!sh("ip netns exec " + ns + " tc qdisc add dev lo root tbf rate 200mbit burst 256kb limit 256mb"))
-    AVERBS_SKIP_FOR_ENVIRONMENT("tc cannot put a token bucket (tbf) on a namespace's lo here");
+  make_namespace("avb_q", true);
+  if (IsSkipped() || HasFatalFailure()) return;
   in_namespace([&] { write_through_a_queue(); });
+}
+
+// The packets waiting for room are lost when the port goes down (a cable
+// cut), not sent when it comes back (helper-118 #6).
+TEST_F(udp_queue, a_port_gone_down_loses_the_packets_waiting_for_room) {
+  make_namespace("avb_f", true);
+  if (IsSkipped() || HasFatalFailure()) return;
+  in_namespace([&] { write_through_a_queue(true); });
 }
 
 // A device made on a thread in a network namespace and driven from a
@@ -839,13 +877,8 @@ TEST_F(udp_queue, a_full_send_buffer_holds_packets_back_and_loses_none) {
 // resent it).  It sends through its own sockets instead: no flow or GSO
 // socket is opened.
 TEST_F(udp_queue, a_device_driven_from_another_namespace_sends_only_where_it_was_made) {
-  if (::geteuid() != 0) AVERBS_SKIP_FOR_ENVIRONMENT("a network namespace needs root");
-  if (!can_send_raw())
-    AVERBS_SKIP_FOR_ENVIRONMENT("flow and GSO sockets go with the raw socket (CAP_NET_RAW)");
-  const std::string ns = "avb_d" + std::to_string(::getpid()) + "_" + std::to_string(test_port());
-  if (!sh("ip netns add " + ns)) AVERBS_SKIP_FOR_ENVIRONMENT("ip netns add failed here");
-  ns_ = ns;
-  ASSERT_TRUE(sh("ip -n " + ns + " link set lo up"));
+  make_namespace("avb_d", false);
+  if (IsSkipped() || HasFatalFailure()) return;
   in_namespace([&] {
     make(a, 0);
     make(b, 1);

@@ -168,8 +168,10 @@ std::error_code device::create_qp(pd_t* pd, const qp_init& init, qp_t*& out) {
   qp->sq_sig_all = init.sq_sig_all;
   qp->cap = c;
   if (qp->srq != nullptr) qp->cap.max_recv_wr = qp->cap.max_recv_sge = 0;
+  // (At least 8 bytes: an inline ATOMIC WRITE's operand, which
+  // max_inline_data does not limit.)
   const std::size_t body =
-      std::max<std::size_t>(std::size_t{c.max_send_sge} * sizeof(wqe_sge), c.max_inline_data);
+      std::max<std::size_t>({std::size_t{c.max_send_sge} * sizeof(wqe_sge), c.max_inline_data, 8});
   qp->send_wqe_size = static_cast<std::uint32_t>(sizeof(send_wqe) + body);
   if (!qp->sq.init(std::max<std::uint32_t>(c.max_send_wr, 1), qp->send_wqe_size))
     return err(errc::no_resources);
@@ -783,7 +785,10 @@ std::error_code device::post_one_send(qp_t* qp, const send_wr& wr) noexcept {
   const bool atomic = op == wr_opcode::atomic_cmp_and_swp || op == wr_opcode::atomic_fetch_and_add;
   const bool local = op == wr_opcode::local_inv || op == wr_opcode::bind_mw;
   const bool inl = (wr.flags & send_inline) != 0 && !atomic && !local && op != wr_opcode::rdma_read;
-  if (inl && length > qp->cap.max_inline_data) return err(errc::invalid_argument);
+  // An inline ATOMIC WRITE's 8 bytes are its operand, as ibv_wr_atomic_write
+  // takes them from a pointer: not inline data that max_inline_data bounds.
+  if (inl && op != wr_opcode::atomic_write && length > qp->cap.max_inline_data)
+    return err(errc::invalid_argument);
   // An ATOMIC WRITE carries its 8 bytes as a payload (inline, or read from
   // the SGEs when sent); like the other atomics it names an aligned word.
   if ((atomic || op == wr_opcode::atomic_write) && (length != 8 || (wr.remote_addr & 7) != 0))

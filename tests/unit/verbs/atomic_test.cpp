@@ -308,6 +308,23 @@ TEST_F(atomic_write_test, inline_data_is_taken_at_post_time_an_sge_when_sent) {
   }
 }
 
+// The inline form's 8 bytes are the operand (ibv_wr_atomic_write takes
+// them from a pointer), not inline data: a QP with max_inline_data 0
+// posts it (helper-119 #3: it was invalid_argument).
+TEST_F(atomic_write_test, inline_needs_no_max_inline_data) {
+  qp_options o;
+  o.cap = {16, 16, 1, 4, 0};
+  auto p = connect(o, o);
+  auto local = make_buffer(8), remote = make_buffer(8);
+  store(local, 0x5A5A5A5A12345678ull);
+  ASSERT_FALSE(
+      post_atomic_write(p, local, 0, remote.addr(), remote.m.rkey(), 7, send_signaled | send_inline));
+  store(local, 0);  // taken at post time
+  const auto wc = poll_one(p.cq_a);
+  EXPECT_TRUE(wc_ok(wc, 7, wc_opcode::atomic_write));
+  EXPECT_EQ(load(remote), 0x5A5A5A5A12345678ull);
+}
+
 // rxe: the responder's QP and the region need remote write, not remote
 // atomic access.
 TEST_F(atomic_write_test, needs_remote_write_not_remote_atomic) {

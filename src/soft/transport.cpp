@@ -1175,8 +1175,10 @@ void device::respond_ud(qp_t* qp, packet* p) noexcept {
   recv_wqe* w = qp->resp.wqe;
   if (recv_capacity(w) < 40ull + p->payload_len) {
     // It does not fit behind the 40-byte GRH area.  A receive of the QP's
-    // own stays for the next datagram (rxe's class D); one taken from an
-    // SRQ has left it and completes in error, as for UC (class E).
+    // own stays for the next datagram (IBTA class D: silently dropped);
+    // one taken from an SRQ has left it and completes in error, as for UC
+    // (class E).  (rxe instead fails the copy as a malformed WQE, class A:
+    // the receive completes loc_qp_op_err and the QP goes to ERR.)
     ++counters_.dropped;
     // A CQ that cannot take the completion stops the QP (rxe: class G).
     if (qp->srq != nullptr && !fail_recv_wqe(qp, wc_status::loc_len_err, p->hdr.deth.src_qp)) qp_to_error(qp);
@@ -1271,7 +1273,9 @@ void device::respond(qp_t* qp, packet* p) noexcept {
   auto error = [&](resp_error e, wc_status recv_status) {
     if (!rc && (recv_status == wc_status::success || recv_status == wc_status::loc_len_err)) {
       // UC has no NAK: the message is dropped and the QP carries on
-      // (IBTA 9.8.3.1, class D/E; rxe).  A receive the message took from
+      // (IBTA 9.8.3.1, class D/E; rxe too, but for a SEND too long for
+      // its receive, whose copy it fails as a malformed WQE: the receive
+      // completes loc_qp_op_err and the QP goes to ERR).  A receive the message took from
       // an SRQ completes in error -- too long for it, loc_len_err; a bad
       // R_Key of a WRITE with immediate, rem_access_err; its length
       // wrong, rem_inv_req_err (rxe's UC/SRQ classes) -- or it would stay
@@ -1573,9 +1577,9 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       }
       r.offset = 0;
     }
-    // A message ends at the receive's end and at max_msg_size, whichever
-    // comes first: past 2 GiB the 32-bit offset would wrap for a receive
-    // of more than 4 GiB (posting one is allowed, as on hardware).
+    // A message ends at the receive's end, which post_recv keeps within
+    // max_msg_size (2 GiB: the 32-bit offset cannot wrap); the bound is
+    // checked here again all the same.
     recv_wqe* w = r.wqe;
     const std::uint64_t room = std::min<std::uint64_t>(recv_capacity(w), limits::max_msg_size);
     if (r.offset + static_cast<std::uint64_t>(pl) > room) {

@@ -286,6 +286,25 @@ class hostile_peer : public ::testing::Test {
     return std::nullopt;
   }
 
+  /// Sends SENDs at PSNs 0 .. n-1 to a QP with no receive posted and
+  /// expects the RNR NAK for PSN 0: the packets behind it are its
+  /// pipeline.
+  void pipeline_behind_an_rnr_nak(std::uint32_t n) {
+    for (std::uint32_t psn = 0; psn < n; ++psn) send(wire::opcode::rc_send_only, psn, filled(16, 0xAA));
+    const auto rnr = next_ack();
+    ASSERT_TRUE(rnr.has_value());
+    ASSERT_EQ(wire::aeth_type_of(rnr->aeth.syndrome), wire::aeth_type::rnr_nak);
+    EXPECT_EQ(rnr->bth.psn, 0u);
+  }
+
+  /// Expects the sequence-error NAK for PSN 0 within half a second.
+  void expect_sequence_nak_at_0(const char* what) {
+    const auto nak = next_ack(std::chrono::milliseconds(500));
+    ASSERT_TRUE(nak.has_value()) << what;
+    EXPECT_EQ(nak->aeth.syndrome, wire::aeth_nak(wire::nak_code::psn_sequence_error));
+    EXPECT_EQ(nak->bth.psn, 0u);
+  }
+
   /// Posts operation `op` of `len` bytes from the test buffer, signaled
   /// unless `flags` says otherwise.
   void post(wr_opcode op, std::uint32_t len, const mr& m, std::uint64_t remote = 0, std::uint32_t rkey = 0,
@@ -2282,11 +2301,7 @@ TEST_F(hostile_peer, an_rnr_nak_answers_for_the_packet_pipelined_behind_it) {
 // count a sequence NAK against retry_cnt.
 TEST_F(hostile_peer, a_long_pipeline_behind_an_rnr_nak_gets_no_sequence_nak) {
   make_qp(qp_type::rc);
-  for (std::uint32_t psn = 0; psn < 70; ++psn) send(wire::opcode::rc_send_only, psn, filled(16, 0xAA));
-  const auto rnr = next_ack();
-  ASSERT_TRUE(rnr.has_value());
-  EXPECT_EQ(wire::aeth_type_of(rnr->aeth.syndrome), wire::aeth_type::rnr_nak);
-  EXPECT_EQ(rnr->bth.psn, 0u);
+  ASSERT_NO_FATAL_FAILURE(pipeline_behind_an_rnr_nak(70));
   const auto extra = next_ack(std::chrono::milliseconds(200));
   EXPECT_FALSE(extra.has_value()) << "syndrome " << int(extra->aeth.syndrome) << " psn " << extra->bth.psn;
 }
@@ -2299,19 +2314,12 @@ TEST_F(hostile_peer, a_long_pipeline_behind_an_rnr_nak_gets_no_sequence_nak) {
 // (helper-117 #1)
 TEST_F(hostile_peer, packets_past_an_rnr_gap_after_the_rnr_time_get_a_sequence_nak) {
   make_qp(qp_type::rc);  // min_rnr_timer 1: 10 us
-  send(wire::opcode::rc_send_only, 0, filled(16, 0xAA));
-  const auto rnr = next_ack();
-  ASSERT_TRUE(rnr.has_value());
-  ASSERT_EQ(wire::aeth_type_of(rnr->aeth.syndrome), wire::aeth_type::rnr_nak);
+  ASSERT_NO_FATAL_FAILURE(pipeline_behind_an_rnr_nak(1));
   std::this_thread::sleep_for(std::chrono::milliseconds(5));
   // The resend of PSN 0 was lost; what the requester sent behind it comes.
   send(wire::opcode::rc_send_only, 1, filled(16, 0xBB));
   send(wire::opcode::rc_send_only, 2, filled(16, 0xCC));
-  const auto nak = next_ack(std::chrono::milliseconds(500));
-  ASSERT_TRUE(nak.has_value()) << "no NAK for the gap";
-  EXPECT_EQ(wire::aeth_type_of(nak->aeth.syndrome), wire::aeth_type::nak);
-  EXPECT_EQ(nak->aeth.syndrome, wire::aeth_nak(wire::nak_code::psn_sequence_error));
-  EXPECT_EQ(nak->bth.psn, 0u);
+  ASSERT_NO_FATAL_FAILURE(expect_sequence_nak_at_0("no NAK for the gap"));
   const auto extra = next_ack(std::chrono::milliseconds(50));
   EXPECT_FALSE(extra.has_value()) << "a second NAK for one gap: syndrome " << int(extra->aeth.syndrome);
 }
@@ -2322,10 +2330,7 @@ TEST_F(hostile_peer, packets_past_an_rnr_gap_after_the_rnr_time_get_a_sequence_n
 // resend of the refused packet was lost: one NAK (helper-118 #2).
 TEST_F(hostile_peer, a_slow_pipeline_behind_an_rnr_nak_gets_no_nak_until_it_repeats) {
   make_qp(qp_type::rc);
-  for (std::uint32_t psn = 0; psn < 4; ++psn) send(wire::opcode::rc_send_only, psn, filled(16, 0xAA));
-  const auto rnr = next_ack();
-  ASSERT_TRUE(rnr.has_value());
-  ASSERT_EQ(wire::aeth_type_of(rnr->aeth.syndrome), wire::aeth_type::rnr_nak);
+  ASSERT_NO_FATAL_FAILURE(pipeline_behind_an_rnr_nak(4));
   // 5 ms of the device taking in PSNs 1-3, then the rest of the pipeline.
   const auto before = next_ack(std::chrono::milliseconds(5));
   EXPECT_FALSE(before.has_value()) << "a NAK inside the pipeline: PSN " << before->bth.psn;
@@ -2333,10 +2338,7 @@ TEST_F(hostile_peer, a_slow_pipeline_behind_an_rnr_nak_gets_no_nak_until_it_repe
   const auto early = next_ack(std::chrono::milliseconds(50));
   EXPECT_FALSE(early.has_value()) << "a NAK inside the pipeline: PSN " << early->bth.psn;
   send(wire::opcode::rc_send_only, 1, filled(16, 0xAA));  // the next round, without PSN 0
-  const auto nak = next_ack(std::chrono::milliseconds(500));
-  ASSERT_TRUE(nak.has_value()) << "no NAK for the new round's gap";
-  EXPECT_EQ(nak->aeth.syndrome, wire::aeth_nak(wire::nak_code::psn_sequence_error));
-  EXPECT_EQ(nak->bth.psn, 0u);
+  expect_sequence_nak_at_0("no NAK for the new round's gap");
 }
 
 // Behind a short RNR time (10 us) the requester's next round may come
@@ -2345,15 +2347,9 @@ TEST_F(hostile_peer, a_slow_pipeline_behind_an_rnr_nak_gets_no_nak_until_it_repe
 // once.
 TEST_F(hostile_peer, a_pipeline_psn_seen_again_behind_an_rnr_nak_gets_a_nak_at_once) {
   make_qp(qp_type::rc);  // min_rnr_timer 1: 10 us
-  for (std::uint32_t psn = 0; psn < 3; ++psn) send(wire::opcode::rc_send_only, psn, filled(16, 0xAA));
-  const auto rnr = next_ack();
-  ASSERT_TRUE(rnr.has_value());
-  ASSERT_EQ(wire::aeth_type_of(rnr->aeth.syndrome), wire::aeth_type::rnr_nak);
+  ASSERT_NO_FATAL_FAILURE(pipeline_behind_an_rnr_nak(3));
   send(wire::opcode::rc_send_only, 1, filled(16, 0xAA));  // the next round, without PSN 0
-  const auto nak = next_ack(std::chrono::milliseconds(500));
-  ASSERT_TRUE(nak.has_value()) << "no NAK for the new round's gap";
-  EXPECT_EQ(nak->aeth.syndrome, wire::aeth_nak(wire::nak_code::psn_sequence_error));
-  EXPECT_EQ(nak->bth.psn, 0u);
+  expect_sequence_nak_at_0("no NAK for the new round's gap");
 }
 
 // An RNR NAK that also acknowledges earlier requests is progress, which

@@ -249,6 +249,16 @@ class udp_pair_test : public ::testing::Test {
     return post_wr(e.q, wr_opcode::rdma_read, wr_id, e.buf.data(), len, e.m, from.buf.data(), from.m.rkey());
   }
 
+  /// One signaled WRITE of the first `len` bytes of a's buffer into b's,
+  /// waited for: it must succeed.
+  void write_and_wait(std::uint32_t len, std::uint64_t wr_id = 1) {
+    ASSERT_FALSE(
+        post_wr(a.q, wr_opcode::rdma_write, wr_id, a.buf.data(), len, a.m, b.buf.data(), b.m.rkey()));
+    const auto wc = poll(a.c, 1);
+    ASSERT_EQ(wc.size(), 1u);
+    EXPECT_EQ(wc[0].status, wc_status::success);
+  }
+
   /// `n` 8-byte WRITEs from a.q into b's buffer, each waited for (a
   /// ping-pong of lone datagrams); each one's byte must have arrived.
   void write_ping_pong(int n) {

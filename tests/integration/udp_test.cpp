@@ -887,10 +887,7 @@ TEST_F(udp_queue, a_device_driven_from_another_namespace_sends_only_where_it_was
   make_qps(qp_type::rc, 1 << 20);  // (driven from here on, outside the namespace)
   write_ping_pong(20);
   for (std::size_t i = 0; i < a.buf.size(); ++i) a.buf[i] = std::byte(i * 11 + 3);
-  ASSERT_FALSE(post_wr(a.q, wr_opcode::rdma_write, 99, a.buf.data(), 1 << 20, a.m, b.buf.data(), b.m.rkey()));
-  const auto wc = poll(a.c, 1);
-  ASSERT_EQ(wc.size(), 1u);
-  EXPECT_EQ(wc[0].status, wc_status::success);
+  ASSERT_NO_FATAL_FAILURE(write_and_wait(1 << 20));
   EXPECT_EQ(std::memcmp(a.buf.data(), b.buf.data(), a.buf.size()), 0);
   // (What such a socket sent was lost: recovered by probes and NAKs, so
   // the data alone would not show it.)
@@ -1034,12 +1031,7 @@ TEST_F(udp, udp_gro_goes_off_for_a_ping_pong_and_back_on_for_bulk) {
   EXPECT_EQ(after_pingpong.gro_switches, 1u) << "off after a window of lone datagrams, and not back on";
 
   for (std::size_t i = 0; i < a.buf.size(); ++i) a.buf[i] = std::byte(i * 7 + 3);
-  for (int round = 0; round < 2; ++round) {
-    ASSERT_FALSE(post_wr(a.q, wr_opcode::rdma_write, 1, a.buf.data(), 4 << 20, a.m, b.buf.data(), b.m.rkey()));
-    const auto wc = poll(a.c, 1);
-    ASSERT_EQ(wc.size(), 1u);
-    EXPECT_EQ(wc[0].status, wc_status::success);
-  }
+  for (int round = 0; round < 2; ++round) ASSERT_NO_FATAL_FAILURE(write_and_wait(4 << 20));
   EXPECT_EQ(std::memcmp(a.buf.data(), b.buf.data(), a.buf.size()), 0);
   const device_counters c = b.dev.counters();
   EXPECT_GE(c.gro_switches, 2u) << "a burst switches it back on";
@@ -1241,10 +1233,7 @@ void udp_peer::cycle() {
   const device_counters before = b.dev.counters();
   for (int round = 0; round < 2; ++round) {
     for (std::size_t i = 0; i < a.buf.size(); ++i) a.buf[i] = std::byte(i * 11 + round);
-    ASSERT_FALSE(post_wr(a.q, wr_opcode::rdma_write, 1, a.buf.data(), 4 << 20, a.m, b.buf.data(), b.m.rkey()));
-    wc = poll(a.c, 1);
-    ASSERT_EQ(wc.size(), 1u);
-    EXPECT_EQ(wc[0].status, wc_status::success);
+    ASSERT_NO_FATAL_FAILURE(write_and_wait(4 << 20));
     EXPECT_EQ(std::memcmp(a.buf.data(), b.buf.data(), a.buf.size()), 0);
   }
   const device_counters after = b.dev.counters();

@@ -1472,9 +1472,7 @@ void device::set_port_state(port_state s) {
   port_state_ = s;
   // What the fault injector held or delayed was on the cable: gone with it,
   // not sent when the port comes back.
-  if (s != port_state::active && faults_ != nullptr) static_cast<fault_link*>(faults_.get())->drop_held();
-  if (auto* u = dynamic_cast<udp_link*>(base_link_.get()); u != nullptr && s != port_state::active)
-    u->drop_backlog();
+  if (s != port_state::active) link_->drop_queued();
   broadcast_event(s == port_state::active ? event_type::port_active : event_type::port_err, 1);
 }
 

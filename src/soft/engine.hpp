@@ -510,6 +510,9 @@ class link {
   /// no new request or READ response packets meanwhile (rxe's requester
   /// waits alike for its packets in the qdisc).
   virtual bool send_blocked() const noexcept { return false; }
+  /// The port went down (a cable cut): drops, counted, what the link holds
+  /// to send later.
+  virtual void drop_queued() noexcept {}
   /// Moves what has arrived into the device's receive queue; returns the
   /// number of packets.
   virtual std::size_t poll() noexcept { return 0; }

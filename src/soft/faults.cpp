@@ -228,8 +228,7 @@ void fault_link::start_held_wait() noexcept {
   if (!timer_pending_) schedule_release(held_due_);
 }
 
-// Keeps `p` (its payload its own) until `due`; lost if there is no room.
-void fault_link::drop_held() noexcept {
+void fault_link::drop_queued() noexcept {
   held_waits_ = false;
   if (held_ != nullptr) {
     ++dev_.counters_.dropped;
@@ -240,8 +239,10 @@ void fault_link::drop_held() noexcept {
     dev_.free_packet(d.p);
   }
   delayed_.clear();
+  inner_.drop_queued();
 }
 
+// Keeps `p` (its payload its own) until `due`; lost if there is no room.
 void fault_link::hold(packet* p, clock::time_point due, bool urgent) noexcept {
   if (delayed_.size() >= max_delayed) {
     ++dev_.counters_.dropped;

@@ -37,8 +37,9 @@ class fault_link final : public link {
   // A packet held back or duplicated is copied into its own buffer, which
   // holds one packet: never a run.
   std::uint16_t max_run() const noexcept override { return 1; }
-  /// Drops what is held or delayed (a port gone down: the cable cut).
-  void drop_held() noexcept;
+  /// Drops what is held or delayed, then what the inner link holds (a
+  /// port gone down: the cable cut).
+  void drop_queued() noexcept override;
   /// The packet held for reordering leaves after the delay time from now
   /// unless another passes first.
   void start_held_wait() noexcept;
@@ -131,7 +132,7 @@ class udp_link final : public link {
   bool raw() const noexcept { return raw_fd_ >= 0; }
   /// Drops what waits for room in the send buffer (a port gone down: the
   /// cable cut), counted in `dropped`.
-  void drop_backlog() noexcept;
+  void drop_queued() noexcept override;
 
  private:
   // A sendmmsg of loopback datagrams runs each through the receiver's

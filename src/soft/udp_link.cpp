@@ -274,7 +274,7 @@ udp_link::udp_link(device& d, const device_config& cfg)
 
 udp_link::~udp_link() {
   for (std::size_t i = 0; i < tx_count_; ++i) dev_.free_packet(tx_[i].p);
-  while (backlog_head_ != nullptr) dev_.free_packet(std::exchange(backlog_head_, backlog_head_->next));
+  drop_queued();
   for (packet* p : rx_)
     if (p != nullptr) dev_.free_packet(p);
   for (auto& [sport, g] : gso_fds_)
@@ -630,8 +630,8 @@ void udp_link::send_backlog() noexcept {
     std::size_t n = 0;
     while (p != nullptr && n < slots.size()) {
       packet* next = std::exchange(p->next, nullptr);
-      // (A port gone down meanwhile sends nothing: the cable was pulled.)
-      if (dev_.port_carries(p) && prepare(slots[n], p)) ++n;
+      // (A port that went down dropped the backlog: drop_queued.)
+      if (prepare(slots[n], p)) ++n;
       p = next;
     }
     resending_ = true;
@@ -648,7 +648,7 @@ void udp_link::send_backlog() noexcept {
   }
 }
 
-void udp_link::drop_backlog() noexcept {
+void udp_link::drop_queued() noexcept {
   while (backlog_head_ != nullptr) {
     ++dev_.counters_.dropped;
     dev_.free_packet(std::exchange(backlog_head_, backlog_head_->next));

@@ -110,25 +110,29 @@ class cm_test : public ::testing::Test {
     return b;
   }
 
-  /// Runs one SEND from `from` to `to` and checks it arrives.
-  void check_send(const qp& from, const qp& to) {
-    const auto bufs = make_send_buffers(std::byte{0x5A});
-    const std::vector<std::byte>& src = bufs->src;
-    const std::vector<std::byte>& dst = bufs->dst;
-    const sge& rs = bufs->rs;
-    const sge& ss = bufs->ss;
+  /// Posts `b`'s receive (wr_id 7) on `to`, then its SEND (wr_id 8, with
+  /// `flags`) on `from`.
+  static void post_send_of(const send_buffers& b, const qp& from, const qp& to, std::uint32_t flags) {
     recv_wr r;
     r.wr_id = 7;
-    r.sg_list = &rs;
+    r.sg_list = &b.rs;
     r.num_sge = 1;
     ASSERT_FALSE(to.post_recv(r));
     send_wr s;
     s.wr_id = 8;
     s.opcode = wr_opcode::send;
-    s.flags = send_signaled;
-    s.sg_list = &ss;
+    s.flags = flags;
+    s.sg_list = &b.ss;
     s.num_sge = 1;
     ASSERT_FALSE(from.post_send(s));
+  }
+
+  /// Runs one SEND from `from` to `to` and checks it arrives.
+  void check_send(const qp& from, const qp& to) {
+    const auto bufs = make_send_buffers(std::byte{0x5A});
+    ASSERT_NO_FATAL_FAILURE(post_send_of(*bufs, from, to, send_signaled));
+    const std::vector<std::byte>& src = bufs->src;
+    const std::vector<std::byte>& dst = bufs->dst;
     int got = 0;
     for (int i = 0; i < 1000 && got < 2; ++i) {
       work_completion wc[4];

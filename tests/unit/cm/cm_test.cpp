@@ -611,20 +611,7 @@ TEST_F(cm_test, destroying_a_connected_qp_acknowledges_what_arrived_and_tells_th
   cm::listener l = cm::listen(dev, at(7000));
   pair p = connect_pair(7000, l);
   const auto bufs = make_send_buffers(std::byte{0x3C});
-  const sge& rs = bufs->rs;
-  const sge& ss = bufs->ss;
-  recv_wr r;
-  r.wr_id = 7;
-  r.sg_list = &rs;
-  r.num_sge = 1;
-  ASSERT_FALSE(p.b.post_recv(r));
-  send_wr s;
-  s.wr_id = 8;
-  s.opcode = wr_opcode::send;
-  s.flags = 0;  // unsignaled: it completes only if it fails
-  s.sg_list = &ss;
-  s.num_sge = 1;
-  ASSERT_FALSE(p.a.post_send(s));
+  ASSERT_NO_FATAL_FAILURE(post_send_of(*bufs, p.a, p.b, 0));  // unsignaled: it completes only if it fails
   work_completion wc[4];
   std::size_t got = 0;
   for (int i = 0; i < 1000 && got == 0; ++i) got = cq_.poll(wc);

@@ -9,6 +9,8 @@ packages=(
   libdeflate-dev
   # tests
   libgtest-dev libgmock-dev python3 zlib1g-dev
+  # micro-benchmarks (bench/crc32_bench)
+  libbenchmark-dev
   # rdma-core 44 headers and tools: ABI reference and unmodified test programs
   libibverbs-dev librdmacm-dev ibverbs-utils rdmacm-utils perftest
   # wire checks, network namespaces, peers for side-by-side benchmarks

@@ -364,7 +364,13 @@ TEST(perf_two_processes, a_stranger_on_the_out_of_band_port_stops_the_server) {
   const std::uint16_t port = test_port();
   child server(perf_cmd(0, port, {"--test", "write_bw"}, false), true);
   oob stranger = oob::connect(test_address(0), static_cast<std::uint16_t>(port + 1), 30s);
-  for (int i = 0; i < 6; ++i) stranger.send_word(0x474554202f204854ull);
+  // "GET / HT"...: the server may hang up once it has read the first word
+  // (a send after that can meet the closed connection).
+  stranger.send_word(0x474554202f204854ull);
+  try {
+    for (int i = 1; i < 6; ++i) stranger.send_word(0x474554202f204854ull);
+  } catch (const std::runtime_error&) {
+  }
   EXPECT_EQ(server.wait(30s), 1) << server.output();
   EXPECT_NE(server.output().find("is not averbs perf"), std::string::npos) << server.output();
 }

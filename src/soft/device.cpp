@@ -615,12 +615,13 @@ bool make_room(std::vector<std::unique_ptr<T>>& table, std::uint32_t index) noex
 std::error_code device::alloc_pd(event_channel* events, pd_t*& out) {
   std::lock_guard lock(lock_);
   if (live_pds_ >= limits::max_pd) return err(errc::no_resources);
+  auto pd = std::make_unique<pd_t>();  // before the slot: a bad_alloc loses none
+  pd->events = events;
   const std::uint32_t i = take_slot(pds_, free_pds_);
-  pds_[i] = std::make_unique<pd_t>();
-  pds_[i]->handle = i;
-  pds_[i]->events = events;
+  pd->handle = i;
+  out = pd.get();
+  pds_[i] = std::move(pd);
   ++live_pds_;
-  out = pds_[i].get();
   return {};
 }
 
@@ -1047,17 +1048,18 @@ std::error_code device::create_ah(pd_t* pd, const ah_attr& attr, ah_t*& out) {
   if (!valid_av(attr)) return err(errc::invalid_argument);
   std::lock_guard lock(lock_);
   if (live_ahs_ >= limits::max_ah) return err(errc::no_resources);
+  auto ah = std::make_unique<ah_t>();  // before the slot: a bad_alloc loses none
+  ah->pd = pd;
+  ah->attr = attr;
+  ah->attr.grh.hop_limit = route_hop_limit(attr.grh.dgid);
+  ah->sgid = gids_[attr.grh.sgid_index];
   const std::uint32_t i = take_slot(ahs_, free_ahs_);
-  ahs_[i] = std::make_unique<ah_t>();
-  ahs_[i]->pd = pd;
-  ahs_[i]->handle = i;
-  ahs_[i]->gen = ++ah_gen_;
-  ahs_[i]->attr = attr;
-  ahs_[i]->attr.grh.hop_limit = route_hop_limit(attr.grh.dgid);
-  ahs_[i]->sgid = gids_[attr.grh.sgid_index];
+  ah->handle = i;
+  ah->gen = ++ah_gen_;
+  out = ah.get();
+  ahs_[i] = std::move(ah);
   ++pd->children;
   ++live_ahs_;
-  out = ahs_[i].get();
   return {};
 }
 

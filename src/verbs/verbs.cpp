@@ -507,6 +507,13 @@ std::error_code data_path_check(const void* obj, const void* e, const detail::de
   if (e == nullptr) return make_error_code(errc::stale_handle);
   return {};
 }
+
+// A post refused as a whole still names its first work request as the one
+// not posted, as every rdma-core provider sets *bad_wr on failure.
+std::error_code not_posted(std::error_code ec, std::size_t* bad) noexcept {
+  if (bad != nullptr) *bad = 0;
+  return ec;
+}
 }  // namespace
 
 const std::string& device::name() const {
@@ -660,7 +667,8 @@ std::size_t cq::cancel_notifies() const noexcept { return obj_ ? obj_->notifies-
 
 std::error_code srq::post_recv(std::span<const recv_wr> wrs, std::size_t* bad) const noexcept {
   auto* e = obj_ ? detail::live(obj_->e) : nullptr;
-  if (auto ec = data_path_check(obj_.get(), e, obj_ ? obj_->pd->dev.get() : nullptr)) return ec;
+  if (auto ec = data_path_check(obj_.get(), e, obj_ ? obj_->pd->dev.get() : nullptr))
+    return not_posted(ec, bad);
   return obj_->pd->dev->eng->post_srq_recv(e, wrs.data(), wrs.size(), bad);
 }
 
@@ -676,13 +684,15 @@ qp_state qp::state() const noexcept {
 
 std::error_code qp::post_send(std::span<const send_wr> wrs, std::size_t* bad) const noexcept {
   auto* e = obj_ ? detail::live(obj_->e) : nullptr;
-  if (auto ec = data_path_check(obj_.get(), e, obj_ ? obj_->pd->dev.get() : nullptr)) return ec;
+  if (auto ec = data_path_check(obj_.get(), e, obj_ ? obj_->pd->dev.get() : nullptr))
+    return not_posted(ec, bad);
   return obj_->pd->dev->eng->post_send(e, wrs.data(), wrs.size(), bad);
 }
 
 std::error_code qp::post_recv(std::span<const recv_wr> wrs, std::size_t* bad) const noexcept {
   auto* e = obj_ ? detail::live(obj_->e) : nullptr;
-  if (auto ec = data_path_check(obj_.get(), e, obj_ ? obj_->pd->dev.get() : nullptr)) return ec;
+  if (auto ec = data_path_check(obj_.get(), e, obj_ ? obj_->pd->dev.get() : nullptr))
+    return not_posted(ec, bad);
   return obj_->pd->dev->eng->post_recv(e, wrs.data(), wrs.size(), bad);
 }
 

@@ -212,6 +212,13 @@ TEST_F(srq_test, destroy_while_a_qp_uses_it_bad_flow) {
   p.b.destroy();
   s.destroy(ec);
   EXPECT_FALSE(ec) << ec.message();
+  // Destroyed, it refuses a post as a whole and says the first was not posted.
+  auto dst = make_buffer(8);
+  const sge g = dst.whole();
+  const std::array<recv_wr, 2> wrs{recv_wr{1, &g, 1}, recv_wr{2, &g, 1}};
+  std::size_t bad = 99;
+  EXPECT_EQ(s.post_recv(wrs, &bad), make_error_code(errc::stale_handle));
+  EXPECT_EQ(bad, 0u);
 }
 
 TEST_F(srq_test, post_recv_on_a_qp_with_an_srq_bad_flow) {

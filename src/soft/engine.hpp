@@ -887,6 +887,8 @@ class device final : public progress_source, public clock_listener {
   /// UC and UD: a send queue error stops the send queue only (SQE).
   void qp_to_sqe(qp_t* qp) noexcept;
   void flush_held_srq_recv(qp_t* qp) noexcept;
+  /// Removes the QP's completions from its CQs (RESET and destroy).
+  void clean_cqs(const qp_t* qp) noexcept;
   void set_source_port(qp_t* qp) noexcept;
   void flush_qp(qp_t* qp) noexcept;
   /// False if the send CQ overran.

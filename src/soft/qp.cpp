@@ -368,6 +368,7 @@ std::error_code device::modify_qp_locked(qp_t* qp, const qp_attr& a, std::uint32
       // the SRQ's: a receive taken from it for an unfinished message is
       // flushed, as a move to ERR does, rather than lost.
       disarm_timers(qp);
+      clean_cqs(qp);
       flush_held_srq_recv(qp);
       drop_held_requests(qp);
       qp->sq.release(qp->sq.producer());
@@ -609,6 +610,28 @@ void device::flush_held_srq_recv(qp_t* qp) noexcept {
   qp->resp.have_wqe = false;
 }
 
+// As mlx5's cq_clean, keeping the others' order -- except receives an SRQ
+// gave the QP: those requests were the SRQ's, and without their
+// completions the program would never see the buffers again (mlx5 puts
+// them back into the SRQ; the CQE has lost their scatter list here).
+void device::clean_cqs(const qp_t* qp) noexcept {
+  auto clean = [qp](cq_t* cq) {
+    const std::uint32_t c = cq->q.consumer(), p = cq->q.producer();
+    std::uint32_t kept = c;
+    for (std::uint32_t i = c; i != p; ++i) {
+      const auto* wc = cq->q.at<work_completion>(i);
+      const bool srq_recv = qp->srq != nullptr &&
+                            (wc->opcode == wc_opcode::recv || wc->opcode == wc_opcode::recv_rdma_with_imm);
+      if (wc->qp_num == qp->qpn && !srq_recv) continue;
+      if (kept != i) std::memcpy(cq->q.at(kept), wc, sizeof(work_completion));
+      ++kept;
+    }
+    cq->q.publish(kept);
+  };
+  clean(qp->scq);
+  if (qp->rcq != qp->scq) clean(qp->rcq);
+}
+
 void device::check_sq_drained(qp_t* qp) noexcept {
   if (qp->state != qp_state::sqd || !qp->sq_draining) return;
   // Drained when nothing started is outstanding.
@@ -682,12 +705,15 @@ void device::destroy_qp_locked(qp_t* qp) noexcept {
   // would have it flush a message that did.
   send_held_ack(qp);
   if (qp->cm != nullptr) gsi_->on_qp(qp, qp_note::destroyed);
-  // Outstanding work is discarded without completions, as a move to RESET
-  // does (mlx5 moves the QP to RESET first; rxe flushes without posting
-  // once the QP is invalid): a program that frees its WR contexts after
-  // the destroy must not meet them in a CQ later, and a QP torn down with
-  // a deep queue must not overrun a CQ other QPs share.  A receive taken
-  // from an SRQ for an unfinished message completes flushed, as on RESET.
+  // Outstanding work is discarded without completions, and the QP's
+  // completions still in its CQs are removed, as a move to RESET does
+  // (mlx5 moves the QP to RESET and cleans its CQs; rxe flushes without
+  // posting once the QP is invalid, but leaves what its CQs hold): a
+  // program that frees its WR contexts after the destroy must not meet
+  // them in a CQ later, and a QP torn down with a deep queue must not
+  // overrun a CQ other QPs share.  A receive taken from an SRQ for an
+  // unfinished message completes flushed, as on RESET.
+  clean_cqs(qp);
   flush_held_srq_recv(qp);
   drop_held_requests(qp);
   qp->sq.release(qp->sq.producer());

@@ -100,9 +100,11 @@ class qp {
                           std::uint32_t* new_rkey = nullptr) const noexcept;
 
   /// Destroys (`ibv_destroy_qp`).  Outstanding work is discarded without
-  /// completions, as a move to RESET (mlx5, rxe); move the QP to ERR and
-  /// drain its CQs first to see every request complete.  (A receive taken
-  /// from an SRQ for an unfinished message completes flushed.)
+  /// completions and the QP's completions still in its CQs are removed, as
+  /// on a move to RESET (mlx5); move the QP to ERR and drain its CQs first
+  /// to see every request complete.  (Receives an SRQ gave it keep their
+  /// completions, and one taken for an unfinished message completes
+  /// flushed.)
   template <completion_token<void> Token>
   auto async_destroy(Token&& token) const {
     return detail::initiate<void>(detail::context_of(obj_.get()), nullptr, std::forward<Token>(token),

@@ -1188,6 +1188,35 @@ TEST_F(qp_test, err_flushes_a_send_that_failed_behind_an_outstanding_one) {
   }
 }
 
+// RESET and destroy also take the QP's completions out of its CQs (mlx5's
+// cq_clean), keeping the other QPs' in order: a program that frees its WR
+// contexts with the QP must not meet them in a shared CQ later.
+TEST_F(qp_test, reset_and_destroy_remove_the_qps_completions_from_a_shared_cq) {
+  for (const bool destroy : {false, true}) {
+    SCOPED_TRACE(destroy ? "destroy" : "reset");
+    qp a = fresh(qp_type::rc), b = fresh(qp_type::rc);
+    ASSERT_TRUE(reach(a, qp_state::init));
+    ASSERT_TRUE(reach(b, qp_state::init));
+    auto buf = make_buffer(64);
+    const sge g = buf.whole();
+    ASSERT_EQ(a.post_recv(recv_of(11, &g)), std::error_code{});
+    ASSERT_EQ(b.post_recv(recv_of(21, &g)), std::error_code{});
+    ASSERT_EQ(modify(a, good(qp_state::err, qp_state::init), qp_attr_state), std::error_code{});
+    ASSERT_EQ(a.post_recv(recv_of(12, &g)), std::error_code{});  // flushed as posted
+    ASSERT_EQ(modify(b, good(qp_state::err, qp_state::init), qp_attr_state), std::error_code{});
+    ASSERT_EQ(a.post_recv(recv_of(13, &g)), std::error_code{});
+    // The CQ holds 11, 12, 21, 13 unpolled.
+    if (destroy)
+      a.destroy();
+    else
+      ASSERT_EQ(modify(a, good(qp_state::reset, qp_state::err), qp_attr_state), std::error_code{});
+    const auto wcs = drain();
+    ASSERT_EQ(wcs.size(), 1u);
+    EXPECT_EQ(wcs[0].wr_id, 21u);
+    EXPECT_EQ(wcs[0].qp_num, b.num());
+  }
+}
+
 // Destroying discards the queues without completions, as RESET does (mlx5
 // goes through RESET; rxe posts nothing once the QP is invalid): the
 // program may free its WR contexts right after.
@@ -1215,6 +1244,19 @@ TEST_F(qp_test, destroyed_qp_rejects_every_call_bad_flow) {
   const sge g = buf.whole();
   EXPECT_EQ(q.post_send(send_of(1, &g)), errc::stale_handle);
   EXPECT_EQ(q.post_recv(recv_of(1, &g)), errc::stale_handle);
+  // Refused as a whole, the post names its first request as not posted
+  // (a caller retrying from *bad must not read garbage).
+  const std::array<send_wr, 2> ss{send_of(2, &g), send_of(3, &g)};
+  const std::array<recv_wr, 2> rs{recv_of(2, &g), recv_of(3, &g)};
+  std::size_t bad = 99;
+  EXPECT_EQ(q.post_send(ss, &bad), errc::stale_handle);
+  EXPECT_EQ(bad, 0u);
+  bad = 99;
+  EXPECT_EQ(q.post_recv(rs, &bad), errc::stale_handle);
+  EXPECT_EQ(bad, 0u);
+  bad = 99;
+  EXPECT_EQ(qp{}.post_send(ss, &bad), errc::invalid_argument);
+  EXPECT_EQ(bad, 0u);
 }
 
 // ===========================================================================

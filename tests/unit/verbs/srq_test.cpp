@@ -221,6 +221,25 @@ TEST_F(srq_test, destroy_while_a_qp_uses_it_bad_flow) {
   EXPECT_EQ(bad, 0u);
 }
 
+// A destroyed QP's completions leave its CQs, but not those of receives
+// the SRQ gave it: those requests were the SRQ's, and their buffers would
+// be lost without them.
+TEST_F(srq_test, a_destroyed_qp_leaves_its_srq_receive_completions_in_the_cq) {
+  srq s = make_srq(4);
+  qp_options o;
+  auto p = connect(o, o, 256, 256, s);
+  auto src = make_buffer(256), dst = make_buffer(256);
+  fill_pattern(src, 1);
+  post_srq_recvs(s, dst, 100, 1, 256);
+  send_and_complete(p.a, p.cq_a, src, 10, 1);
+  ctx->poll();
+  p.b.destroy();
+  const auto r = poll(p.cq_b, 1);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(wc_ok(r[0], 100, wc_opcode::recv));
+  EXPECT_EQ(r[0].byte_len, 10u);
+}
+
 TEST_F(srq_test, post_recv_on_a_qp_with_an_srq_bad_flow) {
   srq s = make_srq(4);
   qp_options o;

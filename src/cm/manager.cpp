@@ -281,6 +281,7 @@ void manager::end_stale(conn& old) noexcept {
   send_dreq(old);
   old.st = state::dreq_sent;
   old.retries_left = old.params.max_cm_retries;
+  detach(old);  // the QP is the application's again, as after disconnect()
   arm(old, wcm::cm_timeout(old.params.cm_response_timeout));
 }
 
@@ -743,7 +744,7 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
       std::memcpy(j.ari.data(), ari->raw.data(), 16);
       j.reject_info_length = 16;
     }
-    send_to(m.dst, m.src, m.hop_limit, h.tid, j);
+    send_to(m.dst, m.src, dev_.route_hop_limit(m.src), h.tid, j);
   };
 
   // A retransmission of a REQ we hold.
@@ -797,8 +798,12 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
     refuse(wcm::rej_reason::invalid_gid, &m.dst);
     return;
   }
+  // The header's destination must be an address of this device, as
+  // rdma_cm's validate_net_dev() requires: a listener bound to another
+  // address never takes a request that was not sent to it.
   const gid dst_ip = from_wire(ip.dst_ip);
-  listen_t* l = find_listener(port_space::tcp, dst_ip, port);
+  std::uint32_t dst_index = 0;
+  listen_t* l = dev_.find_gid(dst_ip, dst_index) ? find_listener(port_space::tcp, dst_ip, port) : nullptr;
   if (l == nullptr || l->closed) {
     refuse(wcm::rej_reason::invalid_service_id);
     return;
@@ -870,7 +875,10 @@ void manager::on_rep(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
   if (!decoded(m, r)) return;
   (void)h;
   conn* cp = find(r.remote_comm_id);
-  if (cp == nullptr || cp->passive) {
+  // Only from the address the REQ went to: our comm IDs are sequential, and
+  // a REP from elsewhere would point the QP, and peer_addr (which the stale
+  // and REJ checks trust), at whoever guessed one.
+  if (cp == nullptr || cp->passive || !(m.src == cp->peer_gid)) {
     ++stats_.mads_dropped;
     return;
   }
@@ -1106,7 +1114,7 @@ void manager::on_dreq(const soft::mad_in& m, const wcm::mad_header& h) noexcept 
     wcm::drep d;
     d.remote_comm_id = r.local_comm_id;
     d.local_comm_id = r.remote_comm_id;
-    send_to(m.dst, m.src, m.hop_limit, h.tid, d);
+    send_to(m.dst, m.src, dev_.route_hop_limit(m.src), h.tid, d);
     return;
   }
   if (cp->qpn != 0 && r.remote_qpn != cp->qpn) {
@@ -1171,7 +1179,7 @@ void manager::on_sidr_req(const soft::mad_in& m, const wcm::mad_header& h) noexc
     a.request_id = r.request_id;
     a.status = s;
     a.service_id = r.service_id;
-    send_to(m.dst, m.src, m.hop_limit, h.tid, a);
+    send_to(m.dst, m.src, dev_.route_hop_limit(m.src), h.tid, a);
   };
   wcm::port_space wps;
   std::uint16_t port;
@@ -1181,7 +1189,10 @@ void manager::on_sidr_req(const soft::mad_in& m, const wcm::mad_header& h) noexc
     answer(wcm::sidr_status::no_service);
     return;
   }
-  listen_t* l = find_listener(port_space::udp, from_wire(ip.dst_ip), port);
+  std::uint32_t dst_index = 0;  // an address of this device, as for a REQ
+  listen_t* l = dev_.find_gid(from_wire(ip.dst_ip), dst_index)
+                    ? find_listener(port_space::udp, from_wire(ip.dst_ip), port)
+                    : nullptr;
   if (l == nullptr || l->closed) {
     answer(wcm::sidr_status::no_service);
     return;
@@ -1217,7 +1228,7 @@ void manager::on_sidr_req(const soft::mad_in& m, const wcm::mad_header& h) noexc
   c.peer = {from_wire(ip.src_ip), ip.src_port};
   c.peer_gid = m.src;
   c.gid_index = gid_index;
-  c.hop_limit = m.hop_limit != 0 ? m.hop_limit : 64;
+  c.hop_limit = dev_.route_hop_limit(m.src);  // not what is left of the request's (ib_cm's response AH)
   c.pdata = std::move(pdata);
   // The requester resends on its own clock; a request nobody takes is
   // forgotten after a generous while.

@@ -475,6 +475,8 @@ class raw_sender {
     const std::size_t len = hl + mad.size() + h.bth.pad + 4;  // ICRC not checked by the receiver here
     ::sendto(fd_, pkt.data(), len, 0, reinterpret_cast<sockaddr*>(&dst_), sizeof dst_);
   }
+  /// The IPv4 TTL the datagrams leave with.
+  void set_ttl(int ttl) { ::setsockopt(fd_, IPPROTO_IP, IP_TTL, &ttl, sizeof ttl); }
 
  private:
   int fd_ = -1;
@@ -655,8 +657,13 @@ class fake_peer {
     self.sin_port = htons(test_port());
     ::inet_pton(AF_INET, test_address(0).c_str(), &self.sin_addr);
     bound_ = fd_ >= 0 && ::bind(fd_, reinterpret_cast<sockaddr*>(&self), sizeof self) == 0;
+    const int on = 1;
+    ::setsockopt(fd_, IPPROTO_IP, IP_RECVTTL, &on, sizeof on);
   }
   ~fake_peer() { ::close(fd_); }
+  /// The TTL the last MAD read came with; the TTL ours leave with.
+  int last_ttl() const { return last_ttl_; }
+  void set_ttl(int ttl) { raw_.set_ttl(ttl); }
   bool bound() const { return bound_; }
 
   /// The next CM MAD of type M the device sends within `patience`
@@ -667,7 +674,17 @@ class fake_peer {
     while (std::chrono::steady_clock::now() < until) {
       ctx.poll();
       std::byte in[512];
-      const ssize_t n = ::recv(fd_, in, sizeof in, 0);
+      iovec iov{in, sizeof in};
+      alignas(cmsghdr) char control[64];
+      msghdr mh{};
+      mh.msg_iov = &iov;
+      mh.msg_iovlen = 1;
+      mh.msg_control = control;
+      mh.msg_controllen = sizeof control;
+      const ssize_t n = ::recvmsg(fd_, &mh, 0);
+      for (cmsghdr* c = n > 0 ? CMSG_FIRSTHDR(&mh) : nullptr; c != nullptr; c = CMSG_NXTHDR(&mh, c))
+        if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_TTL)
+          std::memcpy(&last_ttl_, CMSG_DATA(c), sizeof(int));
       wire::packet_view v;
       if (n <= 0 || wire::decode(std::span(in, static_cast<std::size_t>(n)), true, v) != wire::decode_error::ok)
         continue;
@@ -708,6 +725,7 @@ class fake_peer {
   int fd_ = -1;
   bool bound_ = false;
   int mads_ = 0;
+  int last_ttl_ = -1;
 };
 
 // The device under test, `a` on test_address(1), and the fake peer.
@@ -1049,6 +1067,123 @@ TEST_F(cm_udp_fake_peer, a_forged_stale_req_from_another_address_ends_nothing) {
   EXPECT_FALSE(notified.ready()) << "a forged REQ reset the connection";
   EXPECT_EQ(qa.query().state, qp_state::rts);
   EXPECT_FALSE(peer.next<wire::cm::dreq>(ctx, 100ms).has_value()) << "the real peer was sent a DREQ";
+}
+
+// An answer to a MAD for nothing known (here a REJ "invalid service ID"
+// for a port nobody listens on) leaves with the route's hop limit, as
+// ib_cm's response AH gets it, not with what was left of the request's: a
+// peer many routers away, or one sending with a small TTL, would never
+// hear it.
+TEST_F(cm_udp_fake_peer, a_refusal_leaves_with_the_routes_hop_limit_not_the_requests) {
+  ASSERT_TRUE(peer.bound());
+  make(a, 1, "", nullptr, false);
+  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
+  peer.set_ttl(3);
+  peer.send(req_to(a, peer_ip, 5));  // nobody listens on 7471
+  const auto j = peer.next<wire::cm::rej>(ctx);
+  ASSERT_TRUE(j.has_value()) << "no REJ";
+  EXPECT_EQ(j->reason, static_cast<std::uint16_t>(wire::cm::rej_reason::invalid_service_id));
+  int route_ttl = 0;  // the host's default, as a fresh socket has it
+  socklen_t len = sizeof route_ttl;
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_EQ(::getsockopt(fd, IPPROTO_IP, IP_TTL, &route_ttl, &len), 0);
+  ::close(fd);
+  EXPECT_EQ(peer.last_ttl(), route_ttl);
+}
+
+// The rdma_cm header's destination must be an address of the device the
+// REQ reached (rdma_cm's validate_net_dev): a wildcard listener does not
+// take a request "for" 10.9.8.7, and neither does a SIDR listener.
+TEST_F(cm_udp_fake_peer, a_request_whose_header_names_another_address_is_refused) {
+  ASSERT_TRUE(peer.bound());
+  make(b, 1, "", nullptr, false);
+  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
+  cm::listener any = cm::listen(b.dev, {gid{}, 7471});
+  cm::listener any_ud = cm::listen(b.dev, {gid{}, 7471}, 128, cm::port_space::udp);
+  auto got = any.async_get_request(use_request);
+  auto got_ud = any_ud.async_get_request(use_request);
+  gid elsewhere;
+  ASSERT_TRUE(gid::parse("10.9.8.7", elsewhere));
+  wire::cm::ip_header ip;
+  ip.src_port = 40000;
+  std::memcpy(ip.src_ip.data(), peer_ip.raw.data(), 16);
+  std::memcpy(ip.dst_ip.data(), elsewhere.raw.data(), 16);
+  wire::cm::req r = req_to(b, peer_ip, 5);
+  ASSERT_EQ(wire::cm::encode(ip, r.private_data), wire::cm::ip_header_size);
+  peer.send(r);
+  const auto j = peer.next<wire::cm::rej>(ctx);
+  ASSERT_TRUE(j.has_value()) << "no REJ";
+  EXPECT_EQ(j->reason, static_cast<std::uint16_t>(wire::cm::rej_reason::invalid_service_id));
+  wire::cm::sidr_req s = sidr_req_to(b, peer_ip, 6);
+  ASSERT_EQ(wire::cm::encode(ip, s.private_data), wire::cm::ip_header_size);
+  peer.send(s);
+  const auto answer = peer.next<wire::cm::sidr_rep>(ctx);
+  ASSERT_TRUE(answer.has_value()) << "no SIDR_REP";
+  EXPECT_EQ(answer->status, wire::cm::sidr_status::no_service);
+  EXPECT_FALSE(got.ready());
+  EXPECT_FALSE(got_ud.ready());
+}
+
+// A REP from another address than the one the REQ went to is dropped: our
+// comm IDs are sequential, and whoever guessed one would otherwise point
+// the QP at itself.  The real REP, after it, connects.
+TEST_F(cm_udp_fake_peer, a_rep_from_another_address_is_dropped) {
+  ASSERT_TRUE(peer.bound());
+  make(a, 1, "", nullptr, false);
+  qa = make_qp(a);
+  c = cm::connector(a.dev);
+  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
+  auto conn = c.async_connect(qa, {peer_ip, 7471}, {}, fast(), use_request);
+  const auto req = peer.next<wire::cm::req>(ctx);
+  ASSERT_TRUE(req.has_value());
+  wire::cm::rep forged;
+  forged.local_comm_id = 66;
+  forged.remote_comm_id = req->local_comm_id;
+  forged.local_qpn = 0x77;
+  forged.starting_psn = 5;
+  forged.responder_resources = 1;
+  forged.initiator_depth = 1;
+  forged.rnr_retry_count = 7;
+  forged.local_ca_guid = 0x6666;
+  std::array<std::byte, wire::cm::mad_size> mad;
+  wire::cm::encode(wire::cm::mad_header{}, forged, std::span<std::byte, wire::cm::mad_size>(mad));
+  raw_sender intruder(test_address(2), test_address(1), test_port());
+  intruder.send(mad);
+  run_for(100ms);
+  EXPECT_FALSE(conn.ready()) << "a REP from another address was taken";
+  EXPECT_NE(qa.query().state, qp_state::rts);
+  peer.accept(*req, 77);
+  ASSERT_TRUE(peer.next<wire::cm::rtu>(ctx).has_value()) << "no RTU for the real REP";
+  ASSERT_TRUE(poll_until([&] { return conn.ready(); }));
+  conn.get();
+  EXPECT_EQ(qa.query().dest_qp_num, 0x99u);
+}
+
+// A REQ from the connected peer's own address naming the connection's
+// (CA GUID, QP) ends it as stale: the QP stops and a DREQ goes out.  The
+// QP is the application's again at once, as after disconnect(): reset, it
+// connects anew while that DREQ is still unanswered (it used to stay
+// bound, invalid_state, until the DREQ's retries ran out).
+TEST_F(cm_udp_fake_peer, a_qp_whose_connection_ended_stale_connects_again_at_once) {
+  ASSERT_TRUE(peer.bound());
+  ASSERT_TRUE(establish(77).has_value()) << "not established";
+  auto notified = c.async_notify_disconnect(use_request);
+  wire::cm::req r = req_to(a, peer_ip, 5);
+  r.local_ca_guid = 0x1234;  // the fake peer's, as its REP said
+  r.local_qpn = 0x99;
+  peer.send(r);
+  ASSERT_TRUE(poll_until([&] { return notified.ready(); })) << "the stale REQ did not end the connection";
+  ASSERT_TRUE(peer.next<wire::cm::dreq>(ctx).has_value()) << "no DREQ";  // left unanswered
+  EXPECT_EQ(qa.query().state, qp_state::err);
+  qp_attr reset;
+  reset.state = qp_state::reset;
+  qa.modify(reset, qp_attr_state);
+  cm::connector again(a.dev);
+  auto conn = again.async_connect(qa, {peer_ip, 7471}, {}, fast(), use_request);
+  const auto req = peer.next<wire::cm::req>(ctx, 2s);
+  ASSERT_TRUE(req.has_value()) << "the QP was still the old connection's";
+  EXPECT_EQ(req->local_qpn, qa.num());
+  again.disconnect();
 }
 
 // A REP the requester's QP cannot take (here: the QP went to ERR during the

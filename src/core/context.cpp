@@ -63,7 +63,7 @@ std::error_code request_wait(context_impl& ctx, request_id id, std::chrono::nano
                              bool alertable) {
   slot& s = ctx.at(id.index);
   if (state_of(s.word.load(std::memory_order_acquire)) == state_completed) return {};
-  if (timeout != std::chrono::nanoseconds::zero() && in_handler())
+  if (timeout > std::chrono::nanoseconds::zero() && in_handler())
     return make_error_code(errc::would_deadlock);
   // Not before a completer that saw this thread waiting has finished
   // waking it: after a wait that timed out as the request completed, and
@@ -169,7 +169,7 @@ std::size_t context::alertable_wait(std::chrono::nanoseconds timeout, std::error
   if (ts == nullptr) return 0;
   // The rule first: inside a handler a waiting call fails at once, even
   // when handlers are queued (running them here would nest them).
-  if (timeout != std::chrono::nanoseconds::zero() && detail::in_handler()) {
+  if (timeout > std::chrono::nanoseconds::zero() && detail::in_handler()) {
     ec = make_error_code(errc::would_deadlock);
     return 0;
   }

@@ -331,13 +331,15 @@ bool context_impl::complete(request_id id, const std::error_code& ec, void* resu
     if (s.word.compare_exchange_weak(w, desired, std::memory_order_acq_rel, std::memory_order_acquire))
       break;
   }
-  // This thread owns the completion now.
+  // This thread owns the completion now.  Out of its group first: a cancel
+  // hook that cancels that group (or destroys its owner) must not find this
+  // slot there, completing, and wait on it for good.
+  if (s.group != nullptr) s.group->unlink(id.index);
   if (cancel) {
     if (cancel_fn hook = s.cancel_hook.load(std::memory_order_acquire); hook != nullptr)
       hook(s.cancel_arg.load(std::memory_order_relaxed), id);
     counters_.cancelled.fetch_add(1, std::memory_order_relaxed);
   }
-  if (s.group != nullptr) s.group->unlink(id.index);
   s.ec = ec;
   if (s.manage != nullptr) {
     if (result != nullptr) s.manage(result_op::move_construct, s.result, result);

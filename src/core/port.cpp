@@ -250,19 +250,22 @@ std::size_t port_impl::get(std::span<completion_entry> out, std::chrono::nanosec
                            bool alertable, std::error_code& ec) {
   ec.clear();
   if (out.empty()) return 0;
-  if (std::size_t n = try_get(out); n != 0) return n;
-  if (timeout != std::chrono::nanoseconds::zero() && in_handler()) {
-    ec = make_error_code(errc::would_deadlock);
-    return 0;
-  }
-  const auto deadline = deadline_after(real_now(), timeout);
-  // A handler run in an alertable wait may destroy the port's handle, and
-  // with it the last reference: this call keeps the port alive to its end.
+  // Another thread may destroy the port's handle while this call runs (it
+  // then ends operation_aborted), and a handler run in an alertable wait
+  // may destroy it too: with the handle goes a reference, and the entries
+  // this call delivers drop theirs.  This call keeps the port alive to its
+  // end -- from before the first take, which may drop the last.
   add_ref();
   const struct keep {
     port_impl* p;
     ~keep() { p->release(); }
   } kept{this};
+  if (std::size_t n = try_get(out); n != 0) return n;
+  if (timeout > std::chrono::nanoseconds::zero() && in_handler()) {
+    ec = make_error_code(errc::would_deadlock);
+    return 0;
+  }
+  const auto deadline = deadline_after(real_now(), timeout);
   for (;;) {
     port_waiter w(*this);
     const auto left = deadline == std::chrono::nanoseconds::max()

@@ -114,6 +114,17 @@ class completion_port {
                   wait_mode mode = wait_mode::normal);
   std::size_t get(std::span<completion_entry> out, std::chrono::nanoseconds timeout,
                   wait_mode mode, std::error_code& ec);
+  /// Any duration, saturating at `infinite` (detail::timeout_ns).
+  template <class Rep, class Period>
+  std::size_t get(std::span<completion_entry> out, std::chrono::duration<Rep, Period> timeout,
+                  wait_mode mode = wait_mode::normal) {
+    return get(out, detail::timeout_ns(timeout), mode);
+  }
+  template <class Rep, class Period>
+  std::size_t get(std::span<completion_entry> out, std::chrono::duration<Rep, Period> timeout, wait_mode mode,
+                  std::error_code& ec) {
+    return get(out, detail::timeout_ns(timeout), mode, ec);
+  }
 
   /// Queues a user packet carrying `value` (a `std::uint64_t` result).
   /// Allocates only when the queue grows past its largest size so far.

@@ -22,6 +22,21 @@ namespace averbs {
 /// Blocks without a time limit.
 inline constexpr std::chrono::nanoseconds infinite = std::chrono::nanoseconds::max();
 
+namespace detail {
+/// A caller's timeout in nanoseconds, saturating: `std::chrono::seconds::max()`
+/// or three centuries is `infinite`, not the overflow of an implicit
+/// conversion (which left a negative value: no wait at all).
+template <class Rep, class Period>
+constexpr std::chrono::nanoseconds timeout_ns(std::chrono::duration<Rep, Period> d) noexcept {
+  using wide = std::chrono::duration<long double, std::nano>;
+  const long double x = std::chrono::duration_cast<wide>(d).count();
+  if (x >= static_cast<long double>(infinite.count())) return infinite;
+  if (x <= static_cast<long double>(std::chrono::nanoseconds::min().count()))
+    return std::chrono::nanoseconds::min();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(d);
+}
+}  // namespace detail
+
 /// Something the context drives: a pollable descriptor plus a non-blocking
 /// `progress()` that does the work the descriptor announced.
 ///
@@ -117,6 +132,15 @@ class context {
   /// propagates its exception out of this call after its request was freed.
   std::size_t alertable_wait(std::chrono::nanoseconds timeout);
   std::size_t alertable_wait(std::chrono::nanoseconds timeout, std::error_code& ec);
+  /// Any duration, saturating at `infinite` (detail::timeout_ns).
+  template <class Rep, class Period>
+  std::size_t alertable_wait(std::chrono::duration<Rep, Period> timeout) {
+    return alertable_wait(detail::timeout_ns(timeout));
+  }
+  template <class Rep, class Period>
+  std::size_t alertable_wait(std::chrono::duration<Rep, Period> timeout, std::error_code& ec) {
+    return alertable_wait(detail::timeout_ns(timeout), ec);
+  }
 
   /// A descriptor readable while progress may be needed (an epoll set).
   int native_handle() const noexcept;

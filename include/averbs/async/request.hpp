@@ -92,6 +92,15 @@ class request {
     ec = detail::request_wait(*ctx_, id_, timeout, mode == wait_mode::alertable);
     return !ec;
   }
+  /// Any duration, saturating at `infinite` (detail::timeout_ns).
+  template <class Rep, class Period>
+  bool wait_for(std::chrono::duration<Rep, Period> timeout, wait_mode mode = wait_mode::normal) {
+    return wait_for(detail::timeout_ns(timeout), mode);
+  }
+  template <class Rep, class Period>
+  bool wait_for(std::chrono::duration<Rep, Period> timeout, wait_mode mode, std::error_code& ec) {
+    return wait_for(detail::timeout_ns(timeout), mode, ec);
+  }
 
   /// Requests cancellation.  If the operation was still pending it completes
   /// with `errc::operation_aborted` and this returns true.

@@ -87,6 +87,26 @@ TEST(dispatch, blocking_waits_inside_a_handler_fail_but_polling_is_allowed) {
   EXPECT_TRUE(ready_polled);
 }
 
+// A negative timeout does not wait (as zero, outside a handler it polls
+// once): inside a handler it is a poll too, not would_deadlock.
+TEST(dispatch, a_negative_timeout_inside_a_handler_polls) {
+  averbs::context ctx;
+  averbs::completion_port port(ctx);
+  std::error_code port_ec, request_ec;
+  averbs::async_nop(ctx, {}, [&](std::error_code, std::uint64_t) {
+    std::array<averbs::completion_entry, 1> e;
+    port.get(e, -1ns, averbs::wait_mode::normal, port_ec);
+    averbs::nop_params p;
+    p.delay = 1h;
+    auto r = averbs::async_nop(ctx, p, averbs::use_request);
+    r.wait_for(-5ms, averbs::wait_mode::normal, request_ec);
+    r.cancel();
+  });
+  ctx.alertable_wait(0ns);
+  EXPECT_EQ(port_ec, errc::timed_out);
+  EXPECT_EQ(request_ec, errc::timed_out);
+}
+
 // The rule holds even with handlers queued: a waiting alertable_wait inside
 // a handler fails at once, and does not run the queued ones nested.
 TEST(dispatch, alertable_wait_with_a_timeout_inside_a_handler_fails_even_with_handlers_queued) {

@@ -39,6 +39,27 @@ TEST(port, completion_is_queued_with_key_status_and_result) {
   EXPECT_EQ(e[0].result<int>(), nullptr) << "wrong type is refused";
 }
 
+// A timeout longer than nanoseconds can count (seconds::max(), three
+// centuries) waits for good: it saturates at infinite instead of
+// overflowing into a negative value, which returned timed_out at once.
+TEST(port, a_timeout_past_what_nanoseconds_hold_waits_for_the_completion) {
+  averbs::context ctx;
+  averbs::completion_port port(ctx);
+  averbs::nop_params p;
+  p.delay = 20ms;
+  averbs::async_nop(ctx, p, averbs::bind_port(port, 1));
+  std::array<averbs::completion_entry, 1> e;
+  std::error_code ec;
+  EXPECT_EQ(port.get(e, std::chrono::seconds::max(), averbs::wait_mode::normal, ec), 1u) << ec.message();
+  auto r = averbs::async_nop(ctx, p, averbs::use_request);
+  EXPECT_TRUE(r.wait_for(std::chrono::hours(24 * 365 * 300)));
+  auto r2 = averbs::async_nop(ctx, p, averbs::use_request);
+  EXPECT_TRUE(r2.wait_for(std::chrono::duration<double>(1e30)));
+  static_assert(averbs::detail::timeout_ns(std::chrono::seconds::max()) == averbs::infinite);
+  static_assert(averbs::detail::timeout_ns(std::chrono::seconds::min()) == std::chrono::nanoseconds::min());
+  static_assert(averbs::detail::timeout_ns(1500ms) == 1'500'000'000ns);
+}
+
 TEST(port, get_dequeues_a_batch) {
   averbs::context ctx;
   averbs::completion_port port(ctx);

@@ -16,7 +16,8 @@ struct figure {
 
 inline figure summarize(std::vector<double> v) {
   std::sort(v.begin(), v.end());
-  return {v[v.size() / 2], v.front(), v.back()};
+  const std::size_t n = v.size();  // an even count: the mean of the middle two
+  return {n % 2 == 0 ? (v[n / 2 - 1] + v[n / 2]) / 2 : v[n / 2], v.front(), v.back()};
 }
 
 /// Runs `body(ops)` `trials` times after one warm-up and returns the

@@ -169,18 +169,18 @@ TEST(perf_oob, a_stranger_or_another_version_is_told_apart) {
     EXPECT_EQ(error_of([&] { (void)p.server.recv_params(); }),
               "the peer on the out-of-band port is not averbs perf (no greeting)");
   }
-  // The magic, then version 3.
+  // The magic, then version 4.
   oob_pair p(test_address(0));
   p.client.send_word(0x4156425045524600ull);
-  p.client.send_word(std::uint64_t{3} << 32);
-  for (int i = 0; i < 4; ++i) p.client.send_word(0);
+  p.client.send_word(std::uint64_t{4} << 32);
+  for (int i = 0; i < 5; ++i) p.client.send_word(0);
   EXPECT_EQ(error_of([&] { (void)p.server.recv_params(); }),
-            "the peer speaks version 3 of averbs perf's exchange, this is version 2");
+            "the peer speaks version 4 of averbs perf's exchange, this is version 3");
 }
 
 // A stranger that sends less than a greeting and waits for an answer (an
 // HTTP request, say) is told apart at once; a greeting cut short says how
-// much came.  (The whole 48 bytes used to be awaited first: the server
+// much came.  (The whole greeting used to be awaited first: the server
 // waited out its deadline and then said the peer had sent nothing.)
 TEST(perf_oob, a_short_stranger_or_a_greeting_cut_short_is_told_apart) {
   {
@@ -195,10 +195,10 @@ TEST(perf_oob, a_short_stranger_or_a_greeting_cut_short_is_told_apart) {
   oob_pair p(test_address(0));
   p.server.set_timeout(300ms);
   p.client.send_word(0x4156425045524600ull);
-  p.client.send_word(std::uint64_t{2} << 32);  // the version, and 4 bytes more
+  p.client.send_word(std::uint64_t{3} << 32);  // the version, and 4 bytes more
   EXPECT_EQ(
       error_of([&] { (void)p.server.recv_params(); }),
-      "the peer sent 16 of the 48 bytes of a message on the out-of-band connection, then nothing until 0.3 s "
+      "the peer sent 16 of the 52 bytes of a message on the out-of-band connection, then nothing until 0.3 s "
       "had passed");
 }
 
@@ -208,8 +208,11 @@ TEST(perf_oob, a_greeting_arrives_as_sent) {
   o.iters = 123456789;
   o.path_mtu = mtu::mtu_512;
   o.outstanding_reads = 7;
-  p.client.send_params(perf::params_of(o));
+  perf::test_params sent = perf::params_of(o);
+  sent.roce_port = 4791;
+  p.client.send_params(sent);
   const perf::test_params got = p.server.recv_params();
+  EXPECT_EQ(got.roce_port, 4791u);
   EXPECT_EQ(got.test, static_cast<std::uint32_t>(perf::test_kind::atomic_bw));
   EXPECT_EQ(got.iters, 123456789u);
   EXPECT_EQ(got.mtu_bytes, 512u);
@@ -393,6 +396,36 @@ TEST(perf_two_processes, a_peer_gid_no_qp_can_reach_stops_the_server_naming_it) 
     EXPECT_NE(server.output().find("the peer sent GID "), std::string::npos)
         << bad << ": " << server.output();
   }
+}
+
+// Two ends whose devices use different RoCE UDP ports would lose every
+// packet (a device sends to its own port): the greeting says so at once.
+TEST(perf_two_processes, ends_on_different_roce_ports_both_stop_and_say_why) {
+  const std::uint16_t port = test_port();
+  std::vector<std::string> server_cmd = perf_cmd(0, port, {"--test", "write_bw", "-n", "10"}, false);
+  std::vector<std::string> client_cmd = perf_cmd(1, port, {"--test", "write_bw", "-n", "10"}, true);
+  client_cmd[3] = test_address(1) + ":" + std::to_string(port + 2);  // --addr A:P' instead of A:P
+  child server(server_cmd, true);
+  child client(client_cmd, true);
+  EXPECT_EQ(client.wait(60s), 1) << client.output();
+  EXPECT_EQ(server.wait(30s), 1) << server.output();
+  const std::string why = "the peer's device uses RoCE UDP port ";
+  EXPECT_NE(client.output().find(why + std::to_string(port) + ", this side's " + std::to_string(port + 2)),
+            std::string::npos)
+      << client.output();
+  EXPECT_NE(server.output().find(why + std::to_string(port + 2)), std::string::npos) << server.output();
+}
+
+// A peer that sends back this side's own QP and GID is this process (an
+// out-of-band connection that reached itself): refused, not measured.
+TEST(perf_two_processes, a_peer_that_echoes_our_own_qp_and_gid_stops_the_server) {
+  const std::uint16_t port = test_port();
+  child server(perf_cmd(0, port, {"--test", "send_lat"}, false), true);
+  oob mirror = oob::connect(test_address(0), static_cast<std::uint16_t>(port + 1), 30s);
+  mirror.send_params(mirror.recv_params());
+  mirror.send_info(mirror.recv_info());
+  EXPECT_EQ(server.wait(30s), 1) << server.output();
+  EXPECT_NE(server.output().find("the peer is this process"), std::string::npos) << server.output();
 }
 
 // Every 32nd send is signaled: with -n a multiple of 32 a size's last

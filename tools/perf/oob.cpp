@@ -104,6 +104,19 @@ int try_connect(const addrinfo& ai, std::chrono::milliseconds limit) {
     errno = e;
     return -1;
   }
+  // TCP lets a socket connect to itself when nothing listens at a local
+  // address and the ephemeral port picked is the one asked for: the "peer"
+  // would then be this process, agreeing with everything it says.  As if
+  // refused: the caller tries again (the server may still be starting).
+  sockaddr_storage self{}, peer{};
+  socklen_t self_len = sizeof self, peer_len = sizeof peer;
+  if (::getsockname(fd, reinterpret_cast<sockaddr*>(&self), &self_len) == 0 &&
+      ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) == 0 && self_len == peer_len &&
+      std::memcmp(&self, &peer, self_len) == 0) {
+    ::close(fd);
+    errno = ECONNREFUSED;
+    return -1;
+  }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   const int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -137,7 +150,9 @@ oob oob::connect(const std::string& host, std::uint16_t port, std::chrono::milli
       errno = e;
       // The server listens on its device's address only.
       fail("connect to " + host + ":" + std::to_string(port) +
-           (e == ECONNREFUSED ? " (HOST must be the address of the server's device)" : ""));
+           (e == ECONNREFUSED ? " (nothing listens there: HOST must be the address of the server's device, "
+                                "and the server serves one client, then ends)"
+                              : ""));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the server is still starting
   }
@@ -242,8 +257,9 @@ void oob::send_word(std::uint64_t w) const {
 namespace {
 // "AVBPERF" and a NUL; then the version of this exchange.
 constexpr std::uint64_t params_magic = 0x4156425045524600ull;
-constexpr std::uint32_t params_version = 2;  // 2: a bandwidth client sends its figures to the server
-constexpr std::size_t params_bytes = 48;
+// 2: a bandwidth client sends its figures to the server; 3: the RoCE port.
+constexpr std::uint32_t params_version = 3;
+constexpr std::size_t params_bytes = 52;
 }  // namespace
 
 void oob::send_params(const test_params& p) const {
@@ -265,6 +281,7 @@ void oob::send_params(const test_params& p) const {
   put64(28, p.size);
   put64(36, p.iters);
   put32(44, p.duration);
+  put32(48, p.roce_port);
   send_all(b, sizeof b);
 }
 
@@ -300,6 +317,7 @@ test_params oob::recv_params() const {
   p.size = get64(28);
   p.iters = get64(36);
   p.duration = get32(44);
+  p.roce_port = get32(48);
   return p;
 }
 

@@ -42,6 +42,7 @@ struct test_params {
   std::uint64_t size = 0;       // the one size, when not all_sizes
   std::uint64_t iters = 0;
   std::uint32_t duration = 0;  // seconds (-D), 0: iterations
+  std::uint32_t roce_port = 0;  // the device's RoCEv2 UDP port: both ends must use one
 };
 
 class oob {
@@ -57,7 +58,8 @@ class oob {
   /// Server: listens on `port` (0: any; `bound_port()` tells) at `bind_addr`.
   static oob listen(const std::string& bind_addr, std::uint16_t port);
   /// Accepts one client.  The listening socket stays open: a second
-  /// client waits in the kernel's backlog until it is closed.
+  /// client waits in the kernel's backlog until it is closed (both servers
+  /// close it once their client came, so a second is refused).
   oob accept(std::chrono::milliseconds timeout) const;
   /// Client: connects to the first of `host`'s addresses that answers,
   /// retrying until `timeout` (the server may still be starting).  No one

@@ -766,12 +766,23 @@ remote_run::remote_run(context& ctx, const options& o, const std::string& host, 
     s.link = oob::connect(host, o_.oob_port, std::chrono::seconds(30));
   }
   // Both send before either receives: TCP buffers the few bytes.
-  s.link.send_params(params_of(o_));
-  agree(o_, s.link.recv_params());
+  test_params mine = params_of(o_);
+  mine.roce_port = s.dev.udp_port();
+  s.link.send_params(mine);
+  const test_params theirs = s.link.recv_params();
+  agree(o_, theirs);
+  // A device sends to its own RoCE port: with two, every packet is lost.
+  if (theirs.roce_port != mine.roce_port)
+    throw std::runtime_error("the peer's device uses RoCE UDP port " + std::to_string(theirs.roce_port) +
+                             ", this side's " + std::to_string(mine.roce_port) +
+                             " (give both --addr the same :PORT)");
   s.link.send_info(me);
   s.peer = s.link.recv_info();
   if (s.peer.qpn == 0 || s.peer.qpn > 0xFFFFFF)
     throw std::runtime_error("the peer sent QP number " + std::to_string(s.peer.qpn));
+  if (s.peer.qpn == me.qpn && s.peer.g == me.g)
+    throw std::runtime_error("the peer is this process (its QP " + std::to_string(me.qpn) + " and GID " +
+                             me.g.to_string() + " are ours): the out-of-band connection reached itself");
   if (const char* why = unusable_peer_gid(s.peer.g, g))
     throw std::runtime_error("the peer sent GID " + s.peer.g.to_string() + ", " + why);
   if (s.peer.size < s.half)

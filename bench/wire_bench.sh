@@ -118,10 +118,14 @@ trap 'exit 130' INT TERM
 # (readiness, not a guess); fails at once if PID (the server) exits.
 # The listener must be PID or its child (timeout runs the server): a
 # stranger on the port (a wildcard listener, another run) is not ready.
+# Where ss shows no process for a listener (another user, no /proc
+# access), any listener on the port counts, as before.
 wait_listen() {
-  local i p
+  local i p l
   for ((i = 0; i < $2 * 20; i++)); do
-    for p in $(ss -Hltnp "sport = :$1" 2>/dev/null | grep -o 'pid=[0-9]*' | cut -d= -f2); do
+    l=$(ss -Hltnp "sport = :$1" 2>/dev/null)
+    [[ -n $l && $l != *pid=* ]] && return 0
+    for p in $(grep -o 'pid=[0-9]*' <<<"$l" | cut -d= -f2); do
       [[ $p == "$3" || $(ps -o ppid= -p "$p" 2>/dev/null | tr -d ' ') == "$3" ]] && return 0
     done
     kill -0 "$3" 2>/dev/null || return 1

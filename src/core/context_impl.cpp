@@ -333,7 +333,10 @@ bool context_impl::complete(request_id id, const std::error_code& ec, void* resu
   }
   // This thread owns the completion now.  Out of its group first: a cancel
   // hook that cancels that group (or destroys its owner) must not find this
-  // slot there, completing, and wait on it for good.
+  // slot there, completing, and wait on it for good.  So a group's cancel
+  // or destructor may return while a hook started elsewhere still runs: a
+  // hook's argument must not be something the group's owner holds (the
+  // no-op's is the context's timer entry).
   if (s.group != nullptr) s.group->unlink(id.index);
   if (cancel) {
     if (cancel_fn hook = s.cancel_hook.load(std::memory_order_acquire); hook != nullptr)

@@ -10,7 +10,8 @@ namespace averbs::wire {
 /// The CRC-32 polynomial 0x04C11DB7 in reflected bit order (bit 31 is x^0).
 inline constexpr std::uint32_t crc32_poly_reflected = 0xEDB88320u;
 
-/// How crc32() computes buffers of 256 bytes and more.
+/// How crc32() computes long buffers (256 bytes and more on the 512-bit
+/// path, 512 and more on the 256-bit one; libdeflate below).
 enum class crc32_path {
   libdeflate,  ///< libdeflate's PCLMULQDQ, 128 bits at a time
   vpclmul256,  ///< VPCLMULQDQ on eight 256-bit registers (AVX2)

@@ -30,10 +30,13 @@ template <class Rep, class Period>
 constexpr std::chrono::nanoseconds timeout_ns(std::chrono::duration<Rep, Period> d) noexcept {
   using wide = std::chrono::duration<long double, std::nano>;
   const long double x = std::chrono::duration_cast<wide>(d).count();
+  if (x != x) return std::chrono::nanoseconds::zero();  // NaN: a poll
   if (x >= static_cast<long double>(infinite.count())) return infinite;
   if (x <= static_cast<long double>(std::chrono::nanoseconds::min().count()))
     return std::chrono::nanoseconds::min();
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(d);
+  // From the wide value: a double just under 2^63 ns would round up to
+  // 2^63 in the duration's own arithmetic.
+  return std::chrono::nanoseconds(static_cast<std::chrono::nanoseconds::rep>(x));
 }
 }  // namespace detail
 
@@ -126,7 +129,7 @@ class context {
   /// Returns the number of handlers run; 0 on timeout.
   ///
   /// Errors (`ec` overload): `errc::timed_out`; `errc::would_deadlock` when
-  /// called inside a handler with a non-zero timeout; the system error that
+  /// called inside a handler with a positive timeout; the system error that
   /// kept the thread from waiting (EMFILE: no descriptor left for its
   /// wake-up).  The throwing overload throws for all but `timed_out`.  A handler that throws
   /// propagates its exception out of this call after its request was freed.

@@ -1199,21 +1199,23 @@ TEST_F(qp_test, reset_and_destroy_remove_the_qps_completions_from_a_shared_cq) {
     ASSERT_TRUE(reach(b, qp_state::init));
     auto buf = make_buffer(64);
     const sge g = buf.whole();
-    ASSERT_EQ(a.post_recv(recv_of(11, &g)), std::error_code{});
-    ASSERT_EQ(b.post_recv(recv_of(21, &g)), std::error_code{});
     ASSERT_EQ(modify(a, good(qp_state::err, qp_state::init), qp_attr_state), std::error_code{});
-    ASSERT_EQ(a.post_recv(recv_of(12, &g)), std::error_code{});  // flushed as posted
     ASSERT_EQ(modify(b, good(qp_state::err, qp_state::init), qp_attr_state), std::error_code{});
-    ASSERT_EQ(a.post_recv(recv_of(13, &g)), std::error_code{});
-    // The CQ holds 11, 12, 21, 13 unpolled.
+    // Flushed as posted: the CQ holds 11, 21, 12, 22, 13, 23 unpolled.
+    for (std::uint64_t i = 1; i <= 3; ++i) {
+      ASSERT_EQ(a.post_recv(recv_of(10 + i, &g)), std::error_code{});
+      ASSERT_EQ(b.post_recv(recv_of(20 + i, &g)), std::error_code{});
+    }
     if (destroy)
       a.destroy();
     else
       ASSERT_EQ(modify(a, good(qp_state::reset, qp_state::err), qp_attr_state), std::error_code{});
     const auto wcs = drain();
-    ASSERT_EQ(wcs.size(), 1u);
-    EXPECT_EQ(wcs[0].wr_id, 21u);
-    EXPECT_EQ(wcs[0].qp_num, b.num());
+    ASSERT_EQ(wcs.size(), 3u);
+    for (std::size_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(wcs[i].wr_id, 21u + i);
+      EXPECT_EQ(wcs[i].qp_num, b.num());
+    }
   }
 }
 

@@ -567,8 +567,15 @@ ah_attr device::init_ah_from_wc(std::uint8_t port, const work_completion& wc,
   a.port_num = port;
   a.sl = wc.sl;
   std::memcpy(a.grh.dgid.raw.data(), f.src.data(), 16);
-  a.grh.sgid_index = static_cast<std::uint8_t>(find_gid(port, to, ec));
+  const std::uint32_t index = find_gid(port, to, ec);
   if (ec) return {};
+  // An AV names its source GID in 8 bits (ibv_global_route): an entry
+  // past 255 cannot be named, and wrapping would answer from another.
+  if (index > 0xFF) {
+    ec = make_error_code(errc::invalid_argument);
+    return {};
+  }
+  a.grh.sgid_index = static_cast<std::uint8_t>(index);
   a.grh.traffic_class = f.traffic_class;
   a.grh.flow_label = f.flow_label;
   a.grh.hop_limit = 0xFF;

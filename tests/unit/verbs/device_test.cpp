@@ -117,6 +117,33 @@ TEST_F(device_test, query_device_reports_non_zero_guids) {
   EXPECT_NE(a.sys_image_guid, 0u);
 }
 
+// A datagram that came to GID entry 300 cannot be answered by an AV, whose
+// source GID index has 8 bits: refused, not answered from entry 44.
+TEST_F(device_test, init_ah_from_wc_refuses_a_gid_entry_an_av_cannot_name) {
+  soft_device_options o{dev_holder->name() + ".many", &clock, {}};
+  for (std::uint32_t i = 0; i < 301; ++i)
+    o.gids.push_back(gid::from_ipv4(0x0A000000u + 1 + i));  // 10.0.0.1 ...
+  soft_device many(o);
+  device d = open_device(*ctx, many.name());
+  work_completion wc;
+  wc.wc_flags = wc_grh;
+  std::array<std::byte, 40> area{};
+  area[20] = std::byte{0x45};  // IPv4, as a UD receive finds it in bytes 20..39
+  const std::array<std::uint8_t, 4> from{10, 9, 9, 9};
+  for (std::size_t i = 0; i < 4; ++i) area[32 + i] = std::byte{from[i]};
+  auto to = [&](std::uint32_t entry) {
+    const std::uint32_t ip = 0x0A000000u + 1 + entry;
+    for (std::size_t i = 0; i < 4; ++i) area[36 + i] = static_cast<std::byte>(ip >> (24 - 8 * i));
+  };
+  std::error_code ec;
+  to(255);
+  EXPECT_EQ(d.init_ah_from_wc(1, wc, area, ec).grh.sgid_index, 255);
+  EXPECT_FALSE(ec) << ec.message();
+  to(300);
+  d.init_ah_from_wc(1, wc, area, ec);
+  EXPECT_EQ(ec, errc::invalid_argument);
+}
+
 TEST_F(device_test, node_guids_of_two_devices_differ) {
   soft_device other(soft_device_options{dev_holder->name() + ".other", &clock, {test_gid}});
   device d2 = open_device(*ctx, other.name());

@@ -85,6 +85,7 @@ context_impl::context_impl(const context_options& opts)
       chunks_(new std::atomic<slot*>[max_chunks]),
       free_head_(no_index) {
   for (std::uint32_t i = 0; i < max_chunks; ++i) chunks_[i].store(nullptr, std::memory_order_relaxed);
+  clock_is_steady_ = dynamic_cast<const steady_clock*>(clock_) != nullptr;
   ep_ = ::epoll_create1(EPOLL_CLOEXEC);
   if (ep_ < 0) throw std::system_error(errno, std::system_category(), "epoll_create1");
   try {
@@ -726,13 +727,7 @@ void context_impl::rearm_timer(clock::time_point deadline) noexcept {
   std::lock_guard lock(timer_arm_mu_);
   if (deadline >= armed_deadline_) return;
   armed_deadline_ = deadline;
-  itimerspec its{};
-  const auto ns = deadline.time_since_epoch().count();
-  // A zero it_value disarms the timer, so an already-due deadline uses 1 ns.
-  its.it_value.tv_sec = ns / 1'000'000'000;
-  its.it_value.tv_nsec = ns % 1'000'000'000;
-  if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0) its.it_value.tv_nsec = 1;
-  ::timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &its, nullptr);
+  arm_timerfd(timer_fd_, *clock_, clock_is_steady_, deadline);
 }
 
 void context_impl::run_timers() noexcept {

@@ -248,6 +248,7 @@ class context_impl final : public clock_listener {
 
   std::atomic<int> refs_{1};
   averbs::clock* clock_;
+  bool clock_is_steady_ = false;  // clock_ reads CLOCK_MONOTONIC (arm_timerfd)
   std::chrono::nanoseconds spin_;
 
   std::unique_ptr<std::atomic<slot*>[]> chunks_;

@@ -1,10 +1,32 @@
 // SPDX-License-Identifier: MIT
 #include "core/timer_queue.hpp"
 
+#include <sys/timerfd.h>
+
 #include <algorithm>
 #include <array>
+#include <ctime>
 
 namespace averbs::detail {
+
+void arm_timerfd(int fd, const clock& c, bool steady, clock::time_point deadline) noexcept {
+  std::int64_t ns = deadline.time_since_epoch().count();
+  if (!steady) {
+    timespec mono{};
+    ::clock_gettime(CLOCK_MONOTONIC, &mono);
+    const std::int64_t now = std::int64_t{mono.tv_sec} * 1'000'000'000 + mono.tv_nsec;
+    const clock::duration left = deadline - c.now();  // (a deadline of max() is never armed)
+    ns = left.count() <= 0 ? now : left.count() > INT64_MAX - now ? INT64_MAX : now + left.count();
+  }
+  itimerspec its{};
+  its.it_value.tv_sec = ns / 1'000'000'000;
+  its.it_value.tv_nsec = ns % 1'000'000'000;
+  if (its.it_value.tv_sec <= 0 && its.it_value.tv_nsec <= 0) {
+    its.it_value.tv_sec = 0;
+    its.it_value.tv_nsec = 1;
+  }
+  ::timerfd_settime(fd, TFD_TIMER_ABSTIME, &its, nullptr);
+}
 
 bool timer_queue::schedule(clock::time_point deadline, timer_fn fn, void* arg,
                            const timer_payload& p, timer_alive_fn alive) {

@@ -16,6 +16,14 @@
 
 namespace averbs::detail {
 
+/// Arms the CLOCK_MONOTONIC timerfd `fd` (TFD_TIMER_ABSTIME) for the moment
+/// real-time clock `c` reads `deadline`.  The steady clock reads
+/// CLOCK_MONOTONIC itself; another real-time clock may count from another
+/// epoch, so its deadline is the monotonic now plus what is left on it
+/// (an absolute time taken as is would be past at once, or never come).
+/// An already-due deadline arms 1 ns (a zero value would disarm).
+void arm_timerfd(int fd, const clock& c, bool steady, clock::time_point deadline) noexcept;
+
 /// What a timer hands back to its function when it fires.
 struct timer_payload {
   std::uint64_t a = 0;

@@ -1530,12 +1530,7 @@ void device::rearm_timer_fd(bool force) noexcept {
 
 void device::set_timer_fd(clock::time_point when) noexcept {
   timer_fd_set_ = true;
-  itimerspec its{};
-  const auto ns = when.time_since_epoch().count();
-  its.it_value.tv_sec = ns / 1'000'000'000;
-  its.it_value.tv_nsec = ns % 1'000'000'000;
-  if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0) its.it_value.tv_nsec = 1;
-  ::timerfd_settime(timer_fd_, TFD_TIMER_ABSTIME, &its, nullptr);
+  detail::arm_timerfd(timer_fd_, *clock_, clock_is_steady_, when);
 }
 
 void device::run_timers() noexcept {

@@ -83,6 +83,30 @@ TEST(request, wait_drives_a_timer_on_the_calling_thread) {
   EXPECT_EQ(r.get(), 5u);
 }
 
+// A real-time clock of the caller's need not count from CLOCK_MONOTONIC's
+// epoch: here it reads a million seconds ahead.  Its timers fire on time
+// (the timerfd is armed for what is left, not for its absolute reading,
+// which was a million seconds away: the request never completed).
+TEST(request, a_real_time_clock_of_another_epoch_fires_timers_on_time) {
+  struct ahead_clock final : averbs::clock {
+    time_point now() const noexcept override {
+      return averbs::steady_clock::instance().now() + std::chrono::seconds(1'000'000);
+    }
+    bool is_real_time() const noexcept override { return true; }
+    void subscribe(averbs::clock_listener&) override {}
+    void unsubscribe(averbs::clock_listener&) noexcept override {}
+  } clk;
+  averbs::context_options o;
+  o.clock = &clk;
+  averbs::context ctx(o);
+  averbs::nop_params p;
+  p.delay = 5ms;
+  auto r = averbs::async_nop(ctx, p, averbs::use_request);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(r.wait_for(5s)) << "the timer never fired";
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 4ms);
+}
+
 TEST(request, wait_for_times_out_then_succeeds) {
   averbs::manual_clock clk;
   averbs::context_options o;

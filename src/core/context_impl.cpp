@@ -233,7 +233,12 @@ slot_ref context_impl::begin(const initiation& in) {
   if (s.port != nullptr) s.port->add_ref();
   s.thread = ts;
   if (ts != nullptr) ts->add_ref();
-  s.module = in.handler != nullptr ? module_acquire(reinterpret_cast<const void*>(in.handler)) : nullptr;
+  // The module whose code the completion runs: the handler's, or for a
+  // request or port completion the result's manage function (a type only a
+  // plugin instantiates), which a port entry carries past the slot.
+  const void* code = in.handler != nullptr ? reinterpret_cast<const void*>(in.handler)
+                                           : reinterpret_cast<const void*>(in.result);
+  s.module = code != nullptr ? module_acquire(code) : nullptr;
   s.handler = in.handler;
   s.cancel_hook.store(nullptr, std::memory_order_relaxed);
   s.group = in.group;

@@ -84,4 +84,6 @@ void* module_acquire(const void* code) noexcept {
 
 void module_release(void* handle) noexcept { ::dlclose(handle); }
 
+void release_module(void* module) noexcept { module_release(module); }
+
 }  // namespace averbs::detail

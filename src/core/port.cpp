@@ -197,6 +197,7 @@ void port_impl::deliver_taken(const item& it, completion_entry& e) noexcept {
     e.manage_ = s.manage;
     e.type_ = s.result_type;
     s.manage(result_op::move_construct, e.storage_, s.result);
+    e.module_ = std::exchange(s.module, nullptr);  // the entry runs manage_ now
   }
   ctx_.free_slot(it.index);
 }

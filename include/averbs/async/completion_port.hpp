@@ -12,6 +12,7 @@
 #include <span>
 #include <system_error>
 #include <typeinfo>
+#include <utility>
 
 namespace averbs {
 
@@ -54,6 +55,7 @@ class completion_entry {
     if (manage_ != nullptr) manage_(detail::result_op::destroy, storage_, nullptr);
     manage_ = nullptr;
     type_ = nullptr;
+    if (module_ != nullptr) detail::release_module(std::exchange(module_, nullptr));
   }
 
  private:
@@ -64,6 +66,7 @@ class completion_entry {
     user_ = o.user_;
     type_ = o.type_;
     manage_ = o.manage_;
+    module_ = std::exchange(o.module_, nullptr);
     if (manage_ != nullptr) {
       manage_(detail::result_op::move_construct, storage_, o.storage_);
       o.reset();
@@ -75,6 +78,9 @@ class completion_entry {
   bool user_ = false;
   const std::type_info* type_ = nullptr;
   detail::result_manage_fn manage_ = nullptr;
+  // The dlopen()ed module whose code manage_ and type_ are, kept loaded
+  // while this entry holds its result (null: libaverbs or the program).
+  void* module_ = nullptr;
   alignas(16) unsigned char storage_[detail::inline_result_size];
 };
 

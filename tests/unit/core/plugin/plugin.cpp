@@ -4,6 +4,7 @@
 #include <averbs/async.hpp>
 
 #include <chrono>
+#include <string>
 
 extern "C" __attribute__((visibility("default"))) void plugin_start(averbs::context* ctx, int n,
                                                                     int* counter) {
@@ -16,4 +17,24 @@ extern "C" __attribute__((visibility("default"))) void plugin_start(averbs::cont
       if (!ec) ++*counter;
     });
   }
+}
+
+namespace {
+// A result type only this module instantiates: its move and destroy code
+// (the completion's result_manager) lives here.
+struct plugin_result {
+  std::uint64_t value = 0;
+  std::string text;
+};
+}  // namespace
+
+// Completes one operation of that type into `port` at once (key 7).  The
+// completion waits in the port, holding its result, after the host
+// dlclose()s this module.
+extern "C" __attribute__((visibility("default"))) void plugin_complete_into(averbs::context* ctx,
+                                                                            averbs::completion_port* port) {
+  averbs::detail::initiate<plugin_result>(*ctx, nullptr, averbs::bind_port(*port, 7),
+                                          [](averbs::detail::completer<plugin_result> c) noexcept {
+                                            c.complete({}, plugin_result{42, std::string(64, 'p')});
+                                          });
 }

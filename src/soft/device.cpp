@@ -184,6 +184,7 @@ packet* device::alloc_packet() noexcept {
   p->payload_len = 0;
   p->run = 1;
   p->decoded = false;
+  p->management = false;
   p->flow_label = 0;  // only a link that reads one sets it
   return p;
 }
@@ -227,6 +228,7 @@ class loopback_link final : public link {
 };
 
 void device::receive_locked(packet* p) {
+  if (p->management) ++mads_queued_;
   p->next = nullptr;
   if (rx_tail_ != nullptr) rx_tail_->next = p;
   else rx_head_ = p;
@@ -236,6 +238,7 @@ void device::receive_locked(packet* p) {
 void device::receive_front_locked(packet* p) {
   // Ahead of the data, behind the management datagrams still queued: they
   // keep their order (an RTU must not fall behind the DREQ that follows it).
+  if (p->management) ++mads_queued_;
   packet*& at = rx_front_last_ != nullptr ? rx_front_last_->next : rx_head_;
   p->next = at;
   at = p;
@@ -1621,6 +1624,10 @@ void device::poll_priority_every(std::chrono::steady_clock::time_point now,
                                  std::chrono::microseconds interval) noexcept {
   if (now - last_priority_poll_ <= interval) return;
   last_priority_poll_ = now;
+  if (mads_queued_ >= max_queued_mads) {
+    ++counters_.management_deferred;
+    return;
+  }
   link_->poll_priority();
 }
 
@@ -1841,6 +1848,7 @@ void device::run() noexcept {
       rx_head_ = p->next;
       if (rx_head_ == nullptr) rx_tail_ = nullptr;
       if (p == rx_front_last_) rx_front_last_ = nullptr;
+      if (p->management) --mads_queued_;
       if (!port_carries(p)) continue;
       // The receive side parses the encoded bytes: the same code a packet
       // from the wire meets (the UDP link already did, with the same checks).

@@ -482,6 +482,9 @@ struct packet {
   /// (the UDP link decodes a datagram whole to check it): run() need not
   /// decode it again.  Cleared by alloc_packet().
   bool decoded = false;
+  /// Read from the management socket (a MAD): counted while queued
+  /// (device::mads_queued_).  Cleared by alloc_packet().
+  bool management = false;
   std::uint32_t icrc = 0;            // as computed by the sender's device
   packet* next = nullptr;
 
@@ -1007,6 +1010,14 @@ class device final : public progress_source, public clock_listener {
   packet* rx_head_ = nullptr;
   packet* rx_tail_ = nullptr;
   packet* rx_front_last_ = nullptr;  // the last management datagram queued ahead of the data
+  /// Management datagrams on the receive queue.  None is read while
+  /// max_queued_mads wait: a flood of MADs (each answered with a send that
+  /// costs more than its read) would otherwise grow the queue, and the
+  /// packet pool, which never shrinks, without bound, and keep the data
+  /// socket unread (it is read only when the queue is empty).  The socket's
+  /// buffer holds the rest, and drops what it cannot.
+  std::size_t mads_queued_ = 0;
+  static constexpr std::size_t max_queued_mads = 32;
   // The run queue: QPs with packets to send, a requester's or READ
   // responses (schedule_requester(); a turn runs responder_turn(), then
   // requester()), in order; intrusive so scheduling never allocates.

@@ -1451,6 +1451,7 @@ bool udp_link::deliver(packet* p, const std::byte* data, std::size_t len, const 
   p->tclass = ip.tclass;
   p->flow_label = ip.flow_label;
   p->has_icrc = false;
+  p->management = front;
   if (front && is_dreq(v)) {
     // Behind the data: read from the management socket, behind what the
     // data socket holds too (poll_priority); on a peer socket, in order.

@@ -1124,6 +1124,34 @@ TEST_F(cm_udp_fake_peer, a_request_whose_header_names_another_address_is_refused
   EXPECT_FALSE(got_ud.ready());
 }
 
+// A flood of MADs (here REQs for a port nobody listens on, each answered
+// with a REJ, a send that costs more than the read) waits in the
+// management socket's buffer, which drops what it cannot hold: the device
+// reads no more while 32 are queued.  It used to read them all into its
+// receive queue, growing the packet pool (which never shrinks) by the
+// socket buffer's worth and leaving the data socket unread meanwhile.
+TEST_F(cm_udp_fake_peer, a_flood_of_mads_waits_in_the_socket_not_in_the_device) {
+  ASSERT_TRUE(peer.bound());
+  listen_on_b();
+  run_for(20ms);
+  const std::uint64_t pool_before = b.dev.counters().packet_buffers;
+  wire::cm::req r = req_to(b, peer_ip, 1000);
+  r.service_id = wire::cm::service_id(wire::cm::port_space::tcp, 7472);  // nobody listens
+  for (std::uint32_t i = 0; i < 4000; ++i) {
+    r.local_comm_id = 1000 + i;
+    peer.send(r);
+  }
+  run_for(300ms);
+  const device_counters after = b.dev.counters();
+  EXPECT_GT(after.management_deferred, 0u);
+  EXPECT_LT(after.packet_buffers, pool_before + 200)
+      << "the pool grew by the flood: " << pool_before << " -> " << after.packet_buffers;
+  // The CM still answers.
+  auto got = l.async_get_request(use_request);
+  peer.send(req_to(b, peer_ip, 9999));
+  ASSERT_TRUE(poll_until([&] { return got.ready(); })) << "no request after the flood";
+}
+
 // A REP from another address than the one the REQ went to is dropped: our
 // comm IDs are sequential, and whoever guessed one would otherwise point
 // the QP at itself.  The real REP, after it, connects.

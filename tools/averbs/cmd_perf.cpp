@@ -89,7 +89,8 @@ void print_counters(const device_counters& c) {
       "switched %llu times); peer sockets %llu;\n"
       " in-process runs %llu;"
       " sent alone through a flow's socket %llu (ID probes %llu);\n"
-      " receive buffer overflows %llu; held for a full send buffer %llu; faults injected: dropped %llu, "
+      " receive buffer overflows %llu; held for a full send buffer %llu; management reads put off %llu;"
+      " faults injected: dropped %llu, "
       "duplicated %llu, corrupted %llu, "
       "delayed %llu, reordered %llu\n",
       static_cast<unsigned long long>(c.packets_sent), static_cast<unsigned long long>(c.packets_received),
@@ -104,8 +105,9 @@ void print_counters(const device_counters& c) {
       static_cast<unsigned long long>(c.gro_switches), static_cast<unsigned long long>(c.peer_sockets),
       static_cast<unsigned long long>(c.loopback_runs), static_cast<unsigned long long>(c.flow_sends),
       static_cast<unsigned long long>(c.flow_id_probes), static_cast<unsigned long long>(c.receive_overflows),
-      static_cast<unsigned long long>(c.send_deferred), static_cast<unsigned long long>(c.faults_dropped),
-      static_cast<unsigned long long>(c.faults_duplicated),
+      static_cast<unsigned long long>(c.send_deferred),
+      static_cast<unsigned long long>(c.management_deferred),
+      static_cast<unsigned long long>(c.faults_dropped), static_cast<unsigned long long>(c.faults_duplicated),
       static_cast<unsigned long long>(c.faults_corrupted), static_cast<unsigned long long>(c.faults_delayed),
       static_cast<unsigned long long>(c.faults_reordered));
 }

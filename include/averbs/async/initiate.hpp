@@ -156,7 +156,12 @@ class awaitable_op {
 
   void await_suspend(std::coroutine_handle<> h) {
     impl_ = &ctx_->detail_impl();
-    start_with_handler<T>(*ctx_, group_, delivery_kind::thread, resumer{this, h}, init_, &id_);
+    start_with_handler<T>(*ctx_, group_, delivery_kind::thread, resumer{this, h}, *init_, &id_);
+    // The body has run: what it holds (a copy of the handle it works on)
+    // goes now, not when the coroutine resumes.  Kept, it held a connector
+    // or listener alive while the program dropped its last copy, which
+    // must abort the wait (as for every other token).
+    init_.reset();
   }
 
   T await_resume() {
@@ -204,7 +209,7 @@ class awaitable_op {
 
   context* ctx_;
   request_group* group_;
-  Init init_;
+  std::optional<Init> init_;
   resumer* handler_ = nullptr;  // the started operation's handler, until it runs
   context_impl* impl_ = nullptr;
   request_id id_{};

@@ -897,6 +897,43 @@ TEST_F(cm_test, coroutine_server_and_client) {
   EXPECT_TRUE(connected);
 }
 
+// A coroutine waiting on a listener does not keep it alive: dropping the
+// program's last copy aborts the wait (operation_aborted) and frees the
+// port, as with every other token.  (The awaitable used to keep the
+// operation's body, which holds a copy of the handle, until it resumed.)
+TEST_F(cm_test, a_coroutine_waiting_on_a_listener_does_not_keep_it_alive) {
+  struct task {
+    struct promise_type {
+      task get_return_object() { return {}; }
+      std::suspend_never initial_suspend() { return {}; }
+      std::suspend_never final_suspend() noexcept { return {}; }
+      void return_void() {}
+      void unhandled_exception() { std::terminate(); }
+    };
+  };
+  cm::listener l = cm::listen(dev, at(7000));
+  std::error_code got;
+  bool resumed = false;
+  auto waiter = [&](cm::listener* pl) -> task {
+    try {
+      (void)co_await pl->async_get_request(use_awaitable);
+    } catch (const std::system_error& e) {
+      got = e.code();
+    }
+    resumed = true;
+  };
+  waiter(&l);
+  ctx->alertable_wait(1ms);
+  ASSERT_FALSE(resumed);
+  l = {};  // the last copy
+  for (int i = 0; i < 100 && !resumed; ++i) ctx->alertable_wait(1ms);
+  EXPECT_TRUE(resumed) << "the wait outlived the listener";
+  EXPECT_EQ(got, errc::operation_aborted);
+  std::error_code ec;
+  cm::listener again = cm::listen(dev, at(7000), 128, cm::port_space::tcp, ec);
+  EXPECT_FALSE(ec) << "the port is still taken: " << ec.message();
+}
+
 // A server that parks a request wait and cancels it, over and over, leaves
 // nothing behind: closing the listener then finds at most the last one
 // (each used to stay parked, holding a context reference and a connector).

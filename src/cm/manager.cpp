@@ -1492,6 +1492,9 @@ void manager::connect(connector_obj& o, soft::qp_t* qp, const address& to, std::
   if (o.c != nullptr) (void)finish_if_cancelled(*o.c);
   if (qp->cm != nullptr) return fail(errc::invalid_state);  // the QP has a connection
   if (o.c != nullptr && o.c->st != state::idle && o.c->st != state::closed) return fail(errc::invalid_state);
+  // A passive UD connection reads established until disconnect(), also
+  // once its answer is no longer kept (its state is then closed).
+  if (o.c != nullptr && o.c->ud_bound) return fail(errc::invalid_state);
   if (o.c != nullptr && (o.c->passive || o.c->st == state::closed)) {
     // A used connector starts afresh.
     release(o.c);

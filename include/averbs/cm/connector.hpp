@@ -127,8 +127,8 @@ class connector {
   /// `address_unreachable` (no route from the QP's device), and
   /// `invalid_argument` for private data above `max_connect_private_data`
   /// (`max_ud_connect_private_data` for UD).  On failure the QP is left in
-  /// INIT, ready for another try -- except after `disconnect()` during the
-  /// connect, or a REP the QP could not take: then it is in ERR.
+  /// INIT (UD: RTS), ready for another try -- except after `disconnect()`
+  /// during the connect, or a REP the QP could not take: then it is in ERR.
   template <completion_token<connect_result> Token>
   auto async_connect(const qp& q, const address& to, std::span<const std::byte> private_data,
                      const conn_params& params, Token&& token) const {

@@ -973,6 +973,33 @@ TEST_F(cm_test, a_sidr_request_nobody_takes_is_forgotten) {
   second.cancel();
 }
 
+// A passive UD connector reads `established` until disconnect(), also once
+// its answer is no longer kept for the requester's resends (about 17 s):
+// connect() on it is invalid_state then too, as before, and ends nothing
+// (it used to start afresh, aborting a parked notify_disconnect).
+TEST_F(cm_test, connect_on_an_accepted_ud_connector_is_invalid_state_however_late) {
+  cm::listener l = cm::listen(dev, at(5000), 16, cm::port_space::udp);
+  qp a = make_qp(qp_type::ud), b = make_qp(qp_type::ud), b2 = make_qp(qp_type::ud);
+  cm::connector c(dev);
+  auto got = l.async_get_request(use_request);
+  auto conn = c.async_connect(a, at(5000), {}, use_request);
+  cm::connection_request req = got.get();
+  req.conn.accept(b);
+  conn.get();
+  auto notified = req.conn.async_notify_disconnect(use_request);
+  for (int i = 0; i < 50; ++i) advance(1s);
+  EXPECT_EQ(req.conn.state(), cm::conn_state::established);
+  auto again = req.conn.async_connect(b2, at(5000), {}, use_request);
+  ctx->poll();
+  ASSERT_TRUE(again.ready()) << "a connect started on the accepted connector";
+  std::error_code ec;
+  again.get(ec);
+  EXPECT_EQ(ec, errc::invalid_state);
+  EXPECT_FALSE(notified.ready()) << "the connection ended";
+  req.conn.disconnect();
+  notified.get();
+}
+
 TEST_F(cm_test, ud_service_resolution) {
   cm::listener l = cm::listen(dev, at(5000), 16, cm::port_space::udp);
   qp a = make_qp(qp_type::ud), b = make_qp(qp_type::ud);

@@ -1240,7 +1240,8 @@ void manager::on_sidr_rep(const soft::mad_in& m) noexcept {
   wcm::sidr_rep r;
   if (!decoded(m, r)) return;
   conn* cp = find(r.request_id);
-  if (cp == nullptr || cp->st != state::sidr_sent) {
+  // Only from the address the SIDR_REQ went to, as a REP (on_rep).
+  if (cp == nullptr || cp->st != state::sidr_sent || !(m.src == cp->peer_gid)) {
     ++stats_.mads_dropped;
     return;
   }

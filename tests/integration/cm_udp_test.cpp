@@ -1187,6 +1187,25 @@ TEST_F(cm_udp_fake_peer, a_rep_from_another_address_is_dropped) {
   EXPECT_EQ(qa.query().dest_qp_num, 0x99u);
 }
 
+// The same for a SIDR_REP: only from the address the SIDR_REQ went to.
+TEST_F(cm_udp_fake_peer, a_sidr_rep_from_another_address_is_dropped) {
+  ASSERT_TRUE(peer.bound());
+  std::optional<wire::cm::sidr_req> sreq;
+  auto conn = start_sidr(sreq);
+  ASSERT_TRUE(sreq.has_value());
+  wire::cm::sidr_rep forged = sidr_ok(*sreq);
+  forged.qpn = 0x77;
+  std::array<std::byte, wire::cm::mad_size> mad;
+  wire::cm::encode(wire::cm::mad_header{}, forged, std::span<std::byte, wire::cm::mad_size>(mad));
+  raw_sender intruder(test_address(2), test_address(1), test_port());
+  intruder.send(mad);
+  run_for(100ms);
+  EXPECT_FALSE(conn.ready()) << "a SIDR_REP from another address was taken";
+  peer.send(sidr_ok(*sreq));
+  ASSERT_TRUE(poll_until([&] { return conn.ready(); }));
+  EXPECT_EQ(conn.get().remote_qpn, 0x99u);
+}
+
 // A REQ from the connected peer's own address naming the connection's
 // (CA GUID, QP) ends it as stale: the QP stops and a DREQ goes out.  The
 // QP is the application's again at once, as after disconnect(): reset, it

@@ -1296,8 +1296,11 @@ void manager::on_sidr_rep(const soft::mad_in& m) noexcept {
 
 void manager::deliver(listen_t& l) noexcept {
   while (!l.queue.empty() && !l.gets.empty()) {
-    if (!averbs::detail::request_pending(*l.gets.front().w.ctx,
-                                         l.gets.front().w.id)) {  // cancelled meanwhile
+    // Cancelled meanwhile, or its request handle dropped: a connection
+    // handed to nobody would be rejected, and the next get_request would
+    // wait for yet another (librdmacm leaves requests queued until read).
+    if (!averbs::detail::request_wanted(*l.gets.front().w.ctx, l.gets.front().w.id)) {
+      (void)averbs::detail::cancel_request(*l.gets.front().w.ctx, l.gets.front().w.id);  // (an orphan's slot)
       listen_t::get g = std::move(l.gets.front());
       l.gets.pop_front();
       context_release(*g.w.ctx);
@@ -1355,10 +1358,11 @@ void manager::get_request(listen_t* l, waiter w, std::shared_ptr<connector_obj> 
   // each until a request comes; a server that parks and cancels in a loop
   // would pile them up.  Drop them here, as deliver() does.
   for (auto it = l->gets.begin(); it != l->gets.end();) {
-    if (averbs::detail::request_pending(*it->w.ctx, it->w.id)) {
+    if (averbs::detail::request_wanted(*it->w.ctx, it->w.id)) {
       ++it;
       continue;
     }
+    (void)averbs::detail::cancel_request(*it->w.ctx, it->w.id);  // an orphan's slot is freed so
     context_release(*it->w.ctx);
     dev_.release_later(std::move(it->spare));
     it = l->gets.erase(it);

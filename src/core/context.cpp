@@ -35,6 +35,13 @@ bool request_pending(context_impl& ctx, request_id id) noexcept {
   return gen_of(w) == id.generation && state_of(w) == state_pending;
 }
 
+bool request_wanted(context_impl& ctx, request_id id) noexcept {
+  slot* s = ctx.lookup(id.index);
+  if (s == nullptr) return false;
+  const std::uint64_t w = s->word.load(std::memory_order_acquire);
+  return gen_of(w) == id.generation && state_of(w) == state_pending && (w & flag_orphaned) == 0;
+}
+
 bool cancel_request(context_impl& ctx, request_id id) noexcept {
   return ctx.complete(id, make_error_code(errc::operation_aborted), nullptr, true);
 }

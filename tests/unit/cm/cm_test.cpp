@@ -934,6 +934,30 @@ TEST_F(cm_test, a_coroutine_waiting_on_a_listener_does_not_keep_it_alive) {
   EXPECT_FALSE(ec) << "the port is still taken: " << ec.message();
 }
 
+// A request wait whose handle was dropped (a wait_for that timed out, say)
+// takes no connection: the next requester reaches the next wait, as
+// librdmacm leaves requests queued until read.  (The dropped wait used to
+// take it, and the connection, handed to nobody, was rejected.)
+TEST_F(cm_test, a_dropped_request_wait_takes_no_connection) {
+  cm::listener l = cm::listen(dev, at(7000));
+  {
+    auto dropped = l.async_get_request(use_request);
+    ctx->poll();
+    ASSERT_FALSE(dropped.ready());
+  }
+  qp a = make_qp(), b = make_qp();
+  cm::connector c(dev);
+  auto conn = c.async_connect(a, at(7000), {}, use_request);
+  for (int i = 0; i < 20 && !conn.ready(); ++i) ctx->poll();
+  ASSERT_FALSE(conn.ready()) << "the connect ended before anyone took it";
+  auto got = l.async_get_request(use_request);
+  for (int i = 0; i < 20 && !got.ready(); ++i) ctx->poll();
+  ASSERT_TRUE(got.ready()) << "the request went to the dropped wait";
+  cm::connection_request req = got.get();
+  req.conn.accept(b);
+  conn.get();
+}
+
 // A server that parks a request wait and cancels it, over and over, leaves
 // nothing behind: closing the listener then finds at most the last one
 // (each used to stay parked, holding a context reference and a connector).

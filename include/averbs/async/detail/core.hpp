@@ -141,6 +141,11 @@ void set_cancel_hook(context_impl& ctx, request_id id, cancel_fn fn, void* arg) 
 /// True while the request is pending (neither completed nor freed).
 bool request_pending(context_impl& ctx, request_id id) noexcept;
 
+/// Pending, and someone still wants its result: a `use_request` request
+/// whose handle was dropped is pending but wanted by nobody (what it would
+/// deliver, a connection say, would be thrown away).
+bool request_wanted(context_impl& ctx, request_id id) noexcept;
+
 /// Completes a pending request with `errc::operation_aborted`.
 bool cancel_request(context_impl& ctx, request_id id) noexcept;
 

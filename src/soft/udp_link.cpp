@@ -998,7 +998,13 @@ std::size_t udp_link::receive_gro() noexcept {
     // kernel picked it for before it was pointed away have landed (within
     // microseconds): they are older than what the shared socket holds.
     // Closed at the first empty read `peer_close_time` after the close began.
-    // A drain that stopped at its limit leaves the shared socket for later.
+    // A drain that stopped at its limit leaves the shared socket for later:
+    // what the closing socket still holds may be the old peer's, older than
+    // what the shared socket holds (reading the shared socket anyway, past
+    // peer_shared_at_, reordered a burst under ASan: sequence NAKs).  What
+    // the device sends itself lands here too while it closes (connected to
+    // our own address and port); one engine thread sends it, so it does not
+    // pile up (udp_peer.a_device_writing_to_itself_in_bulk_...).
     bool emptied = false;
     const std::size_t n = drain_peer(rx_batch, &emptied);
     if (!emptied) return n;

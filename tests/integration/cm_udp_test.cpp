@@ -735,12 +735,8 @@ class cm_udp_fake_peer : public cm_udp {
   /// fake peer, which answers as `id`; returns the REQ it read (nothing if
   /// the connection did not come up).
   std::optional<wire::cm::req> establish(std::uint32_t id) {
-    make(a, 1, "", nullptr, false);
-    qa = make_qp(a);
-    c = cm::connector(a.dev);
-    EXPECT_TRUE(gid::parse(test_address(0), peer_ip));
-    auto conn = c.async_connect(qa, {peer_ip, 7471}, {}, fast(), use_request);
-    const auto req = peer.next<wire::cm::req>(ctx);
+    std::optional<wire::cm::req> req;
+    auto conn = start_connect(req);
     if (!req) return std::nullopt;
     peer.accept(*req, id);
     if (!peer.next<wire::cm::rtu>(ctx) || !poll_until([&] { return conn.ready(); })) return std::nullopt;
@@ -748,6 +744,25 @@ class cm_udp_fake_peer : public cm_udp {
     conn.get(ec);
     EXPECT_FALSE(ec) << ec.message();
     return req;
+  }
+  /// Makes `a`, its QP `qa` and connector `c`, and starts an RC connect to
+  /// the fake peer, which reads the REQ into `req`.
+  averbs::request<cm::connect_result> start_connect(std::optional<wire::cm::req>& req) {
+    make(a, 1, "", nullptr, false);
+    qa = make_qp(a);
+    c = cm::connector(a.dev);
+    EXPECT_TRUE(gid::parse(test_address(0), peer_ip));
+    auto conn = c.async_connect(qa, {peer_ip, 7471}, {}, fast(), use_request);
+    req = peer.next<wire::cm::req>(ctx);
+    return conn;
+  }
+  /// `m` from test_address(2), an address that is not the fake peer's.
+  template <class M>
+  static void send_from_elsewhere(const M& m) {
+    std::array<std::byte, wire::cm::mad_size> mad;
+    wire::cm::encode(wire::cm::mad_header{}, m, std::span<std::byte, wire::cm::mad_size>(mad));
+    raw_sender intruder(test_address(2), test_address(1), test_port());
+    intruder.send(mad);
   }
   /// Polls (the devices move only when polled) until `done()` or `patience`
   /// is over; returns `done()`.
@@ -1157,12 +1172,8 @@ TEST_F(cm_udp_fake_peer, a_flood_of_mads_waits_in_the_socket_not_in_the_device) 
 // the QP at itself.  The real REP, after it, connects.
 TEST_F(cm_udp_fake_peer, a_rep_from_another_address_is_dropped) {
   ASSERT_TRUE(peer.bound());
-  make(a, 1, "", nullptr, false);
-  qa = make_qp(a);
-  c = cm::connector(a.dev);
-  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
-  auto conn = c.async_connect(qa, {peer_ip, 7471}, {}, fast(), use_request);
-  const auto req = peer.next<wire::cm::req>(ctx);
+  std::optional<wire::cm::req> req;
+  auto conn = start_connect(req);
   ASSERT_TRUE(req.has_value());
   wire::cm::rep forged;
   forged.local_comm_id = 66;
@@ -1173,10 +1184,7 @@ TEST_F(cm_udp_fake_peer, a_rep_from_another_address_is_dropped) {
   forged.initiator_depth = 1;
   forged.rnr_retry_count = 7;
   forged.local_ca_guid = 0x6666;
-  std::array<std::byte, wire::cm::mad_size> mad;
-  wire::cm::encode(wire::cm::mad_header{}, forged, std::span<std::byte, wire::cm::mad_size>(mad));
-  raw_sender intruder(test_address(2), test_address(1), test_port());
-  intruder.send(mad);
+  send_from_elsewhere(forged);
   run_for(100ms);
   EXPECT_FALSE(conn.ready()) << "a REP from another address was taken";
   EXPECT_NE(qa.query().state, qp_state::rts);
@@ -1195,10 +1203,7 @@ TEST_F(cm_udp_fake_peer, a_sidr_rep_from_another_address_is_dropped) {
   ASSERT_TRUE(sreq.has_value());
   wire::cm::sidr_rep forged = sidr_ok(*sreq);
   forged.qpn = 0x77;
-  std::array<std::byte, wire::cm::mad_size> mad;
-  wire::cm::encode(wire::cm::mad_header{}, forged, std::span<std::byte, wire::cm::mad_size>(mad));
-  raw_sender intruder(test_address(2), test_address(1), test_port());
-  intruder.send(mad);
+  send_from_elsewhere(forged);
   run_for(100ms);
   EXPECT_FALSE(conn.ready()) << "a SIDR_REP from another address was taken";
   peer.send(sidr_ok(*sreq));
@@ -1239,12 +1244,8 @@ TEST_F(cm_udp_fake_peer, a_qp_whose_connection_ended_stale_connects_again_at_onc
 // "no QP").
 TEST_F(cm_udp_fake_peer, a_rep_the_qp_cannot_take_is_refused_consumer_defined) {
   ASSERT_TRUE(peer.bound());
-  make(a, 1, "", nullptr, false);
-  qa = make_qp(a);
-  c = cm::connector(a.dev);
-  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
-  auto conn = c.async_connect(qa, {peer_ip, 7471}, {}, fast(), use_request);
-  const auto req = peer.next<wire::cm::req>(ctx);
+  std::optional<wire::cm::req> req;
+  auto conn = start_connect(req);
   ASSERT_TRUE(req.has_value());
   qp_attr e;
   e.state = qp_state::err;

@@ -1053,6 +1053,25 @@ TEST_F(udp, udp_gro_goes_off_for_a_ping_pong_and_back_on_for_bulk) {
 class udp_peer : public udp_pair_test {
  protected:
   void cycle();
+  /// Two connected RC QPs inside b (b1 -> b2) and a region of `bytes` for
+  /// b1's writes to itself.
+  struct self_pair {
+    qp b1, b2;
+    std::vector<std::byte> buf;
+    mr m;
+  };
+  self_pair make_self_pair(std::size_t bytes) {
+    qp_init_attr ia;
+    ia.send_cq = b.c;
+    ia.recv_cq = b.c;
+    ia.cap = {64, 64, 1, 1, 0};
+    ia.type = qp_type::rc;
+    self_pair p{b.p.create_qp(ia), b.p.create_qp(ia), std::vector<std::byte>(bytes), {}};
+    p.m = b.p.reg_mr(p.buf.data(), p.buf.size(), access_local_write | access_remote_write);
+    bring_up_rc(p.b1, b.g, p.b2.num());
+    bring_up_rc(p.b2, b.g, p.b1.num());
+    return p;
+  }
 };
 
 TEST_F(udp_peer, a_ping_pong_peer_gets_its_own_socket_until_another_source_or_a_burst) { cycle(); }
@@ -1151,16 +1170,10 @@ TEST_F(udp_peer, what_a_device_sends_itself_while_its_peer_socket_closes_keeps_i
   make(b, 1);
   make_qps(qp_type::rc, 4 << 20);
   // A second pair inside b: b1 -> b2.
-  qp_init_attr ia;
-  ia.send_cq = b.c;
-  ia.recv_cq = b.c;
-  ia.cap = {64, 64, 1, 1, 0};
-  ia.type = qp_type::rc;
-  qp b1 = b.p.create_qp(ia), b2 = b.p.create_qp(ia);
-  std::vector<std::byte> self_buf(4096);
-  mr self_mr = b.p.reg_mr(self_buf.data(), self_buf.size(), access_local_write | access_remote_write);
-  bring_up_rc(b1, b.g, b2.num());
-  bring_up_rc(b2, b.g, b1.num());
+  self_pair self = make_self_pair(4096);
+  qp& b1 = self.b1;
+  std::vector<std::byte>& self_buf = self.buf;
+  mr& self_mr = self.m;
   ASSERT_NO_FATAL_FAILURE(write_ping_pong(5000));
   ASSERT_EQ(b.dev.counters().peer_sockets, 1u);
 
@@ -1211,16 +1224,10 @@ TEST_F(udp_peer, a_device_writing_to_itself_in_bulk_does_not_starve_its_other_pe
   make(a, 0);
   make(b, 1);
   make_qps(qp_type::rc, 4 << 20);
-  qp_init_attr ia;
-  ia.send_cq = b.c;
-  ia.recv_cq = b.c;
-  ia.cap = {64, 64, 1, 1, 0};
-  ia.type = qp_type::rc;
-  qp b1 = b.p.create_qp(ia), b2 = b.p.create_qp(ia);
-  std::vector<std::byte> self_buf(512 << 10);
-  mr self_mr = b.p.reg_mr(self_buf.data(), self_buf.size(), access_local_write | access_remote_write);
-  bring_up_rc(b1, b.g, b2.num());
-  bring_up_rc(b2, b.g, b1.num());
+  self_pair self = make_self_pair(512 << 10);
+  qp& b1 = self.b1;
+  std::vector<std::byte>& self_buf = self.buf;
+  mr& self_mr = self.m;
   ASSERT_NO_FATAL_FAILURE(write_ping_pong(5000));
   ASSERT_EQ(b.dev.counters().peer_sockets, 1u);
 

@@ -865,17 +865,19 @@ TEST_F(cm_test, every_completion_token) {
   }
 }
 
+/// A coroutine that starts at once and frees itself when it ends.
+struct task {
+  struct promise_type {
+    task get_return_object() { return {}; }
+    std::suspend_never initial_suspend() { return {}; }
+    std::suspend_never final_suspend() noexcept { return {}; }
+    void return_void() {}
+    void unhandled_exception() { std::terminate(); }
+  };
+};
+
 TEST_F(cm_test, coroutine_server_and_client) {
   cm::listener l = cm::listen(dev, at(7000));
-  struct task {
-    struct promise_type {
-      task get_return_object() { return {}; }
-      std::suspend_never initial_suspend() { return {}; }
-      std::suspend_never final_suspend() noexcept { return {}; }
-      void return_void() {}
-      void unhandled_exception() { std::terminate(); }
-    };
-  };
   bool served = false, connected = false;
   qp a = make_qp(), b = make_qp();
   cm::connector c(dev), passive;
@@ -902,15 +904,6 @@ TEST_F(cm_test, coroutine_server_and_client) {
 // port, as with every other token.  (The awaitable used to keep the
 // operation's body, which holds a copy of the handle, until it resumed.)
 TEST_F(cm_test, a_coroutine_waiting_on_a_listener_does_not_keep_it_alive) {
-  struct task {
-    struct promise_type {
-      task get_return_object() { return {}; }
-      std::suspend_never initial_suspend() { return {}; }
-      std::suspend_never final_suspend() noexcept { return {}; }
-      void return_void() {}
-      void unhandled_exception() { std::terminate(); }
-    };
-  };
   cm::listener l = cm::listen(dev, at(7000));
   std::error_code got;
   bool resumed = false;

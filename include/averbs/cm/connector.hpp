@@ -106,10 +106,12 @@ std::shared_ptr<connector_obj> make_connector(const device& d);
 /// established connection is disconnected (DREQ, QP to ERR) and pending
 /// requests complete with `operation_aborted`.
 ///
-/// Errors every request may report: `invalid_argument` for an empty handle
-/// or bad argument, `invalid_state` when the connector or QP is in the
-/// wrong state, `device_removed`, and `operation_aborted` when the QP or
-/// the connector was destroyed while it was pending.
+/// Errors every request may report: `invalid_argument` for a bad argument,
+/// `invalid_state` when the connector or QP is in the wrong state,
+/// `device_removed`, and `operation_aborted` when the QP or the connector
+/// was destroyed while it was pending.  An empty connector has no context
+/// to complete on: its `async_*` calls throw `std::system_error`
+/// (`invalid_argument`) at the call, whatever the token.
 class connector {
  public:
   connector() noexcept = default;

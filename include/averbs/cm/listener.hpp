@@ -63,7 +63,10 @@ class listener {
 
   /// Completes with the next connection request.  Park as many as you
   /// like; requests are handed out oldest first.  Closing the listener
-  /// completes parked ones with `operation_aborted`.
+  /// completes parked ones with `operation_aborted`; a wait whose request
+  /// handle was dropped takes none.  On an empty listener it throws
+  /// `std::system_error` (`invalid_argument`) at the call: there is no
+  /// context to complete on.
   template <completion_token<connection_request> Token>
   auto async_get_request(Token&& token) const {
     return averbs::detail::initiate<connection_request>(

@@ -720,6 +720,11 @@ void manager::on_mad(const soft::mad_in& m) noexcept {
 }
 
 listen_t* manager::find_listener(port_space ps, const gid& ip, std::uint16_t port) noexcept {
+  // A request's header names the address it is for: one of this device's,
+  // as rdma_cm's validate_net_dev() requires.  A listener bound to another
+  // address, or a wildcard, never takes a request not sent to the device.
+  std::uint32_t index = 0;
+  if (!dev_.find_gid(ip, index)) return nullptr;
   listen_t* wildcard = nullptr;
   for (auto& l : listeners_) {
     if (l->ps != ps || l->at.port != port) continue;
@@ -798,12 +803,8 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
     refuse(wcm::rej_reason::invalid_gid, &m.dst);
     return;
   }
-  // The header's destination must be an address of this device, as
-  // rdma_cm's validate_net_dev() requires: a listener bound to another
-  // address never takes a request that was not sent to it.
   const gid dst_ip = from_wire(ip.dst_ip);
-  std::uint32_t dst_index = 0;
-  listen_t* l = dev_.find_gid(dst_ip, dst_index) ? find_listener(port_space::tcp, dst_ip, port) : nullptr;
+  listen_t* l = find_listener(port_space::tcp, dst_ip, port);
   if (l == nullptr || l->closed) {
     refuse(wcm::rej_reason::invalid_service_id);
     return;
@@ -1189,10 +1190,7 @@ void manager::on_sidr_req(const soft::mad_in& m, const wcm::mad_header& h) noexc
     answer(wcm::sidr_status::no_service);
     return;
   }
-  std::uint32_t dst_index = 0;  // an address of this device, as for a REQ
-  listen_t* l = dev_.find_gid(from_wire(ip.dst_ip), dst_index)
-                    ? find_listener(port_space::udp, from_wire(ip.dst_ip), port)
-                    : nullptr;
+  listen_t* l = find_listener(port_space::udp, from_wire(ip.dst_ip), port);
   if (l == nullptr || l->closed) {
     answer(wcm::sidr_status::no_service);
     return;

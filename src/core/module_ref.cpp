@@ -84,6 +84,4 @@ void* module_acquire(const void* code) noexcept {
 
 void module_release(void* handle) noexcept { ::dlclose(handle); }
 
-void release_module(void* module) noexcept { module_release(module); }
-
 }  // namespace averbs::detail

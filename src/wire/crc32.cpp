@@ -126,10 +126,20 @@ __attribute__((target("avx512f,vpclmulqdq,pclmul"))) __m512i fold(__m512i x, __m
                                    0x96);
 }
 
-__attribute__((target("avx512f,vpclmulqdq,pclmul"))) __m128i fold128(__m128i x, const fold_constants& k,
-                                                                   __m128i y) noexcept {
+// One 128-bit lane moved forward by the distance of k, XORed into y (both
+// folds end with it).
+__attribute__((target("pclmul"))) __m128i fold128(__m128i x, const fold_constants& k, __m128i y) noexcept {
   const __m128i kk = _mm_set_epi64x(static_cast<long long>(k.last), static_cast<long long>(k.first));
   return _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, kk, 0x00), _mm_clmulepi64_si128(x, kk, 0x11)), y);
+}
+
+// What is left -- the folded 128 bits `r`, then the `n` bytes at `p` -- has
+// the CRC of the whole, computed from register 0 (libdeflate's ~0 in).
+std::uint32_t finish(__m128i r, const std::byte* p, std::size_t n) noexcept {
+  alignas(16) std::array<std::byte, 16> last;
+  _mm_store_si128(reinterpret_cast<__m128i*>(last.data()), r);
+  const auto c = static_cast<std::uint32_t>(libdeflate_crc32(0xFFFFFFFFu, last.data(), last.size()));
+  return crc32_portable(c, p, n);
 }
 
 // n >= min_fold_length.
@@ -167,12 +177,7 @@ __attribute__((target("avx512f,vpclmulqdq,pclmul"))) std::uint32_t crc32_fold(st
   __m128i r = fold128(lane[2], k.by128, lane[3]);
   r = fold128(lane[1], k.by256, r);
   r = fold128(lane[0], k.by384, r);
-  // What is left -- the folded 128 bits, then the tail -- has the CRC of
-  // the whole, computed from register 0 (libdeflate's ~0 in).
-  alignas(16) std::array<std::byte, 16> last;
-  _mm_store_si128(reinterpret_cast<__m128i*>(last.data()), r);
-  const auto c = static_cast<std::uint32_t>(libdeflate_crc32(0xFFFFFFFFu, last.data(), last.size()));
-  return crc32_portable(c, p, n);
+  return finish(r, p, n);
 }
 
 // The same folding with 256-bit registers, for CPUs that have VPCLMULQDQ
@@ -227,15 +232,7 @@ __attribute__((target("avx2,vpclmulqdq,pclmul"))) std::uint32_t crc32_fold_avx2(
     p += 32;
     n -= 32;
   }
-  const __m128i k128 =
-      _mm_set_epi64x(static_cast<long long>(k.by128.last), static_cast<long long>(k.by128.first));
-  const __m128i lo = _mm256_castsi256_si128(r), hi = _mm256_extracti128_si256(r, 1);
-  const __m128i folded = _mm_xor_si128(
-      _mm_xor_si128(_mm_clmulepi64_si128(lo, k128, 0x00), _mm_clmulepi64_si128(lo, k128, 0x11)), hi);
-  alignas(16) std::array<std::byte, 16> last;
-  _mm_store_si128(reinterpret_cast<__m128i*>(last.data()), folded);
-  const auto c = static_cast<std::uint32_t>(libdeflate_crc32(0xFFFFFFFFu, last.data(), last.size()));
-  return crc32_portable(c, p, n);
+  return finish(fold128(_mm256_castsi256_si128(r), k.by128, _mm256_extracti128_si256(r, 1)), p, n);
 }
 
 struct cpu_paths {

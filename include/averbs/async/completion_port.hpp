@@ -55,7 +55,7 @@ class completion_entry {
     if (manage_ != nullptr) manage_(detail::result_op::destroy, storage_, nullptr);
     manage_ = nullptr;
     type_ = nullptr;
-    if (module_ != nullptr) detail::release_module(std::exchange(module_, nullptr));
+    if (module_ != nullptr) detail::module_release(std::exchange(module_, nullptr));
   }
 
  private:

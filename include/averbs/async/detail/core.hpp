@@ -152,8 +152,8 @@ bool cancel_request(context_impl& ctx, request_id id) noexcept;
 /// True while the calling thread runs a completion handler.
 bool in_handler() noexcept;
 
-/// Gives back a module reference a completion entry held (module_ref.cpp).
-void release_module(void* module) noexcept;
+/// Gives back a module reference (module_ref.cpp): a completion entry's.
+void module_release(void* handle) noexcept;
 
 void context_add_ref(context_impl& ctx) noexcept;
 void context_release(context_impl& ctx) noexcept;

@@ -1669,6 +1669,8 @@ void manager::accept(conn* cp, soft::qp_t* qp, std::span<const std::byte> pdata,
 std::error_code manager::reject(conn* cp, std::span<const std::byte> pdata) noexcept {
   if (fatal_) return err(errc::device_removed);
   conn& c = *cp;
+  // A request its requester gave up on says why, as accept() does.
+  if (c.passive && c.st == state::closed && c.rej_reason != 0) return rej_error(c.rej_reason);
   if (c.st == state::req_rcvd) {
     if (pdata.size() > max_reject_private_data) return err(errc::invalid_argument);
     send_rej(c, wcm::msg_ref::req, wcm::rej_reason::consumer_defined, pdata);

@@ -945,6 +945,13 @@ TEST_F(cm_udp_fake_peer, a_timeout_rej_found_by_the_requesters_ids_ends_only_an_
   peer.send(timeout_rej(65));
   EXPECT_TRUE(poll_until([&] { return waiting->state() == cm::conn_state::closed; }, 2s))
       << "the requester's own REJ did not end its request: " << static_cast<int>(waiting->state());
+  // Answering it now says why it is gone, whichever the answer.
+  std::error_code ec;
+  waiting->reject({}, ec);
+  EXPECT_EQ(ec, errc::timed_out) << ec.message();
+  qp qc = make_qp(b);
+  waiting->accept(qc, {}, {}, ec);
+  EXPECT_EQ(ec, errc::timed_out) << ec.message();
 }
 
 // A peer that keeps replacing its request (the same CA GUID and QP, a new

@@ -160,8 +160,9 @@ class connector {
   /// INIT, the request's transport) to RTR and RTS, sends REP with
   /// `private_data`, and completes when the RTU arrives (UD: sends SIDR_REP
   /// and completes at once).  Errors: `timed_out` (no RTU after the
-  /// retries; the QP goes to ERR), `connection_rejected` (the peer gave
-  /// up), `invalid_argument` for private data above
+  /// retries; the QP goes to ERR), `timed_out` or `connection_rejected`
+  /// (the peer gave up on the request: its REJ said "timeout", or another
+  /// reason), `invalid_argument` for private data above
   /// `max_accept_private_data` (`max_ud_accept_private_data`).
   template <completion_token<void> Token>
   auto async_accept(const qp& q, std::span<const std::byte> private_data, const conn_params& params,
@@ -189,7 +190,9 @@ class connector {
   /// Rejects the request this connector came with (REJ "consumer defined",
   /// or SIDR_REP "rejected"), carrying `private_data`.  Completes when the
   /// message is sent.  Errors: `invalid_argument` for private data above
-  /// `max_reject_private_data` (`max_ud_accept_private_data`).
+  /// `max_reject_private_data` (`max_ud_accept_private_data`); for a
+  /// request the peer gave up on, what `accept()` would say (`timed_out`
+  /// or `connection_rejected`), and nothing is sent.
   template <completion_token<void> Token>
   auto async_reject(std::span<const std::byte> private_data, Token&& token) const {
     return averbs::detail::initiate<void>(

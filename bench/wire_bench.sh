@@ -377,8 +377,13 @@ for ((r = 1; r <= rounds; r++)); do
     awk '/^throughput variant=/ { for (i = 1; i <= NF; i++) if ($i ~ /^lost_bytes=/ && $i != "lost_bytes=0") { print; exit 1 } }' \
       "$tmp/$f.cli" >/dev/null || echo "wire_bench: round $r: a raw throughput run lost bytes ($f): its figure is low" >&2
   done
-  line+=" write_bw ${av_bw:-n/a} MiB/s (raw again: gso_gro ${udp_bw2:-n/a}, splice_gro"
-  line+=" $(kv "$tmp/udp_bw2.cli" "throughput variant=splice_gro " MiBps));"
+  # Every variant measured around it: a third one that won the round too.
+  again=''
+  for v in ${around//,/ }; do
+    f=$(kv "$tmp/udp_bw2.cli" "throughput variant=$v " MiBps)
+    again+="${again:+, }$v ${f:-n/a}"
+  done
+  line+=" write_bw ${av_bw:-n/a} MiB/s (raw again: $again);"
 
   # ... and with 1 % of the packets dropped on each side (seeds vary by round).
   if ((loss)); then

@@ -524,7 +524,8 @@ T query(const std::shared_ptr<detail::connector_obj>& o, Fn&& fn) {
 }  // namespace
 
 conn_state connector::state() const {
-  return query<conn_state>(obj_, [](const detail::conn* c) { return detail::manager::public_state(c); });
+  return query<conn_state>(
+      obj_, [&](detail::conn* c) { return c != nullptr ? obj_->m->state_of(c) : conn_state::idle; });
 }
 address connector::local_address() const {
   return query<address>(obj_, [](const detail::conn* c) { return c != nullptr ? c->local : address{}; });

@@ -1775,6 +1775,11 @@ void manager::notify_disconnect(conn* cp, waiter w) noexcept {
   c.notify = w;
 }
 
+conn_state manager::state_of(conn* c) noexcept {
+  if (c != nullptr && !fatal_) (void)finish_if_cancelled(*c);
+  return public_state(c);
+}
+
 conn_state manager::public_state(const conn* c) noexcept {
   if (c == nullptr) return conn_state::idle;
   if (c->ud_bound) return conn_state::established;

@@ -165,6 +165,10 @@ class manager final : public soft::gsi_agent {
   std::size_t cancel_gets(listen_t* l) noexcept;
 
   static conn_state public_state(const conn* c) noexcept;
+  /// public_state(), after ending a connect or accept its caller cancelled
+  /// (REJ, the accept's QP to ERR): what the application sees is then
+  /// what the peer and the QP see too.
+  conn_state state_of(conn* c) noexcept;
 
   /// Counters for tests and tools.
   struct stats {

@@ -526,6 +526,31 @@ TEST_F(cm_test, a_cancelled_accept_stops_resending_its_reply) {
   EXPECT_EQ(b.state(), qp_state::err);
 }
 
+// A cancelled accept reads closed as soon as anyone looks, as a cancelled
+// connect does, and its QP and the requester learn it then too: not only
+// at the REP's next resend.
+TEST_F(cm_test, a_cancelled_accept_ends_when_its_state_is_read) {
+  cm::listener l = cm::listen(dev, at(7000));
+  qp a = make_qp(), b = make_qp();
+  cm::connector c(dev);
+  auto conn = c.async_connect(a, at(7000), {}, fast(), use_request);
+  cm::connection_request req = l.get_request();
+  sdev->set_faults("drop=1");  // the REP is lost
+  auto accepted = req.conn.async_accept(b, {}, fast(), use_request);
+  ctx->poll();
+  ASSERT_FALSE(accepted.ready());
+  ASSERT_EQ(req.conn.state(), cm::conn_state::accepting);
+  accepted.cancel();
+  sdev->set_faults("");
+  EXPECT_EQ(req.conn.state(), cm::conn_state::closed);
+  EXPECT_EQ(b.state(), qp_state::err);
+  for (int i = 0; i < 10 && !conn.ready(); ++i) advance(10us);  // the REJ went out with the look
+  ASSERT_TRUE(conn.ready());
+  std::error_code ec;
+  conn.get(ec);
+  EXPECT_EQ(ec, errc::connection_rejected);
+}
+
 TEST_F(cm_test, notify_reports_a_reset_when_the_qp_fails) {
   cm::listener l = cm::listen(dev, at(7000));
   pair p = connect_pair(7000, l);

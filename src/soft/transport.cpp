@@ -340,18 +340,24 @@ struct payload_reader {
 
 }  // namespace
 
+// (memmove, here and in copy_to_sges: in one process a packet's payload
+// can be the very memory it is written to -- a buffer written to itself,
+// a receive overlapping its SEND -- and IBTA's "undefined data" must not
+// be C++'s undefined behaviour.  It costs what memcpy does.)
 bool device::write_host(std::byte* host, std::uint64_t addr, const packet* p, std::uint32_t skip,
                         std::uint32_t len) noexcept {
   if (host != nullptr && p->nsegs == 1 && skip + len <= p->segs[0].len) {
-    std::memcpy(host, p->segs[0].p + skip, len);
+    std::memmove(host, p->segs[0].p + skip, len);
     return true;
   }
   payload_reader r{p};
   r.skip(skip);
   bool ok = true;
   r.copy(len, [&](std::uint32_t at, const std::byte* src, std::uint32_t n) {
-    if (host != nullptr) std::memcpy(host + at, src, n);
-    else ok = ok && mem_->write(addr + at, src, n);
+    if (host != nullptr)
+      std::memmove(host + at, src, n);
+    else
+      ok = ok && mem_->write(addr + at, src, n);
   });
   return ok;
 }
@@ -381,8 +387,10 @@ bool device::copy_to_sges(pd_t* pd, wqe_sge* sges, std::uint32_t nsge, std::uint
     const std::uint64_t host_addr = mr->host_addr + (g.addr - mr->iova) + offset;
     bool ok = true;
     r.copy(take, [&](std::uint32_t at, const std::byte* src, std::uint32_t n) {
-      if (host != nullptr) std::memcpy(host + at, src, n);
-      else ok = ok && mem_->write(host_addr + at, src, n);
+      if (host != nullptr)
+        std::memmove(host + at, src, n);
+      else
+        ok = ok && mem_->write(host_addr + at, src, n);
     });
     if (!ok) return false;
     len -= take;

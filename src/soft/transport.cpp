@@ -1311,10 +1311,12 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       send_ack(qp, wire::aeth_nak(code), psn);
     }
     // The receive the broken message took completes with the error (rxe's
-    // do_class_ac_error()), not flushed as if never used.
+    // do_class_ac_error()), not flushed as if never used.  For a WRITE
+    // with immediate refused for its R_Key, the one ibv_poll_cq(3) names
+    // (rxe: rem_access_err).
     if (r.have_wqe) {
       if (recv_status == wc_status::success)
-        recv_status = e == resp_error::access        ? wc_status::rem_access_err
+        recv_status = e == resp_error::access        ? wc_status::loc_access_err
                       : e == resp_error::operational ? wc_status::rem_op_err
                                                      : wc_status::rem_inv_req_err;
       fail_recv(recv_status);

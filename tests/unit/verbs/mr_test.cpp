@@ -340,6 +340,22 @@ TEST_F(mr_test, wrong_key_byte_is_rem_access_err) {
   EXPECT_REMOTE_ERROR(p, 7, wc_status::rem_access_err);
 }
 
+// A WRITE with immediate refused for its R_Key has taken a receive
+// (receives are checked first); that receive completes with
+// loc_access_err, the status ibv_poll_cq(3) names for "a protection error
+// on a local data buffer during an RDMA Write with Immediate" (rxe says
+// rem_access_err).
+TEST_F(mr_test, a_write_with_imm_refused_for_its_key_completes_the_receive_loc_access_err) {
+  auto p = connected_pair();
+  auto local = make_buffer(16), remote = make_buffer(16), r = make_buffer(16);
+  ASSERT_FALSE(post_recv(p.b, {r.whole()}, 30));
+  ASSERT_FALSE(post_send(p.a, wr_opcode::rdma_write_with_imm, {local.whole()}, 8, send_signaled,
+                         remote.addr(), inc_rkey(remote.m.rkey())));
+  EXPECT_REMOTE_ERROR(p, 8, wc_status::rem_access_err);
+  const auto wc = poll_one(p.cq_b);
+  EXPECT_TRUE(wc_is(wc, 30, wc_status::loc_access_err)) << static_cast<int>(wc.status);
+}
+
 TEST_F(mr_test, region_of_another_pd_is_rem_access_err) {
   auto p = connected_pair();
   pd other = dev.alloc_pd();

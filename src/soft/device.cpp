@@ -1485,6 +1485,10 @@ void device::fatal() {
   std::lock_guard lock(lock_);
   fatal_ = true;
   port_state_ = port_state::down;
+  // As a port going down: what waits to leave (for room in the socket, or
+  // held by fault injection) is gone with the device.  The requests behind
+  // it complete flushed below; the peer must not see them afterwards.
+  link_->drop_queued();
   gsi_->on_fatal();  // first: its requests end with device_removed, not a reset
   // The notifications before the QPs flush: those completions can never be
   // polled (the device is gone), and must not wake a waiter with success.

@@ -793,11 +793,14 @@ class udp_queue : public udp_pair_test {
   /// 1 MiB WRITE on each; then, unless `flap`, checks they all complete
   /// with nothing lost.  With `flap`, a's port goes down and up while
   /// packets wait for room, and that must drop them (a cable cut).
-  void write_through_a_queue(bool flap = false);
+  /// cut: drive until packets wait for room in the send buffer, then
+  /// take the port down (flap) or remove the device.
+  enum class cut_by { nothing, port_down, removal };
+  void write_through_a_queue(cut_by how = cut_by::nothing);
   std::string ns_;
 };
 
-void udp_queue::write_through_a_queue(bool flap) {
+void udp_queue::write_through_a_queue(cut_by how) {
   gso = false;
   make(a, 0);
   make(b, 1);
@@ -827,10 +830,10 @@ void udp_queue::write_through_a_queue(bool flap) {
   for (std::size_t k = 0; k < qps; ++k)
     ASSERT_FALSE(post_wr(qa[k], wr_opcode::rdma_write, k, a.buf.data() + k * size, size, a.m,
                          b.buf.data() + k * size, b.m.rkey()));
-  if (flap) {
+  if (how != cut_by::nothing) {
     // Drive until packets wait, then cut the cable: what waits is lost
     // at once, as fault injection's held packets are (it used to stay,
-    // and leave when the port came back).
+    // and leave when the port came back, or after the device was gone).
     bool cut = false;
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (!cut && std::chrono::steady_clock::now() < until) {
@@ -838,11 +841,16 @@ void udp_queue::write_through_a_queue(bool flap) {
       b.c.poll({});
       if (a.dev.counters().send_deferred == before.send_deferred) continue;
       const std::uint64_t dropped = a.dev.counters().dropped;
+      if (how == cut_by::removal) {
+        a.sdev.reset();
+        cut = a.dev.counters().dropped > dropped;
+        break;
+      }
       a.sdev->set_port_state(port_state::down);
       cut = a.dev.counters().dropped > dropped;
       a.sdev->set_port_state(port_state::active);
     }
-    EXPECT_TRUE(cut) << "the packets waiting for room outlived the port going down";
+    EXPECT_TRUE(cut) << "the packets waiting for room outlived the cut";
     return;
   }
   const auto wc = poll(a.c, qps);
@@ -870,7 +878,15 @@ TEST_F(udp_queue, a_full_send_buffer_holds_packets_back_and_loses_none) {
 TEST_F(udp_queue, a_port_gone_down_loses_the_packets_waiting_for_room) {
   make_namespace("avb_f", true);
   if (IsSkipped() || HasFatalFailure()) return;
-  in_namespace([&] { write_through_a_queue(true); });
+  in_namespace([&] { write_through_a_queue(cut_by::port_down); });
+}
+
+// ... and when the device is removed: its requests have completed flushed,
+// and what they had queued must not reach the peer afterwards (helper-127 #1).
+TEST_F(udp_queue, a_removed_device_loses_the_packets_waiting_for_room) {
+  make_namespace("avb_r", true);
+  if (IsSkipped() || HasFatalFailure()) return;
+  in_namespace([&] { write_through_a_queue(cut_by::removal); });
 }
 
 // A device made on a thread in a network namespace and driven from a

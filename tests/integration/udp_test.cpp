@@ -790,11 +790,9 @@ class udp_queue : public udp_pair_test {
       AVERBS_SKIP_FOR_ENVIRONMENT("tc cannot put a token bucket (tbf) on a namespace's lo here");
   }
   /// Makes the devices and sixteen QP pairs (path MTU 4096) and posts a
-  /// 1 MiB WRITE on each; then, unless `flap`, checks they all complete
-  /// with nothing lost.  With `flap`, a's port goes down and up while
-  /// packets wait for room, and that must drop them (a cable cut).
-  /// cut: drive until packets wait for room in the send buffer, then
-  /// take the port down (flap) or remove the device.
+  /// 1 MiB WRITE on each; then checks they all complete with nothing lost.
+  /// Or, while packets wait for room, cuts the cable: a's port goes down
+  /// and up, or a is removed, and that must drop them.
   enum class cut_by { nothing, port_down, removal };
   void write_through_a_queue(cut_by how = cut_by::nothing);
   std::string ns_;

@@ -174,6 +174,10 @@ udp_link::udp_link(device& d, const device_config& cfg)
       set_int(fd_, IPPROTO_IPV6, IPV6_V6ONLY, 1);
       // rxe sends flow label 0; without this the kernel invents one.
       set_int(fd_, IPPROTO_IPV6, IPV6_AUTOFLOWLABEL, 0);
+      // A datagram longer than the path is refused, as with DF over IPv4:
+      // an IPv6 UDP socket would otherwise send it in fragments, which a
+      // RoCE NIC does not take.
+      if (set_int(fd_, IPPROTO_IPV6, IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO) != 0) fail("IPV6_MTU_DISCOVER");
     } else {
       set_int(fd_, SOL_SOCKET, SO_NO_CHECK, 1);  // UDP checksum 0, as rxe
       // DF on an unconnected socket: the kernel writes IPv4 ID 0, which the
@@ -414,6 +418,7 @@ int udp_link::gso_fd(std::uint16_t sport) noexcept {
     if (v6_) {
       set_int(fd, IPPROTO_IPV6, IPV6_V6ONLY, 1);
       set_int(fd, IPPROTO_IPV6, IPV6_AUTOFLOWLABEL, 0);  // flow label 0, as rxe
+      ok = set_int(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO) == 0;  // never fragments
     } else {
       // DF on an unconnected socket: IDs 0, 1, 2 ... for the segments.
       ok = set_int(fd, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO) == 0;
@@ -747,6 +752,7 @@ int udp_link::open_flow_socket(const packet& p, std::uint16_t sport) noexcept {
     set_int(fd, IPPROTO_IPV6, IPV6_AUTOFLOWLABEL, 0);
     ok = ok && set_int(fd, IPPROTO_IPV6, IPV6_TCLASS, p.tclass) == 0;
     ok = ok && set_int(fd, IPPROTO_IPV6, IPV6_UNICAST_HOPS, p.hop_limit) == 0;
+    ok = ok && set_int(fd, IPPROTO_IPV6, IPV6_MTU_DISCOVER, IPV6_PMTUDISC_DO) == 0;  // never fragments
   } else {
     ok = ok && set_int(fd, IPPROTO_IP, IP_MTU_DISCOVER, IP_PMTUDISC_DO) == 0;
     set_int(fd, SOL_SOCKET, SO_NO_CHECK, 1);

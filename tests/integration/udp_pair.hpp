@@ -88,10 +88,11 @@ class udp_pair_test : public ::testing::Test {
                   (unsigned long long)c.icrc_errors, (unsigned long long)c.receive_overflows);
     }
   }
-  void make(endpoint& e, int which, const std::string& faults = "", std::uint16_t port = 0) {
+  void make(endpoint& e, int which, const std::string& faults = "", std::uint16_t port = 0,
+            const std::string& address = {}) {
     soft_device_options o;
     o.name = "udp" + std::to_string(which) + "_" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    o.address = test_address(which);
+    o.address = address.empty() ? test_address(which) : address;
     o.port = port != 0 ? port : test_port();
     o.faults = faults;
     o.raw_send = raw_send;

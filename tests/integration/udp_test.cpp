@@ -887,6 +887,53 @@ TEST_F(udp_queue, a_removed_device_loses_the_packets_waiting_for_room) {
   in_namespace([&] { write_through_a_queue(cut_by::removal); });
 }
 
+// Over IPv6 as over IPv4 a datagram leaves whole or not at all: a packet
+// longer than the link's MTU (here lo's, lowered after the QPs connected
+// with path MTU 4096) is refused and counted as dropped, never cut into
+// IPv6 fragments, which a RoCE NIC does not take.  The sockets had no
+// IPV6_MTU_DISCOVER, and the kernel fragmented the SEND: it arrived
+// (helper-127 #2).
+TEST_F(udp_queue, an_ipv6_packet_longer_than_the_link_is_dropped_not_fragmented) {
+  make_namespace("avb_6", false);
+  if (IsSkipped() || HasFatalFailure()) return;
+  ASSERT_TRUE(sh("ip -n " + ns_ + " addr add fd00::a/128 dev lo nodad"));
+  ASSERT_TRUE(sh("ip -n " + ns_ + " addr add fd00::b/128 dev lo nodad"));
+  for (const bool raw : {true, false}) {
+    SCOPED_TRACE(raw ? "raw socket allowed" : "raw_send off");
+    raw_send = raw;
+    in_namespace([&] {
+      make(a, 0, "", 0, "fd00::a");
+      make(b, 1, "", 0, "fd00::b");
+    });
+    ASSERT_FALSE(HasFatalFailure());
+    ASSERT_EQ(a.dev.query_port(1).active_mtu, mtu::mtu_4096);
+    for (endpoint* e : {&a, &b}) {
+      qp_init_attr ia;
+      ia.send_cq = ia.recv_cq = e->c;
+      ia.cap = {4, 4, 1, 1, 0};
+      e->q = e->p.create_qp(ia);
+      e->buf.assign(8192, std::byte{0x6A});
+      e->m = e->p.reg_mr(e->buf.data(), e->buf.size(), access_local_write);
+    }
+    // Timeout 10 (4 ms), one retry: the requester gives up soon.
+    connect_qp(a.q, qp_type::rc, b.g, b.q.num(), 1, 10, 1, false, 0, mtu::mtu_4096);
+    connect_qp(b.q, qp_type::rc, a.g, a.q.num(), 1, 10, 1, false, 0, mtu::mtu_4096);
+    ASSERT_TRUE(sh("ip -n " + ns_ + " link set lo mtu 1500"));
+    const std::uint64_t dropped = a.dev.counters().dropped;
+    ASSERT_FALSE(post_recv(b, 8192));
+    ASSERT_FALSE(post_send(a, 4000));
+    const auto wa = poll(a.c, 1);
+    ASSERT_EQ(wa.size(), 1u);
+    EXPECT_EQ(wa[0].status, wc_status::retry_exc_err)
+        << "the SEND was acknowledged: it went out in fragments";
+    EXPECT_TRUE(poll(b.c, 1, std::chrono::milliseconds(20)).empty()) << "the SEND arrived in fragments";
+    EXPECT_GT(a.dev.counters().dropped, dropped);
+    ASSERT_TRUE(sh("ip -n " + ns_ + " link set lo mtu 65536"));
+    a = {};
+    b = {};
+  }
+}
+
 // A device made on a thread in a network namespace and driven from a
 // thread outside it: the sockets it opens as it goes (a flow's for a lone
 // datagram, a GSO run's) would be the driving thread's namespace's, where

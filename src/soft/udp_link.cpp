@@ -406,7 +406,7 @@ int udp_link::gso_fd(std::uint16_t sport) noexcept {
     for (auto i = gso_fds_.begin(); i != gso_fds_.end(); ++i)
       if (i->second.last_used < lru->second.last_used) lru = i;
     if (now - lru->second.last_used < flow_idle) {
-      gso_evict_after_ = lru->second.last_used + flow_idle;
+      gso_evict_after_ = deadline_after(lru->second.last_used, flow_idle);
       return -1;
     }
     if (lru->second.fd >= 0) ::close(lru->second.fd);
@@ -715,7 +715,7 @@ udp_link::flow* udp_link::flow_for(const tx_slot& s) noexcept {
     // A flow without a socket tries again now and then: the port may be
     // free by now, a vanished peer back.
     if (now < f.retry_at) return nullptr;
-    f.retry_at = now + flow_retry;
+    f.retry_at = deadline_after(now, flow_retry);
     // One numbering per (destination, source port): the receiver follows
     // one count per source (icrc_matches_id), so a second connected
     // socket there -- a QP of another traffic class or hop limit whose
@@ -733,7 +733,7 @@ udp_link::flow* udp_link::flow_for(const tx_slot& s) noexcept {
     // (an ICMP error from a vanished peer pending on it, say).
     ::close(f.fd);
     f.fd = -1;
-    f.retry_at = now + flow_retry;  // from now: it may have been open long
+    f.retry_at = deadline_after(now, flow_retry);  // from now: it may have been open long
     return nullptr;
   }
   last_flow_ = &f;

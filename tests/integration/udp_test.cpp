@@ -267,6 +267,24 @@ TEST_F(udp, idle_flow_sockets_are_closed) {
   EXPECT_GT(a.dev.counters().flow_sends, sent) << "the flow came back without a socket";
 }
 
+// A manual clock at its end (as traffic_test's) through the UDP link: the
+// flow sockets' retry and the GSO table's eviction deadlines saturate
+// instead of overflowing, a signed overflow UBSan reports (helper-127 #5).
+TEST_F(udp, a_clock_at_its_end_sends_through_flow_and_gso_sockets) {
+  if (!can_send_raw())
+    AVERBS_SKIP_FOR_ENVIRONMENT("flow and GSO sockets go with the raw socket, which needs CAP_NET_RAW");
+  manual_time = true;
+  manual.advance(manual_clock::duration::max());
+  make(a, 0);
+  make(b, 1);
+  make_qps(qp_type::rc, 1 << 20);
+  write_ping_pong(4);
+  for (std::size_t i = 0; i < a.buf.size(); ++i) a.buf[i] = std::byte(i * 5 + 1);
+  ASSERT_NO_FATAL_FAILURE(write_and_wait(1 << 20));
+  EXPECT_EQ(std::memcmp(a.buf.data(), b.buf.data(), a.buf.size()), 0);
+  EXPECT_GT(a.dev.counters().flow_sends, 0u);
+}
+
 // A port that goes down sends nothing more, the packets the fault
 // injector delayed before it went down included: the receiver, whose port
 // is up, gets nothing (they used to leave when their delay ran out).

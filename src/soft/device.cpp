@@ -650,18 +650,14 @@ void device::release_pd(pd_t* pd) noexcept {
   --live_pds_;
 }
 
-namespace {
-// A child of a PD went away; free a released PD with its last child.
-void drop_child(pd_t* pd, std::vector<std::unique_ptr<pd_t>>& pds, std::vector<std::uint32_t>& free_pds,
-                std::uint32_t& live) {
+void device::drop_pd_child(pd_t* pd) noexcept {
   if (--pd->children == 0 && pd->released) {
-    const std::uint32_t i = pd->handle;
-    pds[i].reset();
-    free_slot(free_pds, i);
-    --live;
+    const std::uint32_t i = pd->handle;  // (read before the PD is freed)
+    pds_[i].reset();
+    free_slot(free_pds_, i);
+    --live_pds_;
   }
 }
-}  // namespace
 
 // ---------------------------------------------------------------------------
 // Keys: key = index << 8 | key byte.  A freed index waits in a FIFO until
@@ -857,7 +853,7 @@ std::error_code device::rereg_mr(mr_t* mr, int flags, pd_t* pd, std::uint64_t ad
     return err(errc::no_resources);
   }
   if ((flags & change_pd) != 0 && pd != mr->pd) {
-    drop_child(mr->pd, pds_, free_pds_, live_pds_);
+    drop_pd_child(mr->pd);
     mr->pd = pd;
     ++pd->children;
   }
@@ -890,7 +886,7 @@ std::error_code device::dereg_mr_locked(mr_t* mr) noexcept {
   free_key(mr->lkey);
   mrs_[index].reset();
   --live_mrs_;
-  drop_child(pd, pds_, free_pds_, live_pds_);
+  drop_pd_child(pd);
   return {};
 }
 
@@ -952,7 +948,7 @@ std::error_code device::dealloc_mw(mw_t* mw) {
   free_key(mw->rkey);
   mws_[index].reset();
   --live_mws_;
-  drop_child(pd, pds_, free_pds_, live_pds_);
+  drop_pd_child(pd);
   return {};
 }
 
@@ -1073,7 +1069,7 @@ std::error_code device::destroy_ah(ah_t* ah) {
   ahs_[i].reset();
   free_slot(free_ahs_, i);
   --live_ahs_;
-  drop_child(pd, pds_, free_pds_, live_pds_);
+  drop_pd_child(pd);
   return {};
 }
 
@@ -1357,7 +1353,7 @@ std::error_code device::destroy_srq(srq_t* srq) {
   srqs_[i].reset();
   free_slot(free_srqs_, i);
   --live_srqs_;
-  drop_child(pd, pds_, free_pds_, live_pds_);
+  drop_pd_child(pd);
   return {};
 }
 
@@ -1373,7 +1369,7 @@ void device::release_srq(srq_t* srq) noexcept {
   srqs_[i].reset();
   free_slot(free_srqs_, i);
   --live_srqs_;
-  drop_child(pd, pds_, free_pds_, live_pds_);
+  drop_pd_child(pd);
 }
 
 void device::check_srq_limit(srq_t* srq) noexcept {

@@ -832,6 +832,8 @@ class device final : public progress_source, public clock_listener {
     }
   }
   void destroy_qp_locked(qp_t* qp) noexcept;
+  /// A child of `pd` went away: frees a released PD with its last child.
+  void drop_pd_child(pd_t* pd) noexcept;
   std::error_code dereg_mr_locked(mr_t* mr) noexcept;
   void receive_gsi(packet* p) noexcept;
   void schedule_requester(qp_t* qp) noexcept;

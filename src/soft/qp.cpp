@@ -760,11 +760,7 @@ void device::destroy_qp_locked(qp_t* qp) noexcept {
     srqs_[i].reset();
     free_slot(free_srqs_, i);
     --live_srqs_;
-    if (--spd->children == 0 && spd->released) {
-      pds_[spd->handle].reset();
-      free_slot(free_pds_, spd->handle);
-      --live_pds_;
-    }
+    drop_pd_child(spd);
   }
   pd_t* pd = qp->pd;
   const std::uint32_t index = qp->index;
@@ -772,11 +768,7 @@ void device::destroy_qp_locked(qp_t* qp) noexcept {
   qps_[index].reset();
   free_slot(free_qps_, index);
   --live_qps_;
-  if (--pd->children == 0 && pd->released) {
-    pds_[pd->handle].reset();
-    free_slot(free_pds_, pd->handle);
-    --live_pds_;
-  }
+  drop_pd_child(pd);
 }
 
 // ---------------------------------------------------------------------------

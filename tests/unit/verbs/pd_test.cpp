@@ -2,6 +2,7 @@
 // Conformance: protection domains and address handles (rdma-core
 // tests/test_pd.py, tests/test_addr.py; pd.hpp, ah.hpp), and the objects of
 // a removed device.
+#include "soft/engine.hpp"
 #include "verbs_fixture.hpp"
 
 #include <unistd.h>
@@ -48,6 +49,42 @@ class pd_test : public verbs_test {
 
 // ===========================================================================
 // Allocation and deallocation.
+
+// In the engine a PD whose handle is gone lives on while a child needs it
+// and is freed with its last one.  A QP (or SRQ) that was that child read
+// the PD's slot number from the PD it had just freed (a use after free
+// ASan reports; the slot freed was garbage).  The public handles keep
+// their PD alive, so only an engine user (the CM, a daemon) meets this.
+TEST_F(pd_test, an_engine_pd_released_before_its_qp_and_srq_goes_with_the_last) {
+  soft::device& e = dev_holder->engine();
+  soft::event_channel* ch = e.open_events();
+  soft::pd_t* p = nullptr;
+  soft::cq_t* c = nullptr;
+  soft::srq_t* s = nullptr;
+  soft::qp_t* q = nullptr;
+  ASSERT_FALSE(e.alloc_pd(ch, p));
+  ASSERT_FALSE(e.create_cq(16, ch, c));
+  srq_attr sa;
+  sa.max_wr = 4;
+  sa.max_sge = 1;
+  ASSERT_FALSE(e.create_srq(p, sa, s));
+  soft::device::qp_init in;
+  in.send_cq = in.recv_cq = c;
+  in.srq = s;
+  in.cap = {4, 0, 1, 0, 0};
+  ASSERT_FALSE(e.create_qp(p, in, q));
+  e.release_srq(s);  // the QP keeps the SRQ, and both the PD
+  e.release_pd(p);
+  ASSERT_FALSE(e.destroy_qp(q));  // frees the SRQ, then the PD
+  // The slots are free and whole: new objects take them.
+  for (int i = 0; i < 3; ++i) {
+    soft::pd_t* again = nullptr;
+    ASSERT_FALSE(e.alloc_pd(ch, again));
+    ASSERT_FALSE(e.dealloc_pd(again));
+  }
+  ASSERT_FALSE(e.destroy_cq(c));
+  e.close_events(ch);
+}
 
 TEST_F(pd_test, alloc_and_dealloc) {
   pd p = dev.alloc_pd();

@@ -57,6 +57,17 @@ struct srq_t;
 struct qp_t;
 struct packet;
 
+/// Where a public handle's AH or window lives: its device, slot and
+/// generation, copied when it was made (a handle never changes them).  The
+/// engine looks it up under its lock (find_ah, find_mw), so a work request
+/// naming one that another thread destroys meanwhile finds it gone instead
+/// of reading freed memory.
+struct object_ref {
+  const device* owner = nullptr;
+  std::uint32_t index = 0;
+  std::uint32_t gen = 0;
+};
+
 /// `now + d`, saturating at the clock's end (a deadline that never comes)
 /// instead of wrapping into the past: a manual clock may stand at
 /// time_point::max().
@@ -688,7 +699,7 @@ class device final : public progress_source, public clock_listener {
   std::error_code post_recv(qp_t* qp, const recv_wr* wrs, std::size_t n, std::size_t* bad);
   std::error_code post_srq_recv(srq_t* srq, const recv_wr* wrs, std::size_t n, std::size_t* bad);
   /// type-1 memory window bind: posts a bind WQE.
-  std::error_code bind_mw1(qp_t* qp, mw_t* mw, std::uint64_t wr_id, std::uint32_t flags,
+  std::error_code bind_mw1(qp_t* qp, const object_ref& mw, std::uint64_t wr_id, std::uint32_t flags,
                            const mw_bind_info& info, std::uint32_t& new_rkey);
   std::size_t poll_cq(cq_t* cq, std::span<work_completion> out);
 
@@ -959,7 +970,17 @@ class device final : public progress_source, public clock_listener {
   std::error_code bind_mw(qp_t* qp, send_wqe* w) noexcept;
   /// Whether `mw` is one of this device's windows (a caller may pass
   /// another device's).  Must hold lock_.
-  bool owns(const mw_t* mw) const noexcept { return mw->handle < mws_.size() && mws_[mw->handle].get() == mw; }
+  /// The live AH or window `r` names, or null (gone, or another device's).
+  ah_t* find_ah(const object_ref& r) const noexcept {
+    return r.owner == this && r.index < ahs_.size() && ahs_[r.index] != nullptr && ahs_[r.index]->gen == r.gen
+               ? ahs_[r.index].get()
+               : nullptr;
+  }
+  mw_t* find_mw(const object_ref& r) const noexcept {
+    return r.owner == this && r.index < mws_.size() && mws_[r.index] != nullptr && mws_[r.index]->gen == r.gen
+               ? mws_[r.index].get()
+               : nullptr;
+  }
   std::uint32_t alloc_key(key_entry::kind k, void* obj) noexcept;
   void free_key(std::uint32_t key) noexcept;
 
@@ -1126,10 +1147,9 @@ class device final : public progress_source, public clock_listener {
   std::atomic<bool> graveyard_full_{false};
 };
 
-/// Implemented by the verbs layer: the engine objects behind public handles
-/// (null for an empty handle).
-ah_t* engine_object(const averbs::ah* h) noexcept;
-mw_t* engine_object(averbs::mw* h) noexcept;
+/// Implemented by the verbs layer (an empty ref for an empty handle).
+object_ref engine_ref(const averbs::ah* h) noexcept;
+object_ref engine_ref(const averbs::mw* h) noexcept;
 
 /// Completes a parked request; releases the context reference it held.
 void complete_parked(const parked& p, const std::error_code& ec, void* result) noexcept;

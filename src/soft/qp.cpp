@@ -784,7 +784,7 @@ std::error_code device::post_one_send(qp_t* qp, const send_wr& wr) noexcept {
   switch (qp->type) {
     case qp_type::ud:
       if (op != wr_opcode::send && op != wr_opcode::send_with_imm) return err(errc::invalid_argument);
-      ah = engine_object(wr.ah);
+      ah = find_ah(engine_ref(wr.ah));
       if (ah == nullptr || ah->pd != qp->pd) return err(errc::invalid_argument);
       break;
     case qp_type::uc:
@@ -816,8 +816,8 @@ std::error_code device::post_one_send(qp_t* qp, const send_wr& wr) noexcept {
   if (op == wr_opcode::bind_mw && (wr.num_sge != 0 || wr.imm_data != 0)) return err(errc::invalid_argument);
   if (length > limits::max_msg_size) return err(errc::message_too_long);
   if (op == wr_opcode::bind_mw) {
-    mw = engine_object(wr.bind_mw);
-    if (mw == nullptr || !owns(mw)) return err(errc::invalid_argument);
+    mw = find_mw(engine_ref(wr.bind_mw));
+    if (mw == nullptr) return err(errc::invalid_argument);
   }
   if (qp->sq.count() >= std::max<std::uint32_t>(qp->cap.max_send_wr, 1) ||
       (qp->cap.max_send_wr == 0))
@@ -899,10 +899,11 @@ std::error_code device::post_send(qp_t* qp, const send_wr* wrs, std::size_t n, s
   return {};
 }
 
-std::error_code device::bind_mw1(qp_t* qp, mw_t* mw, std::uint64_t wr_id, std::uint32_t flags,
+std::error_code device::bind_mw1(qp_t* qp, const object_ref& ref, std::uint64_t wr_id, std::uint32_t flags,
                                  const mw_bind_info& info, std::uint32_t& new_rkey) {
   std::lock_guard lock(lock_);
-  if (!owns(mw) || mw->type != mw_type::type1) return err(errc::invalid_argument);
+  mw_t* const mw = find_mw(ref);
+  if (mw == nullptr || mw->type != mw_type::type1) return err(errc::invalid_argument);
   // A type-1 window is never zero-based (IBTA o10-36.2.2; rxe's provider
   // refuses it at post time too).
   if ((info.access & access_zero_based) != 0) return err(errc::invalid_argument);

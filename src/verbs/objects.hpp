@@ -88,12 +88,14 @@ struct mr_obj {
 struct mw_obj {
   std::shared_ptr<pd_obj> pd;
   soft::mw_t* e = nullptr;
+  soft::object_ref ref;  // what a work request naming it finds it by
   ~mw_obj();
 };
 
 struct ah_obj {
   std::shared_ptr<pd_obj> pd;
   soft::ah_t* e = nullptr;
+  soft::object_ref ref;  // what a work request naming it finds it by
   ah_attr attr{};
   ~ah_obj();
 };

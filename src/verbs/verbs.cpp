@@ -275,6 +275,7 @@ void start_alloc_mw(const std::shared_ptr<pd_obj>& p, mw_type type, completer<mw
     auto obj = std::make_shared<mw_obj>();
     obj->pd = p;
     if (auto ec = p->dev->eng->alloc_mw(pe, type, obj->e)) return void(c.fail(ec));
+    obj->ref = {p->dev->eng, obj->e->handle, obj->e->gen};
     c.complete({}, handle_access::make<mw>(std::move(obj)));
   } catch (...) {
     c.fail(err(errc::no_resources));
@@ -290,6 +291,7 @@ void start_create_ah(const std::shared_ptr<pd_obj>& p, const ah_attr& attr, comp
     auto obj = std::make_shared<ah_obj>();
     obj->pd = p;
     if (auto ec = p->dev->eng->create_ah(pe, attr, obj->e)) return void(c.fail(ec));
+    obj->ref = {p->dev->eng, obj->e->handle, obj->e->gen};
     obj->attr = obj->e->attr;  // as the device keeps it: the route's hop limit
     c.complete({}, handle_access::make<ah>(std::move(obj)));
   } catch (...) {
@@ -707,25 +709,23 @@ std::error_code qp::bind_mw(const mw& w, std::uint64_t wr_id, std::uint32_t flag
                             std::uint32_t* new_rkey) const noexcept {
   auto* e = obj_ ? detail::live(obj_->e) : nullptr;
   if (auto ec = data_path_check(obj_.get(), e, obj_ ? obj_->pd->dev.get() : nullptr)) return ec;
-  soft::mw_t* m = soft::engine_object(const_cast<mw*>(&w));
-  if (m == nullptr) return make_error_code(errc::invalid_argument);
   // libibverbs: the window and the region must share a PD (EPERM).
   std::uint32_t key = 0;
-  if (auto ec = obj_->pd->dev->eng->bind_mw1(e, m, wr_id, flags, info, key)) return ec;
+  if (auto ec = obj_->pd->dev->eng->bind_mw1(e, soft::engine_ref(&w), wr_id, flags, info, key)) return ec;
   if (new_rkey != nullptr) *new_rkey = key;
   return {};
 }
 
 namespace soft {
-ah_t* engine_object(const averbs::ah* h) noexcept {
-  if (h == nullptr) return nullptr;
+object_ref engine_ref(const averbs::ah* h) noexcept {
+  if (h == nullptr) return {};
   const auto& o = detail::handle_access::obj(*h);
-  return o ? o->e : nullptr;
+  return o ? o->ref : object_ref{};
 }
-mw_t* engine_object(averbs::mw* h) noexcept {
-  if (h == nullptr) return nullptr;
+object_ref engine_ref(const averbs::mw* h) noexcept {
+  if (h == nullptr) return {};
   const auto& o = detail::handle_access::obj(*h);
-  return o ? o->e : nullptr;
+  return o ? o->ref : object_ref{};
 }
 }  // namespace soft
 

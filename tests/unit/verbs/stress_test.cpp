@@ -61,6 +61,38 @@ TEST_F(verbs_stress, modify_query_and_state_racing_destroy_qp) {
   }
 }
 
+// A UD send naming an AH another thread destroys: posted before the
+// destroy, or refused after it (invalid_argument).  The post used to read
+// the AH's engine pointer outside the engine's lock, and the engine then
+// read the AH through it: freed meanwhile (TSan reports the unlocked read
+// racing the destroy).  It now looks the AH up under the lock by slot and
+// generation.
+using verbs_stress_traffic = conformance_test;
+TEST_F(verbs_stress_traffic, ud_sends_naming_an_ah_racing_its_destroy) {
+  auto p = connected_pair(qp_options{.type = qp_type::ud});
+  auto src = make_buffer(16);
+  for (int r = 0; r < 50; ++r) {
+    ah h = make_ah();
+    const ah copy = h;  // the same AH
+    std::atomic<bool> started{false};
+    std::error_code last;
+    std::thread user([&] {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      for (int i = 0; std::chrono::steady_clock::now() < until; ++i) {
+        last = post_ud(p.a, copy, p.b.num(), ud_qkey, {src.whole()}, 1);
+        if (i == 0) started.store(true);
+        if (last) break;
+        (void)drain(p.cq_a);
+      }
+    });
+    while (!started.load()) std::this_thread::yield();
+    h.destroy();
+    user.join();
+    EXPECT_EQ(last, errc::invalid_argument) << last.message();
+    (void)drain(p.cq_a);
+  }
+}
+
 TEST_F(verbs_stress, reg_mr_racing_dealloc_pd) {
   std::vector<std::byte> buf(4096);
   // Fewer rounds: each hands the handle lock back and forth hundreds of

@@ -1411,6 +1411,7 @@ std::error_code device::post_srq_recv(srq_t* srq, const recv_wr* wrs, std::size_
 
 event_channel* device::open_events() {
   std::lock_guard lock(lock_);
+  if (fatal_) return nullptr;  // removed: device_fatal went out to the channels there were
   channels_.push_back(std::make_unique<event_channel>());
   return channels_.back().get();
 }

@@ -641,6 +641,7 @@ class device final : public progress_source, public clock_listener {
 
   // --- objects ----------------------------------------------------------------
   /// A new handle's event queue; close_events() before the handle goes.
+  /// Null once the device is removed (fatal()): it would never hear of it.
   event_channel* open_events();
   void close_events(event_channel* ch) noexcept;
   std::error_code alloc_pd(event_channel* events, pd_t*& out);

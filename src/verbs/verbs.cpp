@@ -150,6 +150,10 @@ void start_open_device(context& ctx, const std::string& name, completer<device> 
     obj->eng = entry->engine.get();  // `entry` (local) keeps it alive until obj->entry does
     obj->events = std::make_unique<request_group>(ctx);
     obj->channel = obj->eng->open_events();
+    if (obj->channel == nullptr) {  // removed since the check above
+      c.fail(err(errc::device_removed));
+      return;
+    }
     {
       std::lock_guard lock(entry->mu);
       int& n = entry->sources[&ctx.detail_impl()];

@@ -2,6 +2,7 @@
 // Conformance: devices and ports (rdma-core tests/test_device.py;
 // docs/verbs.md "Limits"), every completion token on a device query
 // (docs/async.md), and what removing a device does (soft_device.hpp).
+#include "soft/engine.hpp"
 #include "verbs_fixture.hpp"
 
 #include <algorithm>
@@ -535,6 +536,23 @@ TEST_F(device_test, removed_device_is_no_longer_listed_or_openable) {
   std::error_code ec;
   open_device(*ctx, name, ec);
   EXPECT_EQ(ec, errc::not_found);
+}
+
+// An open that passed the registry's removal check as the device was being
+// removed (unregister_device() marks the entry, then makes the engine
+// fatal): here the engine goes fatal first, as in that window.  The open
+// fails device_removed, as ibv_open_device on a removed device does; it
+// used to succeed with an event channel opened after device_fatal was
+// broadcast, so that handle never saw it.
+TEST_F(device_test, an_open_that_meets_the_removal_fails_device_removed) {
+  dev_holder->engine().fatal();
+  std::error_code ec;
+  device late = open_device(*ctx, dev_holder->name(), ec);
+  EXPECT_EQ(ec, errc::device_removed);
+  // The handle opened before does get its device_fatal.
+  const async_event ev = dev.get_event(ec);
+  EXPECT_FALSE(ec);
+  EXPECT_EQ(ev.type, event_type::device_fatal);
 }
 
 TEST_F(device_test, removal_gives_a_parked_get_event_device_fatal_and_the_next_device_removed) {

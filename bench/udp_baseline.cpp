@@ -99,11 +99,11 @@
 #include <immintrin.h>
 #endif
 
+#include "wire/crc32.hpp"
+
 #ifndef UDP_SEGMENT
 #define UDP_SEGMENT 103
 #endif
-#include "wire/crc32.hpp"
-
 #ifndef UDP_GRO
 #define UDP_GRO 104
 #endif

@@ -47,6 +47,10 @@ std::shared_ptr<device_entry> make_entry(const soft_device_options& o, const std
   cfg.name = o.name;
   cfg.clock = o.clock;
   cfg.gids = o.gids;
+  if (!o.address.empty() && o.address.find('%') != std::string::npos)
+    bad_option(
+        where + ": address '" + o.address +
+        "' has an IPv6 zone (%...), which a device address cannot have: give a global or unique-local one");
   if (!o.address.empty() && !gid::parse(o.address, cfg.address))
     bad_option(where + ": address '" + o.address + "' is not an IPv4 or IPv6 address");
   if (!o.address.empty()) {
@@ -95,10 +99,12 @@ std::shared_ptr<device_entry> make_entry(const soft_device_options& o, const std
 void split_address(const std::string& text, soft_device_options& o, const std::string& where) {
   std::string addr = text;
   std::uint16_t port = 4791;
+  // Digits only (no sign, no spaces), as --addr takes them.
   auto parse_port = [&](const std::string& p) {
-    char* end = nullptr;
-    const long v = std::strtol(p.c_str(), &end, 10);
-    if (p.empty() || *end != '\0' || v < 1 || v > 65535) bad_option(where + ": bad port '" + p + "'");
+    if (p.empty() || p.size() > 5 || p.find_first_not_of("0123456789") != std::string::npos)
+      bad_option(where + ": bad port '" + p + "'");
+    const unsigned long v = std::stoul(p);
+    if (v < 1 || v > 65535) bad_option(where + ": bad port '" + p + "'");
     return static_cast<std::uint16_t>(v);
   };
   if (!addr.empty() && addr.front() == '[') {
@@ -134,6 +140,14 @@ struct named_device {
 
 bool has_space(std::string_view s) { return s.find_first_of(" \t\r\n\v\f") != std::string_view::npos; }
 
+// A control character other than a tab (a separator).
+bool has_control(std::string_view s) {
+  return std::any_of(s.begin(), s.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return (u < 0x20 && c != '\t') || u == 0x7F;
+  });
+}
+
 std::string_view trim(std::string_view s) {
   const auto b = s.find_first_not_of(" \t\r\n\v\f");
   if (b == std::string_view::npos) return {};
@@ -167,6 +181,9 @@ std::vector<named_device> environment_devices() {
     more = comma != std::string_view::npos;
     rest = more ? rest.substr(comma + 1) : std::string_view{};
     if (item.empty() && !more) break;  // one trailing comma
+    // (A control character -- a NUL cuts a C string short -- is never
+    // part of a name or an address.)
+    if (has_control(item)) bad_option("AVERBS_DEVICES: an item holds a control character");
     const auto at = item.find('@');
     const std::string_view name = trim(item.substr(0, at));
     if (at == std::string_view::npos || name.empty() || has_space(name))
@@ -238,13 +255,14 @@ std::vector<named_device> config_devices() {
   std::string line;
   for (int n = 1; std::getline(lines, line); ++n) {
     if (const auto hash = line.find('#'); hash != std::string::npos) line.erase(hash);
+    if (!line.empty() && line.back() == '\r') line.pop_back();  // CRLF
     std::istringstream words(line);
     named_device d;
     if (!(words >> d.name)) continue;
     d.where = path + ":" + std::to_string(n);
-    for (const char c : d.name)
-      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7F)
-        bad_option(d.where + ": the name holds a control character");
+    // Anywhere on the line: a NUL would cut an address or port short, read
+    // as the rest of a C string.
+    if (has_control(line)) bad_option(d.where + ": the line holds a control character");
     if (d.name == "embedded")
       bad_option(d.where + ": 'embedded' is the name of the in-process device; give this one another");
     words >> d.address;

@@ -1634,15 +1634,19 @@ TEST(device_config, repeated_options_empty_faults_and_odd_names_are_errors_that_
       << message_of("cfg_twice");
   EXPECT_NE(message_of("cfg_empty").find(path + ":3: 'faults=' needs a specification"), std::string::npos)
       << message_of("cfg_empty");
-  // A control character in a name is the whole file's error: every name
-  // of the file says it.
-  {
-    std::ofstream f(path, std::ios::binary);
-    f << "cfg_fine " << test_address(1) << ":" << port << "\n"
-      << "cfg\x01ctl " << test_address(3) << ":" << port << "\n";
+  // A control character on a line is the whole file's error: every name
+  // of the file says it.  In a name; and a NUL in an address, which used
+  // to cut it short there (the device opened at 127.0.0.x, port 4791).
+  for (const std::string& bad :
+       {std::string("cfg\x01ctl ") + test_address(3) + ":" + std::to_string(port),
+        std::string("cfg_nul ") + test_address(3) + '\0' + "junk:" + std::to_string(port)}) {
+    {
+      std::ofstream f(path, std::ios::binary);
+      f << "cfg_fine " << test_address(1) << ":" << port << "\r\n" << bad << "\n";
+    }
+    EXPECT_NE(message_of("cfg_fine").find(path + ":2: the line holds a control character"), std::string::npos)
+        << message_of("cfg_fine");
   }
-  EXPECT_NE(message_of("cfg_fine").find(path + ":2: the name holds a control character"), std::string::npos)
-      << message_of("cfg_fine");
   ::unsetenv("AVERBS_CONFIG");
   std::remove(path.c_str());
 
@@ -1840,6 +1844,14 @@ TEST(device_config, bad_environment_entries_are_errors_that_say_why) {
       {"env_mc@224.0.0.1", "multicast"},
       {"env_bc@255.255.255.255", "broadcast"},
       {"env_mc6@[ff02::1]:4793", "multicast"},
+      // Ports are digits only, as --addr takes them.
+      {"env_sign@127.0.0.2:+4793", "bad port '+4793'"},
+      {"env_space@127.0.0.2: 4793", "bad port ' 4793'"},
+      {"env_hex@127.0.0.2:0x12b9", "bad port '0x12b9'"},
+      // A zone says which link; a device address must not need one.
+      {"env_zone@[fe80::1%lo]:4793", "has an IPv6 zone"},
+      // A control character (here SOH) is never part of a name or address.
+      {"env\x01ctl@127.0.0.2", "holds a control character"},
   };
   context ctx;
   for (const auto& [entry, reason] : cases) {

@@ -720,6 +720,17 @@ TEST(cli_options, bad_numbers_are_usage_errors_in_every_command) {
       {{"perf", "--test", "send_lat", "127.0.0.2", "127.0.0.3"}, "one server HOST only"},
       // An empty --addr is no address (it ran in one process, as without one).
       {{"perf", "--test", "send_lat", "--addr="}, "--addr needs an address"},
+      // Nor is an empty -d a name (it ran on the embedded device), or an
+      // empty --faults a specification (it ran without faults or a link).
+      {{"perf", "--test", "send_lat", "-d", ""}, "-d needs a device name"},
+      {{"perf", "--test", "send_lat", "--faults", ""}, "--faults needs a specification"},
+      // What --addr and --faults are refused for names them, not the API
+      // beneath ("soft_device: ...").
+      {{"perf", "--test", "send_lat", "--addr", "224.0.0.1"},
+       "--addr 224.0.0.1: address '224.0.0.1' is a multicast or broadcast address"},
+      {{"perf", "--test", "send_lat", "--addr", test_address(0) + ":" + std::to_string(test_port()),
+        "--faults", "drop=0.1,seed=x"},
+       "--faults: bad value for seed: 'x'"},
       // An option of the other kind of test is refused (it was ignored).
       {{"perf", "--test", "connect", "-s", "4096"}, "-s does not apply to --test connect"},
       {{"perf", "--test", "connect", "-Q", "4"}, "-Q does not apply to --test connect"},

@@ -319,6 +319,10 @@ int cmd_perf(std::span<char* const> raw_args) {
     } else if (a == "-d" || a == "--ib-dev") {
       o.device = value();
       named_device = true;
+      if (o.device.empty()) {  // (open_device("") would be the embedded one)
+        std::fprintf(stderr, "averbs perf: %s needs a device name\n", a.c_str());
+        return 2;
+      }
     } else if (a == "-p" || a == "--port") {
       o.oob_port = static_cast<std::uint16_t>(number(1, 65535));
     } else if (a == "--addr") {
@@ -329,6 +333,10 @@ int cmd_perf(std::span<char* const> raw_args) {
       }
     } else if (a == "--faults") {
       faults = value();
+      if (faults.empty()) {
+        std::fprintf(stderr, "averbs perf: --faults needs a specification (drop=0.01,...)\n");
+        return 2;
+      }
     } else if (a == "--no-icrc") {
       icrc = false;
     } else if (a == "--counters") {
@@ -451,10 +459,24 @@ int cmd_perf(std::span<char* const> raw_args) {
       }
       so.address = perf::ip_text(a.ip);
       if (a.port != 0) so.port = a.port;
-      so.faults = faults;
       so.check_icrc = icrc;
       so.gso = gso;
-      own = std::make_unique<soft_device>(so);
+      // Errors name the option they come from, not the API beneath.
+      try {
+        own = std::make_unique<soft_device>(so);
+      } catch (const std::system_error& e) {
+        std::string m = e.what();
+        constexpr std::string_view api = "soft_device: ";
+        if (m.starts_with(api)) m = "--addr " + addr + ": " + m.substr(api.size());
+        std::fprintf(stderr, "averbs perf: %s\n", m.c_str());
+        return e.code() == errc::invalid_argument ? 2 : 1;
+      }
+      try {
+        if (!faults.empty()) own->set_faults(faults);
+      } catch (const std::system_error& e) {
+        std::fprintf(stderr, "averbs perf: --%s\n", e.what());  // "faults: ..."
+        return 2;
+      }
     } else if (!faults.empty()) {
       std::fprintf(stderr, "averbs perf: --faults needs --addr (or AVERBS_FAULTS with AVERBS_DEVICES)\n");
       return 2;

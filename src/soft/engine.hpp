@@ -969,9 +969,8 @@ class device final : public progress_source, public clock_listener {
                   std::uint32_t len) noexcept;
   std::error_code invalidate_rkey(pd_t* pd, std::uint32_t rkey, qp_t* qp, bool remote) noexcept;
   std::error_code bind_mw(qp_t* qp, send_wqe* w) noexcept;
-  /// Whether `mw` is one of this device's windows (a caller may pass
-  /// another device's).  Must hold lock_.
-  /// The live AH or window `r` names, or null (gone, or another device's).
+  /// The live AH or window `r` names, or null (gone, or another device's:
+  /// a caller may pass one).  Must hold lock_.
   ah_t* find_ah(const object_ref& r) const noexcept {
     return r.owner == this && r.index < ahs_.size() && ahs_[r.index] != nullptr && ahs_[r.index]->gen == r.gen
                ? ahs_[r.index].get()

@@ -1285,7 +1285,8 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       // its receive, whose copy it fails as a malformed WQE: the receive
       // completes loc_qp_op_err and the QP goes to ERR).  A receive the message took from
       // an SRQ completes in error -- too long for it, loc_len_err; a bad
-      // R_Key of a WRITE with immediate, rem_access_err; its length
+      // R_Key of a WRITE with immediate, loc_access_err (as RC's; rxe
+      // says rem_access_err); its length
       // wrong, rem_inv_req_err (rxe's UC/SRQ classes) -- or it would stay
       // held by this QP, out of the other QPs' reach, for whatever
       // message came next.  A receive of the QP's own stays for the next
@@ -1293,7 +1294,7 @@ void device::respond(qp_t* qp, packet* p) noexcept {
       // A CQ that cannot take that completion stops the QP (rxe: class G).
       if (r.have_wqe && qp->srq != nullptr) {
         const wc_status st = recv_status != wc_status::success ? recv_status
-                             : e == resp_error::access         ? wc_status::rem_access_err
+                             : e == resp_error::access         ? wc_status::loc_access_err
                                                                : wc_status::rem_inv_req_err;
         if (!fail_recv(st)) {
           qp_to_error(qp);

@@ -837,7 +837,7 @@ TEST_F(hostile_peer, uc_write_with_immediate_refused_completes_its_srq_receive_i
   const auto wcs = drain();
   ASSERT_EQ(wcs.size(), 3u);
   EXPECT_EQ(wcs[0].wr_id, 0u);
-  EXPECT_EQ(wcs[0].status, wc_status::rem_access_err);
+  EXPECT_EQ(wcs[0].status, wc_status::loc_access_err);  // IBTA's Local Access Error, as RC's
   EXPECT_EQ(wcs[1].wr_id, 1u);
   EXPECT_EQ(wcs[1].status, wc_status::rem_inv_req_err);
   EXPECT_EQ(wcs[2].wr_id, 2u);

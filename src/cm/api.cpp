@@ -524,8 +524,11 @@ T query(const std::shared_ptr<detail::connector_obj>& o, Fn&& fn) {
 }  // namespace
 
 conn_state connector::state() const {
-  return query<conn_state>(
-      obj_, [&](detail::conn* c) { return c != nullptr ? obj_->m->state_of(c) : conn_state::idle; });
+  // locked(), not query(): ending a cancelled handshake sends a REJ, which
+  // the engine's next pass delivers.
+  if (obj_ == nullptr) throw std::system_error(err(errc::invalid_argument), "empty averbs::cm::connector");
+  return detail::locked(detail::engine(*obj_),
+                        [&] { return obj_->c != nullptr ? obj_->m->state_of(obj_->c) : conn_state::idle; });
 }
 address connector::local_address() const {
   return query<address>(obj_, [](const detail::conn* c) { return c != nullptr ? c->local : address{}; });

@@ -1606,7 +1606,8 @@ void manager::accept(conn* cp, soft::qp_t* qp, std::span<const std::byte> pdata,
   conn& c = *cp;
   // (A passive connection the peer gave up on says why; an active one
   // cannot accept at all.)
-  if (c.passive && c.st == state::closed && c.rej_reason != 0) return fail(rej_error(c.rej_reason));
+  if (c.passive && c.st == state::closed && c.rej_reason != 0 && !c.was_connected)
+    return fail(rej_error(c.rej_reason));
   if (c.st != state::req_rcvd && c.st != state::sidr_rcvd) return fail(err(errc::invalid_state));
   const bool ud = c.st == state::sidr_rcvd;
   if (!params_valid(p) || qp->type != c.type ||
@@ -1669,8 +1670,10 @@ void manager::accept(conn* cp, soft::qp_t* qp, std::span<const std::byte> pdata,
 std::error_code manager::reject(conn* cp, std::span<const std::byte> pdata) noexcept {
   if (fatal_) return err(errc::device_removed);
   conn& c = *cp;
-  // A request its requester gave up on says why, as accept() does.
-  if (c.passive && c.st == state::closed && c.rej_reason != 0) return rej_error(c.rej_reason);
+  // A request its requester gave up on says why, as accept() does (not a
+  // connection that was up: one a REJ ended later is plainly closed).
+  if (c.passive && c.st == state::closed && c.rej_reason != 0 && !c.was_connected)
+    return rej_error(c.rej_reason);
   if (c.st == state::req_rcvd) {
     if (pdata.size() > max_reject_private_data) return err(errc::invalid_argument);
     send_rej(c, wcm::msg_ref::req, wcm::rej_reason::consumer_defined, pdata);

@@ -954,6 +954,38 @@ TEST_F(cm_udp_fake_peer, a_timeout_rej_found_by_the_requesters_ids_ends_only_an_
   EXPECT_EQ(ec, errc::timed_out) << ec.message();
 }
 
+// A passive connection that was up and that a REJ ended is closed to a
+// late accept() or reject() (invalid_state, docs/cm.md), not one whose
+// requester gave up (which says why: the test above).
+TEST_F(cm_udp_fake_peer, a_connection_a_rej_ended_refuses_a_late_accept_or_reject) {
+  manual_time = true;
+  ASSERT_TRUE(peer.bound());
+  listen_on_b();
+  std::optional<cm::connector> passive;
+  qp qb;
+  wire::cm::rep rep;
+  accept_on_b(req_to(b, peer_ip, 64), passive, qb, rep);
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_EQ(passive->state(), cm::conn_state::established);
+  wire::cm::rej j;
+  j.local_comm_id = 64;
+  j.remote_comm_id = rep.local_comm_id;
+  j.message_rejected = wire::cm::msg_ref::rep;
+  j.reason = static_cast<std::uint16_t>(wire::cm::rej_reason::consumer_defined);
+  peer.send(j);
+  ASSERT_TRUE(poll_until([&] { return passive->state() == cm::conn_state::timewait; }))
+      << static_cast<int>(passive->state());
+  clock.advance(std::chrono::minutes(5));  // past timewait
+  ASSERT_TRUE(poll_until([&] { return passive->state() == cm::conn_state::closed; }))
+      << static_cast<int>(passive->state());
+  std::error_code ec;
+  passive->reject({}, ec);
+  EXPECT_EQ(ec, errc::invalid_state) << ec.message();
+  qp qc = make_qp(b);
+  passive->accept(qc, {}, {}, ec);
+  EXPECT_EQ(ec, errc::invalid_state) << ec.message();
+}
+
 // A peer that keeps replacing its request (the same CA GUID and QP, a new
 // comm ID each time) leaves each replaced request's timer cancelled; the
 // device sweeps those out instead of keeping each until its deadline (34 s

@@ -93,6 +93,33 @@ TEST_F(verbs_stress_traffic, ud_sends_naming_an_ah_racing_its_destroy) {
   }
 }
 
+// The same for a type-1 bind naming a window another thread deallocates.
+TEST_F(verbs_stress_traffic, type1_binds_racing_the_windows_dealloc) {
+  auto p = connected_pair();
+  auto region = make_buffer(4096, access_local_write | access_remote_write | access_mw_bind);
+  for (int r = 0; r < 50; ++r) {
+    mw w = pd_.alloc_mw(mw_type::type1);
+    const mw copy = w;  // the same window
+    std::atomic<bool> started{false};
+    std::error_code last;
+    std::thread user([&] {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      for (int i = 0; std::chrono::steady_clock::now() < until; ++i) {
+        last =
+            p.b.bind_mw(copy, 1, send_signaled, {region.m.lkey(), region.addr(), 4096, access_remote_write});
+        if (i == 0) started.store(true);
+        if (last) break;
+        (void)drain(p.cq_b);
+      }
+    });
+    while (!started.load()) std::this_thread::yield();
+    w.dealloc();
+    user.join();
+    EXPECT_EQ(last, errc::invalid_argument) << last.message();
+    (void)drain(p.cq_b);
+  }
+}
+
 TEST_F(verbs_stress, reg_mr_racing_dealloc_pd) {
   std::vector<std::byte> buf(4096);
   // Fewer rounds: each hands the handle lock back and forth hundreds of

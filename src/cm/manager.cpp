@@ -798,9 +798,22 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
     refuse(wcm::rej_reason::invalid_transport_type);
     return;
   }
-  // The REQ must name our port's GID, the one it was sent to.
+  // The REQ must name our port's GID, the one it was sent to ...
   if (!(from_wire(r.primary.remote_gid) == m.dst)) {
     refuse(wcm::rej_reason::invalid_gid, &m.dst);
+    return;
+  }
+  // ... and come from the address it names as the requester's, in its
+  // path (0: not given) and in the rdma_cm header: our MRA, REP and their
+  // resends go to the path's, and the application is told the header's.
+  // A REQ naming another would send those, for anyone who can forge a
+  // source, to an address of its choosing (ib_cm answers where a REQ came
+  // from; rdma_cm refuses what its route check does not find, as
+  // consumer-defined).
+  if (const gid named = from_wire(r.primary.local_gid);
+      (!named.is_zero() && !(named == m.src)) || !(from_wire(ip.src_ip) == m.src)) {
+    ++stats_.mads_dropped;
+    refuse(wcm::rej_reason::consumer_defined);
     return;
   }
   const gid dst_ip = from_wire(ip.dst_ip);
@@ -845,8 +858,7 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
   c.remote_psn = r.starting_psn;
   c.local = {m.dst, port};
   c.peer = {from_wire(ip.src_ip), ip.src_port};
-  c.peer_gid = from_wire(r.primary.local_gid);
-  if (c.peer_gid.is_zero()) c.peer_gid = m.src;
+  c.peer_gid = m.src;  // (what the path names, checked above)
   c.peer_addr = m.src;
   c.gid_index = gid_index;
   c.hop_limit = r.primary.hop_limit != 0 ? r.primary.hop_limit : 64;
@@ -964,7 +976,7 @@ void manager::on_rtu(const soft::mad_in& m) noexcept {
   wcm::rtu r;
   if (!decoded(m, r)) return;
   conn* cp = find(r.remote_comm_id);
-  if (cp == nullptr || cp->remote_id != r.local_comm_id) {
+  if (cp == nullptr || cp->remote_id != r.local_comm_id || !from_peer(*cp, m)) {
     ++stats_.mads_dropped;
     return;
   }
@@ -1009,7 +1021,9 @@ void manager::on_rej(const soft::mad_in& m) noexcept {
     if (cp != nullptr && ((cp->st != state::req_rcvd && cp->st != state::rep_sent) || cp->peer_addr != m.src))
       cp = nullptr;
   }
-  if (cp == nullptr) {
+  // Only from the connection's peer, as every answer (docs/cm.md): our
+  // comm IDs are sequential, and before the REP a REJ names nothing else.
+  if (cp == nullptr || !from_peer(*cp, m)) {
     ++stats_.mads_dropped;
     return;
   }
@@ -1075,7 +1089,7 @@ void manager::on_mra(const soft::mad_in& m) noexcept {
   wcm::mra r;
   if (!decoded(m, r)) return;
   conn* cp = find(r.remote_comm_id);
-  if (cp == nullptr) {
+  if (cp == nullptr || !from_peer(*cp, m)) {
     ++stats_.mads_dropped;
     return;
   }
@@ -1111,7 +1125,7 @@ void manager::on_dreq(const soft::mad_in& m, const wcm::mad_header& h) noexcept 
   // closed already -- its timewait over, its DREP lost -- has nothing
   // left to end either.
   if (cp == nullptr || cp->type == qp_type::ud || cp->st == state::closed ||
-      cp->remote_id != r.local_comm_id) {
+      cp->remote_id != r.local_comm_id || !from_peer(*cp, m)) {
     wcm::drep d;
     d.remote_comm_id = r.local_comm_id;
     d.local_comm_id = r.remote_comm_id;
@@ -1155,7 +1169,7 @@ void manager::on_drep(const soft::mad_in& m) noexcept {
   wcm::drep r;
   if (!decoded(m, r)) return;
   conn* cp = find(r.remote_comm_id);
-  if (cp == nullptr || cp->st != state::dreq_sent || cp->remote_id != r.local_comm_id) {
+  if (cp == nullptr || cp->st != state::dreq_sent || cp->remote_id != r.local_comm_id || !from_peer(*cp, m)) {
     ++stats_.mads_dropped;
     return;
   }

@@ -258,6 +258,9 @@ class manager final : public soft::gsi_agent {
   void fail_op(conn& c, const std::error_code& ec) noexcept;
   bool finish_if_cancelled(conn& c) noexcept;
   static bool op_cancelled(const conn& c) noexcept;
+  /// Whether a MAD for connection `c` comes from its peer's address (the
+  /// REQ's sender, or the address a REQ went to).
+  static bool from_peer(const conn& c, const soft::mad_in& m) noexcept { return m.src == c.peer_gid; }
   void enter_timewait(conn& c) noexcept;
   /// A new connection's peer QP is one `old` is still connected to (the
   /// peer came back): `old` ends (QP to ERR, connection_reset) and the

@@ -1234,6 +1234,97 @@ TEST_F(cm_udp_fake_peer, a_rep_from_another_address_is_dropped) {
   EXPECT_EQ(qa.query().dest_qp_num, 0x99u);
 }
 
+// A REQ that names another address as its requester's -- in its primary
+// path or in the rdma_cm header -- is refused to its sender: our MRA, REP
+// and their resends went to the path's address, which anyone who can
+// forge a source could point at a third host (helper-132 #1).
+TEST_F(cm_udp_fake_peer, a_req_naming_another_requester_address_is_refused_to_its_sender) {
+  ASSERT_TRUE(peer.bound());
+  listen_on_b();
+  gid elsewhere;
+  ASSERT_TRUE(gid::parse(test_address(2), elsewhere));
+  namespace wcm = wire::cm;
+  for (int field = 0; field < 2; ++field) {
+    wcm::req r = req_to(b, peer_ip, 90 + field);
+    if (field == 0) {
+      std::memcpy(r.primary.local_gid.data(), elsewhere.raw.data(), 16);
+    } else {
+      wcm::ip_header ip;
+      ASSERT_TRUE(wcm::decode(std::span<const std::byte>(r.private_data), ip));
+      std::memcpy(ip.src_ip.data(), elsewhere.raw.data(), 16);
+      wcm::encode(ip, r.private_data);
+    }
+    auto got = l.async_get_request(use_request);
+    peer.send(r);
+    const auto j = peer.next<wcm::rej>(ctx);
+    ASSERT_TRUE(j.has_value()) << "no REJ for field " << field;
+    EXPECT_EQ(j->remote_comm_id, r.local_comm_id);
+    EXPECT_EQ(j->reason, static_cast<std::uint16_t>(wcm::rej_reason::consumer_defined));
+    run_for(20ms);
+    EXPECT_FALSE(got.ready()) << "the listener took a REQ naming another requester (field " << field << ")";
+    got.cancel();
+  }
+  // The same REQ naming its sender is taken.
+  EXPECT_TRUE(request(req_to(b, peer_ip, 95)).has_value());
+}
+
+// Every answer for a connection comes from its peer: an RTU, REJ, MRA or
+// DREQ from another address naming our (sequential) comm ID is dropped, as
+// a REP is (helper-132 #3).
+TEST_F(cm_udp_fake_peer, answers_from_another_address_are_dropped_on_the_active_side) {
+  ASSERT_TRUE(peer.bound());
+  namespace wcm = wire::cm;
+  // Active side: a REJ while the REQ waits, then a DREQ once connected.
+  std::optional<wcm::req> req;
+  auto conn = start_connect(req);
+  ASSERT_TRUE(req.has_value());
+  wcm::rej j;
+  j.remote_comm_id = req->local_comm_id;
+  j.message_rejected = wcm::msg_ref::req;
+  j.reason = static_cast<std::uint16_t>(wcm::rej_reason::consumer_defined);
+  send_from_elsewhere(j);
+  wcm::mra stall;
+  stall.remote_comm_id = req->local_comm_id;
+  stall.message_mraed = wcm::msg_ref::req;
+  stall.service_timeout = 31;
+  send_from_elsewhere(stall);
+  run_for(50ms);
+  EXPECT_FALSE(conn.ready()) << "a REJ from another address ended the connect";
+  peer.accept(*req, 77);
+  ASSERT_TRUE(peer.next<wcm::rtu>(ctx).has_value());
+  ASSERT_TRUE(poll_until([&] { return conn.ready(); }));
+  conn.get();
+  wcm::dreq d;
+  d.local_comm_id = 77;
+  d.remote_comm_id = req->local_comm_id;
+  d.remote_qpn = qa.num();
+  send_from_elsewhere(d);
+  run_for(50ms);
+  EXPECT_EQ(c.state(), cm::conn_state::established) << "a DREQ from another address ended the connection";
+  EXPECT_EQ(qa.query().state, qp_state::rts);
+}
+
+TEST_F(cm_udp_fake_peer, an_rtu_from_another_address_completes_no_accept) {
+  ASSERT_TRUE(peer.bound());
+  namespace wcm = wire::cm;
+  listen_on_b();
+  std::optional<cm::connector> passive = request(req_to(b, peer_ip, 64));
+  ASSERT_TRUE(passive.has_value());
+  qp qb = make_qp(b);
+  auto acc = passive->async_accept(qb, {}, fast(), use_request);
+  const auto rep = peer.next<wcm::rep>(ctx);
+  ASSERT_TRUE(rep.has_value());
+  wcm::rtu u;
+  u.local_comm_id = 64;
+  u.remote_comm_id = rep->local_comm_id;
+  send_from_elsewhere(u);
+  run_for(50ms);
+  EXPECT_FALSE(acc.ready()) << "an RTU from another address completed the accept";
+  peer.send(u);
+  ASSERT_TRUE(poll_until([&] { return acc.ready(); }));
+  acc.get();
+}
+
 // The same for a SIDR_REP: only from the address the SIDR_REQ went to.
 TEST_F(cm_udp_fake_peer, a_sidr_rep_from_another_address_is_dropped) {
   ASSERT_TRUE(peer.bound());

@@ -816,6 +816,13 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
     refuse(wcm::rej_reason::consumer_defined);
     return;
   }
+  // A partition the port is not in: every packet of the connection would
+  // be dropped as a P_Key violation (ib_cm: REJ "invalid GID" when the
+  // path's P_Key is not in the port's table).
+  if ((r.pkey & 0x7FFF) != (wire::default_pkey & 0x7FFF)) {
+    refuse(wcm::rej_reason::invalid_gid, &m.dst);
+    return;
+  }
   const gid dst_ip = from_wire(ip.dst_ip);
   listen_t* l = find_listener(port_space::tcp, dst_ip, port);
   if (l == nullptr || l->closed) {
@@ -1207,6 +1214,12 @@ void manager::on_sidr_req(const soft::mad_in& m, const wcm::mad_header& h) noexc
   listen_t* l = find_listener(port_space::udp, from_wire(ip.dst_ip), port);
   if (l == nullptr || l->closed) {
     answer(wcm::sidr_status::no_service);
+    return;
+  }
+  // As for a REQ: the requester's address in the header is the sender's
+  // (the application is told it), and the partition is the port's.
+  if (!(from_wire(ip.src_ip) == m.src) || (r.pkey & 0x7FFF) != (wire::default_pkey & 0x7FFF)) {
+    answer(wcm::sidr_status::rejected);
     return;
   }
   if (l->queue.size() >= l->backlog) {

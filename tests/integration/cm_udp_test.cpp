@@ -1244,10 +1244,14 @@ TEST_F(cm_udp_fake_peer, a_req_naming_another_requester_address_is_refused_to_it
   gid elsewhere;
   ASSERT_TRUE(gid::parse(test_address(2), elsewhere));
   namespace wcm = wire::cm;
-  for (int field = 0; field < 2; ++field) {
+  // (A third: a partition the port is not in, in which every packet of
+  // the connection would be dropped: REJ "invalid GID", as ib_cm.)
+  for (int field = 0; field < 3; ++field) {
     wcm::req r = req_to(b, peer_ip, 90 + field);
     if (field == 0) {
       std::memcpy(r.primary.local_gid.data(), elsewhere.raw.data(), 16);
+    } else if (field == 2) {
+      r.pkey = 0x8001;
     } else {
       wcm::ip_header ip;
       ASSERT_TRUE(wcm::decode(std::span<const std::byte>(r.private_data), ip));
@@ -1259,13 +1263,39 @@ TEST_F(cm_udp_fake_peer, a_req_naming_another_requester_address_is_refused_to_it
     const auto j = peer.next<wcm::rej>(ctx);
     ASSERT_TRUE(j.has_value()) << "no REJ for field " << field;
     EXPECT_EQ(j->remote_comm_id, r.local_comm_id);
-    EXPECT_EQ(j->reason, static_cast<std::uint16_t>(wcm::rej_reason::consumer_defined));
+    EXPECT_EQ(j->reason, static_cast<std::uint16_t>(field == 2 ? wcm::rej_reason::invalid_gid
+                                                               : wcm::rej_reason::consumer_defined));
     run_for(20ms);
     EXPECT_FALSE(got.ready()) << "the listener took a REQ naming another requester (field " << field << ")";
     got.cancel();
   }
   // The same REQ naming its sender is taken.
   EXPECT_TRUE(request(req_to(b, peer_ip, 95)).has_value());
+}
+
+// The same for a SIDR_REQ: the rdma_cm header's source (the application is
+// told it) must be the sender, and the partition the port's; else SIDR_REP
+// "rejected".
+TEST_F(cm_udp_fake_peer, a_sidr_req_naming_another_source_or_partition_is_rejected) {
+  ASSERT_TRUE(peer.bound());
+  make(b, 1, "", nullptr, false);
+  ASSERT_TRUE(gid::parse(test_address(0), peer_ip));
+  l = cm::listen(b.dev, {b.ip, 7471}, 16, cm::port_space::udp);
+  gid elsewhere;
+  ASSERT_TRUE(gid::parse(test_address(2), elsewhere));
+  namespace wcm = wire::cm;
+  for (int field = 0; field < 2; ++field) {
+    wcm::sidr_req s = field == 0 ? sidr_req_to(b, elsewhere, 80) : sidr_req_to(b, peer_ip, 81);
+    if (field == 1) s.pkey = 0x8001;
+    auto got = l.async_get_request(use_request);
+    peer.send(s);
+    const auto answer = peer.next<wcm::sidr_rep>(ctx);
+    ASSERT_TRUE(answer.has_value()) << "no SIDR_REP for field " << field;
+    EXPECT_EQ(answer->status, wcm::sidr_status::rejected);
+    run_for(20ms);
+    EXPECT_FALSE(got.ready()) << "field " << field;
+    got.cancel();
+  }
 }
 
 // Every answer for a connection comes from its peer: an RTU, REJ, MRA or

@@ -183,7 +183,7 @@ bool manager::complete(waiter& w, const std::error_code& ec, void* result) noexc
 void manager::index_qpn(conn& c) noexcept {
   if (c.qpn_indexed || c.type == qp_type::ud) return;
   try {
-    by_qpn_[{c.remote_guid, c.remote_qpn}] = &c;
+    by_qpn_[qpn_key(c)] = &c;
     c.qpn_indexed = true;
   } catch (...) {
   }
@@ -207,7 +207,7 @@ void manager::erase(conn& c) noexcept {
   if (c.op) complete(c.op, err(errc::operation_aborted));
   if (c.notify) complete(c.notify, err(errc::operation_aborted));
   if (c.qpn_indexed) {
-    auto it = by_qpn_.find({c.remote_guid, c.remote_qpn});
+    auto it = by_qpn_.find(qpn_key(c));
     if (it != by_qpn_.end() && it->second == &c) by_qpn_.erase(it);
   }
   unindex_remote(c);
@@ -217,7 +217,7 @@ void manager::erase(conn& c) noexcept {
 
 void manager::unindex_remote(conn& c) noexcept {
   if (!c.remote_indexed) return;
-  auto it = by_remote_.find({c.remote_guid, c.remote_id, c.remote_low, c.remote_sidr});
+  auto it = by_remote_.find(remote_key(c));
   if (it != by_remote_.end() && it->second == &c) by_remote_.erase(it);
   c.remote_indexed = false;
 }
@@ -234,7 +234,7 @@ void manager::close_conn(conn& c) noexcept {
   c.st = state::closed;
   c.mad.reset();
   if (c.qpn_indexed) {
-    auto it = by_qpn_.find({c.remote_guid, c.remote_qpn});
+    auto it = by_qpn_.find(qpn_key(c));
     if (it != by_qpn_.end() && it->second == &c) by_qpn_.erase(it);
     c.qpn_indexed = false;
   }
@@ -753,7 +753,8 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
   };
 
   // A retransmission of a REQ we hold.
-  if (auto it = by_remote_.find({r.local_ca_guid, r.local_comm_id}); it != by_remote_.end()) {
+  if (auto it = by_remote_.find({r.local_ca_guid, r.local_comm_id, 0, false, m.src});
+      it != by_remote_.end()) {
     conn& c = *it->second;
     ++stats_.duplicates;
     if (c.st == state::req_rcvd && c.mra_sent) send_mra(c);
@@ -764,22 +765,24 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
     }
     return;  // (`c` may be gone: finish_if_cancelled() closes it)
   }
-  // Stale: that QP of that CA is still connected, in timewait, or waiting
-  // for accept under another comm ID here.  Only a REQ from that
-  // connection's peer address touches it: the CA GUID and QP number are on
-  // the wire, and anyone could name them.  From there, a request still
-  // waiting for accept is replaced (the requester gave up on it, a cancel
-  // or its retries out, and its REJ was lost; ib_cm would refuse the new
-  // one until the old one timed out, minutes); a connected one ends.
-  if (auto it = by_qpn_.find({r.local_ca_guid, r.local_qpn}); it != by_qpn_.end()) {
+  // Stale: that QP of that CA, at this address, is still connected, in
+  // timewait, or waiting for accept under another comm ID here.  (The
+  // same identifiers from another address are another requester's: the
+  // CA GUID and QP number are on the wire, and anyone could name them, so
+  // they neither touch this connection nor are refused for it.)  A
+  // request still waiting for accept is replaced (the requester gave up on
+  // it, a cancel or its retries out, and its REJ was lost; ib_cm would
+  // refuse the new one until the old one timed out, minutes); a connected
+  // one ends.
+  if (auto it = by_qpn_.find({r.local_ca_guid, r.local_qpn, 0, false, m.src}); it != by_qpn_.end()) {
     conn& old = *it->second;
-    if (old.peer_addr == m.src && old.passive && old.st == state::req_rcvd) {
+    if (old.passive && old.st == state::req_rcvd) {
       ++stats_.duplicates;
       close_conn(old);  // an accept of it fails; out of the index and the listener's queue
     } else {
       ++stats_.stale_rejects;
       refuse(wcm::rej_reason::stale_conn);
-      if (old.peer_addr == m.src) end_stale(old);
+      end_stale(old);
       return;
     }
   }
@@ -851,7 +854,7 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
   } catch (...) {
     return;
   }
-  conn* cp = queue_request(*l, {r.local_ca_guid, r.local_comm_id});
+  conn* cp = queue_request(*l, {r.local_ca_guid, r.local_comm_id, 0, false, m.src});
   if (cp == nullptr) return;
   conn& c = *cp;
   c.passive = true;
@@ -934,13 +937,13 @@ void manager::on_rep(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
     close_conn(c);
     return;
   }
-  if (auto it = by_qpn_.find({c.remote_guid, c.remote_qpn}); it != by_qpn_.end() && it->second != &c) {
+  if (auto it = by_qpn_.find(qpn_key(c)); it != by_qpn_.end() && it->second != &c) {
     // That peer QP is still connected to us under another connection.
     ++stats_.stale_rejects;
     send_rej(c, wcm::msg_ref::rep, wcm::rej_reason::stale_conn);
     c.rej_reason = static_cast<std::uint16_t>(wcm::rej_reason::stale_conn);
     fail_op(c, err(errc::connection_rejected));
-    if (it->second->peer_addr == m.src) end_stale(*it->second);  // as for a REQ
+    end_stale(*it->second);  // as for a REQ (the same peer: the key holds its address)
     close_conn(c);
     return;
   }
@@ -1017,7 +1020,7 @@ void manager::on_rej(const soft::mad_in& m) noexcept {
     // CA GUID (in the ARI) and its comm ID.
     std::uint64_t g = 0;
     for (int i = 0; i < 8; ++i) g = g << 8 | std::to_integer<std::uint64_t>(r.ari[i]);
-    auto it = by_remote_.find({g, r.local_comm_id});
+    auto it = by_remote_.find({g, r.local_comm_id, 0, false, m.src});
     cp = it != by_remote_.end() ? it->second : nullptr;
     // Only a connection the requester can still be waiting on: one it has
     // not learned our comm ID for (REQ received, REP sent) -- and only

@@ -187,19 +187,34 @@ class manager final : public soft::gsi_agent {
   // A REQ's (CA GUID, comm ID, 0, false), or a SIDR_REQ's (its sender's
   // address in two halves, request ID, true): SIDR has no CA GUID, and
   // a key space of its own keeps a SIDR sender from ever naming a REQ.
+  // A peer's identifiers (CA GUID and comm ID or QPN), under the address
+  // they came from: they are on the wire for anyone to copy, and one who
+  // sends them from elsewhere must not take them from their owner (a REQ
+  // squatting a requester's comm ID or QPN would swallow or refuse its
+  // real one for minutes).  A SIDR request's: its sender's address in
+  // (guid, low), its request ID.
   struct key {
     std::uint64_t guid;
     std::uint32_t id;
     std::uint64_t low = 0;
     bool sidr = false;
+    gid from{};  // (REQ-based keys; a SIDR key's address is in guid, low)
     friend bool operator==(const key&, const key&) = default;
   };
   struct key_hash {
     std::size_t operator()(const key& k) const noexcept {
+      std::uint64_t a, b;
+      std::memcpy(&a, k.from.raw.data(), 8);
+      std::memcpy(&b, k.from.raw.data() + 8, 8);
       return std::hash<std::uint64_t>{}(k.guid ^ (std::uint64_t{k.id} * 0x9E3779B97F4A7C15ull) ^
-                                        ((k.low + k.sidr) * 0xC2B2AE3D27D4EB4Full));
+                                        ((k.low + k.sidr) * 0xC2B2AE3D27D4EB4Full) ^
+                                        ((a * 0xFF51AFD7ED558CCDull) + b) * 0xC4CEB9FE1A85EC53ull);
     }
   };
+  static key remote_key(const conn& c) noexcept {
+    return {c.remote_guid, c.remote_id, c.remote_low, c.remote_sidr, c.remote_sidr ? gid{} : c.peer_addr};
+  }
+  static key qpn_key(const conn& c) noexcept { return {c.remote_guid, c.remote_qpn, 0, false, c.peer_addr}; }
   // A passive connection for a request from `remote`, indexed and queued
   // on the listener; nullptr when out of memory (nothing is left behind).
   conn* queue_request(listen_t& l, const key& remote) noexcept;

@@ -1100,9 +1100,10 @@ TEST_F(cm_udp_fake_peer, a_rej_for_an_established_connection_ends_it) {
 }
 
 // A REQ naming a connected (CA GUID, QP number) from another address: the
-// GUID and the QP number are on the wire for anyone to copy.  It is refused
-// "stale connection", but the connection it names lives on (only its own
-// peer's address may end it that way: a_peer_that_comes_back_...).
+// GUID and the QP number are on the wire for anyone to copy.  The
+// connection it names lives on (only its own peer's address may end it
+// that way: a_peer_that_comes_back_...); the REQ is another requester's
+// (here refused for the port, where nobody listens).
 TEST_F(cm_udp_fake_peer, a_forged_stale_req_from_another_address_ends_nothing) {
   ASSERT_TRUE(peer.bound());
   ASSERT_TRUE(establish(77).has_value()) << "not established";
@@ -1453,32 +1454,38 @@ TEST_F(cm_udp_fake_peer, an_mra_for_a_rep_without_the_requesters_comm_id_stalls_
 }
 
 // A second REQ for a peer QP whose first REQ still waits for accept here,
-// under another comm ID.  From anywhere but that peer's address it is
-// refused "stale connection" and the first stays (the GUID and QP number
-// are on the wire).  From the peer it replaces the first: the requester
-// gave up on that one (a cancel, its retries out) and its REJ was lost;
-// ib_cm would refuse the new REQ until the old request timed out.  Before,
-// both were delivered, and both could be accepted.
+// under another comm ID.  From the peer it replaces the first: the
+// requester gave up on that one (a cancel, its retries out) and its REJ was
+// lost; ib_cm would refuse the new REQ until the old request timed out.
+// Before, both were delivered, and both could be accepted.  The same CA
+// GUID and QP number from another address are another requester's (they
+// are on the wire for anyone to copy): that REQ is a request of its own and
+// leaves the first alone (it used to be refused "stale connection"; a
+// squatter could so lock the real requester out).
 TEST_F(cm_udp_fake_peer, a_second_req_for_a_pending_peer_qp_replaces_it_only_from_the_peer) {
   ASSERT_TRUE(peer.bound());
   listen_on_b();
   auto first = request(req_to(b, peer_ip, 1));
   ASSERT_TRUE(first.has_value());
-  auto second = l.async_get_request(use_request);
   gid intruder_ip;
   ASSERT_TRUE(gid::parse(test_address(2), intruder_ip));
+  auto intruders = l.async_get_request(use_request);
   std::array<std::byte, wire::cm::mad_size> mad;
   wire::cm::encode(wire::cm::mad_header{}, req_to(b, intruder_ip, 2),
                    std::span<std::byte, wire::cm::mad_size>(mad));
   raw_sender intruder(test_address(2), test_address(1), test_port());
   intruder.send(mad);
-  run_for(100ms);
-  EXPECT_FALSE(second.ready()) << "a REQ from another address was delivered";
-  EXPECT_EQ(first->state(), cm::conn_state::requested);
+  ASSERT_TRUE(poll_until([&] { return intruders.ready(); }))
+      << "the other address's REQ was not its own request";
+  cm::connector theirs = intruders.get().conn;
+  EXPECT_EQ(theirs.peer_address().ip, intruder_ip);
+  EXPECT_EQ(first->state(), cm::conn_state::requested) << "a REQ from another address touched the first";
 
+  auto second = l.async_get_request(use_request);
   peer.send(req_to(b, peer_ip, 3));
   ASSERT_TRUE(poll_until([&] { return second.ready(); })) << "the peer's new REQ was not delivered";
   EXPECT_EQ(first->state(), cm::conn_state::closed) << "the replaced request lives on";
+  EXPECT_EQ(theirs.state(), cm::conn_state::requested) << "the peer's REQ replaced another address's";
   cm::connector replacement = second.get().conn;
   EXPECT_EQ(replacement.state(), cm::conn_state::requested);
   qp q1 = make_qp(b);
@@ -1493,6 +1500,37 @@ TEST_F(cm_udp_fake_peer, a_second_req_for_a_pending_peer_qp_replaces_it_only_fro
   ASSERT_TRUE(rep.has_value());
   EXPECT_EQ(rep->remote_comm_id, 3u);
   acc.cancel();
+}
+
+// A REQ sent first from another address with a requester's identifiers --
+// its CA GUID with its next comm ID, or with its QP number -- does not take
+// them from it: the requester's own REQs, from its address, are delivered
+// (they used to be swallowed as duplicates, or refused "stale connection",
+// for as long as the squatter's request lived: up to about 20 minutes).
+TEST_F(cm_udp_fake_peer, a_req_from_elsewhere_squats_no_requesters_identifiers) {
+  ASSERT_TRUE(peer.bound());
+  listen_on_b();
+  gid intruder_ip;
+  ASSERT_TRUE(gid::parse(test_address(2), intruder_ip));
+  raw_sender intruder(test_address(2), test_address(1), test_port());
+  for (const bool same_comm_id : {true, false}) {
+    SCOPED_TRACE(same_comm_id ? "the same comm ID" : "the same QP, another comm ID");
+    const std::uint32_t id = same_comm_id ? 7 : 8;
+    auto squat = l.async_get_request(use_request);
+    std::array<std::byte, wire::cm::mad_size> mad;
+    wire::cm::encode(wire::cm::mad_header{}, req_to(b, intruder_ip, id),
+                     std::span<std::byte, wire::cm::mad_size>(mad));
+    intruder.send(mad);
+    ASSERT_TRUE(poll_until([&] { return squat.ready(); }));
+    cm::connector squatter = squat.get().conn;
+    // The requester's own, from its own address (same CA GUID and QP).
+    auto real = request(req_to(b, peer_ip, same_comm_id ? id : id + 10));
+    ASSERT_TRUE(real.has_value()) << "the requester's REQ was swallowed or refused";
+    EXPECT_EQ(real->peer_address().ip, peer_ip);
+    EXPECT_EQ(squatter.state(), cm::conn_state::requested);
+    squatter.reject();
+    real->reject();
+  }
 }
 
 // A DREQ with our comm IDs but another QP number (ib_cm's cm_dreq_handler):

@@ -25,13 +25,24 @@
 //                 raw_mmsg  what averbs' udp_link does: sendmmsg on an
 //                           IPPROTO_RAW socket, IP+UDP headers built here,
 //                           unconnected                      -> recvmmsg
-//               The best is labelled.  Not raw UDP, and never the best:
+//               The best is labelled.  Not raw UDP, and never the best
+//               (run only when asked for): what a RoCE sender and receiver
+//               must do at least, with nothing of averbs' engine (no ACKs,
+//               no work requests, no completions):
 //                 splice_gro_crc  splice_gro whose receiver also runs a
 //                           CRC-32 (averbs' ICRC fold) over every 4 KiB
-//                           segment it reads, as any RoCE receiver must:
-//                           the most a receiver that checks the ICRC can
-//                           take on this path (its ratio to splice_gro
-//                           bounds what averbs' write_bw can reach).
+//                           segment it reads, as any RoCE receiver must;
+//                 roce_layout  averbs' packets: runs of 15 of a 20-byte
+//                           header, 4096 bytes taken in turn from a 1 MiB
+//                           region (a registered buffer) and a 4-byte CRC
+//                           the sender computes, as UDP GSO sends of 45
+//                           iovecs; the receiver (UDP_GRO) runs the CRC over
+//                           every packet;
+//                 roce_layout_splice  the same packets built in a staging
+//                           ring (copied, the CRC taken on the copy) and
+//                           spliced: a run of 15 is 16 pages, within an
+//                           skb's 17 fragments (splicing the region's pages
+//                           in place needs two per packet: runs of 8).
 //
 // Diagnostic ping-pong modes split averbs' latency into "the syscalls and
 // packets it makes" and "the engine around them":
@@ -91,6 +102,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <string>
 #include <vector>
@@ -170,7 +182,8 @@ int usage(int rc) {
       "      --batch N          sendmmsg/recvmmsg batch (default 32, as udp_link)\n"
       "      --window BYTES     flow-control window (default 1048576)\n"
       "      --variants LIST    send,sendmmsg,gso,gso_gro,splice_gro,raw_mmsg (default all);\n"
-      "                         splice_gro_crc (not raw UDP, never the best) only if asked\n"
+      "                         splice_gro_crc, roce_layout, roce_layout_splice (not raw\n"
+      "                         UDP, never the best) only if asked\n"
       "      --server-addr A    server (echo, receiver) IPv4 address, 127/8 (127.0.0.2)\n"
       "      --client-addr A    client (ping, sender) IPv4 address, 127/8 (127.0.0.3)\n"
       "  -p, --port P           server UDP port; the client uses P+1 (default 18600)\n"
@@ -538,6 +551,74 @@ void run_server(shared_state& sh, const options& o, int fd, int raw_fd, const so
 // ---------------------------------------------------------------------------
 // The client (parent) side.
 
+// One GSO send's worth of RoCE-shaped packets (roce_layout and
+// roce_layout_splice): header, payload and CRC trailer each, the payloads
+// taken in turn from a 1 MiB region, as a 1 MiB RDMA WRITE sends them.
+struct roce_run {
+  static constexpr std::size_t header = 20, payload = 4096, trailer = 4;
+  static constexpr std::size_t packet = header + payload + trailer, run = 15;
+  static constexpr std::size_t slot = 65536, slots = 32;  // staging: 2 MiB, twice the window
+
+  explicit roce_run(bool stage) : staged(stage), region(1 << 20, std::byte{0x33}) {
+    if (!staged) return;
+    void* m = ::mmap(nullptr, slot * slots, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) die_errno("mmap");
+    ring = static_cast<std::byte*>(m);
+    std::memset(ring, 0, slot * slots);
+  }
+  ~roce_run() {
+    if (ring != nullptr) ::munmap(ring, slot * slots);
+  }
+  roce_run(const roce_run&) = delete;
+  roce_run& operator=(const roce_run&) = delete;
+
+  const std::byte* next_payload() {
+    const std::byte* p = region.data() + at;
+    at = (at + payload) % region.size();
+    return p;
+  }
+  // The payloads stay where they are: 45 iovecs, the kernel copies.
+  msghdr gather() {
+    for (std::size_t k = 0; k < run; ++k) {
+      const std::byte* pl = next_payload();
+      const std::uint32_t c =
+          averbs::wire::crc32(averbs::wire::crc32(0, headers[k].data(), header), pl, payload);
+      std::memcpy(trailers[k].data(), &c, trailer);
+      iov[3 * k] = {headers[k].data(), header};
+      iov[3 * k + 1] = {const_cast<std::byte*>(pl), payload};
+      iov[3 * k + 2] = {trailers[k].data(), trailer};
+    }
+    msghdr m{};
+    m.msg_iov = iov.data();
+    m.msg_iovlen = iov.size();
+    return m;
+  }
+  // The run copied into the next staging slot, its CRCs taken on the copy;
+  // the slot is spliced, and used again only 31 runs later (2 MiB on,
+  // beyond the 1 MiB window: the receiver has read it).
+  std::byte* stage() {
+    std::byte* st = ring + next * slot;
+    next = (next + 1) % slots;
+    for (std::size_t k = 0; k < run; ++k) {
+      std::byte* pk = st + k * packet;
+      std::memcpy(pk, headers[k].data(), header);
+      std::memcpy(pk + header, next_payload(), payload);
+      const std::uint32_t c = averbs::wire::crc32(0, pk, header + payload);
+      std::memcpy(pk + header + payload, &c, trailer);
+    }
+    return st;
+  }
+
+  const bool staged;
+  std::vector<std::byte> region;
+  std::size_t at = 0;
+  std::array<std::array<std::byte, header>, run> headers{};
+  std::array<std::array<std::byte, trailer>, run> trailers{};
+  std::array<iovec, 3 * run> iov{};
+  std::byte* ring = nullptr;
+  std::size_t next = 0;
+};
+
 struct client {
   shared_state& sh;
   const options& o;
@@ -617,11 +698,14 @@ struct client {
 
   // One throughput trial; returns goodput in bytes/s (and lost bytes).
   double throughput_trial(const std::string& variant, std::uint64_t& lost_out) {
-    const std::size_t d = o.dgram;
+    const bool roce = variant == "roce_layout" || variant == "roce_layout_splice";
+    const std::size_t d = roce ? roce_run::packet : o.dgram;
     const bool spliced = variant == "splice_gro" || variant == "splice_gro_crc";
-    const bool gso = variant == "gso" || variant == "gso_gro" || spliced;
+    const bool gso = variant == "gso" || variant == "gso_gro" || spliced || roce;
     const bool raw = variant == "raw_mmsg";
-    const std::size_t segs = gso ? std::max<std::size_t>(1, std::min<std::size_t>(65507 / d, 64)) : 1;
+    const std::size_t segs = roce  ? roce_run::run
+                             : gso ? std::max<std::size_t>(1, std::min<std::size_t>(65507 / d, 64))
+                                   : 1;
     const std::size_t per_call = variant == "send" ? d : gso ? segs * d : o.batch * d;
     if (per_call > o.window) die("window %zu is smaller than one send call (%zu bytes)", o.window, per_call);
     if (gso && set_int(fd, IPPROTO_UDP, UDP_SEGMENT, static_cast<int>(d)) != 0) die_errno("UDP_SEGMENT");
@@ -663,10 +747,16 @@ struct client {
       if (::pipe2(pipe_fd, O_CLOEXEC) != 0) die_errno("pipe2");
       (void)::fcntl(pipe_fd[1], F_SETPIPE_SZ, 1 << 20);
     }
+    std::unique_ptr<roce_run> rr;
+    if (roce) {
+      rr = std::make_unique<roce_run>(variant == "roce_layout_splice");
+      if (rr->staged && ::pipe2(pipe_fd, O_CLOEXEC) != 0) die_errno("pipe2");
+      if (rr->staged) (void)::fcntl(pipe_fd[1], F_SETPIPE_SZ, 1 << 20);
+    }
     const std::uint32_t p = start(2,
-                                  variant == "splice_gro_crc"       ? 2
-                                  : variant == "gso_gro" || spliced ? 1
-                                                                    : 0,
+                                  roce || variant == "splice_gro_crc" ? 2
+                                  : variant == "gso_gro" || spliced   ? 1
+                                                                      : 0,
                                   d);
     std::uint64_t sent = 0, lost = 0;
     // Sends one call's worth (per_call bytes) once the window allows it.
@@ -684,11 +774,15 @@ struct client {
           lost += sent - lost - now_seen;  // nothing moved for 200 ms: the rest is gone
         }
       }
-      if (variant == "send") {
+      if (roce && !rr->staged) {
+        msghdr mh = rr->gather();
+        while (::sendmsg(fd, &mh, 0) < 0)
+          if (!transient(errno)) die_errno("sendmsg (roce_layout)");
+      } else if (variant == "send") {
         while (::send(fd, payload.data(), d, 0) < 0)
           if (!transient(errno)) die_errno("send");
-      } else if (spliced) {
-        iovec v{pages, per_call};
+      } else if (spliced || roce) {
+        iovec v{roce ? rr->stage() : pages, per_call};
         while (v.iov_len > 0) {
           const ssize_t r = ::vmsplice(pipe_fd[1], &v, 1, 0);
           if (r < 0) die_errno("vmsplice");
@@ -743,11 +837,11 @@ struct client {
     if (seen == r0) t1 = clk::now();
     finish(p);
     if (gso) set_int(fd, IPPROTO_UDP, UDP_SEGMENT, 0);
-    if (spliced) {
+    if (pipe_fd[0] >= 0) {
       ::close(pipe_fd[0]);
       ::close(pipe_fd[1]);
-      ::munmap(pages, per_call);
     }
+    if (pages != nullptr) ::munmap(pages, per_call);
     lost_out = lost - lost0;
     return static_cast<double>(seen - r0) / std::chrono::duration<double>(t1 - t0).count();
   }
@@ -779,7 +873,8 @@ struct client {
           f.median / static_cast<double>(o.dgram), f.min / 1e6, f.max / 1e6, o.trials,
           static_cast<unsigned long long>(lost_total));
       std::fflush(stdout);
-      if (v != "splice_gro_crc") results.push_back({v, f.median});  // not raw UDP
+      if (v != "splice_gro_crc" && v != "roce_layout" && v != "roce_layout_splice")
+        results.push_back({v, f.median});  // (not raw UDP)
     }
     if (results.empty()) return;
     const auto best =
@@ -875,7 +970,7 @@ int main(int argc, char** argv) {
   }
   for (const auto& v : o.variants)
     if (v != "send" && v != "sendmmsg" && v != "gso" && v != "gso_gro" && v != "raw_mmsg" &&
-        v != "splice_gro" && v != "splice_gro_crc")
+        v != "splice_gro" && v != "splice_gro_crc" && v != "roce_layout" && v != "roce_layout_splice")
       die("unknown throughput variant '%s'", v.c_str());
   if (o.server_cpu >= 0 && ::sysconf(_SC_NPROCESSORS_ONLN) < 2) o.server_cpu = o.client_cpu = -1;
 

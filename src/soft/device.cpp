@@ -573,6 +573,11 @@ bool device::find_gid(const gid& g, std::uint32_t& index) const {
   return false;
 }
 
+bool device::send_blocked() const {
+  std::lock_guard lock(lock_);
+  return link_->send_blocked();
+}
+
 device_counters device::counters() const {
   std::lock_guard lock(lock_);
   device_counters c = counters_;

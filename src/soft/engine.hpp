@@ -636,6 +636,8 @@ class device final : public progress_source, public clock_listener {
   std::error_code query_pkey(std::uint8_t port, std::uint16_t index, std::uint16_t& out) const;
   std::vector<gid> gids() const;
   device_counters counters() const;
+  /// Whether packets wait for room to leave (the link's backlog).
+  bool send_blocked() const;
   /// Finds the GID table index of a local address.
   bool find_gid(const gid& g, std::uint32_t& index) const;
 

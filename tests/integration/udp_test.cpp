@@ -858,6 +858,9 @@ void udp_queue::write_through_a_queue(cut_by how) {
       if (a.dev.counters().send_deferred == before.send_deferred) continue;
       const std::uint64_t dropped = a.dev.counters().dropped;
       if (how == cut_by::removal) {
+        // Only while packets wait now (a poll may have sent them all):
+        // nothing drives the device between this look and the removal.
+        if (!a.sdev->engine().send_blocked()) continue;
         a.sdev.reset();
         cut = a.dev.counters().dropped > dropped;
         break;

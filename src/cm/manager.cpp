@@ -765,27 +765,6 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
     }
     return;  // (`c` may be gone: finish_if_cancelled() closes it)
   }
-  // Stale: that QP of that CA, at this address, is still connected, in
-  // timewait, or waiting for accept under another comm ID here.  (The
-  // same identifiers from another address are another requester's: the
-  // CA GUID and QP number are on the wire, and anyone could name them, so
-  // they neither touch this connection nor are refused for it.)  A
-  // request still waiting for accept is replaced (the requester gave up on
-  // it, a cancel or its retries out, and its REJ was lost; ib_cm would
-  // refuse the new one until the old one timed out, minutes); a connected
-  // one ends.
-  if (auto it = by_qpn_.find({r.local_ca_guid, r.local_qpn, 0, false, m.src}); it != by_qpn_.end()) {
-    conn& old = *it->second;
-    if (old.passive && old.st == state::req_rcvd) {
-      ++stats_.duplicates;
-      close_conn(old);  // an accept of it fails; out of the index and the listener's queue
-    } else {
-      ++stats_.stale_rejects;
-      refuse(wcm::rej_reason::stale_conn);
-      end_stale(old);
-      return;
-    }
-  }
   wcm::port_space wps;
   std::uint16_t port;
   wcm::ip_header ip;
@@ -815,7 +794,6 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
   // consumer-defined).
   if (const gid named = from_wire(r.primary.local_gid);
       (!named.is_zero() && !(named == m.src)) || !(from_wire(ip.src_ip) == m.src)) {
-    ++stats_.mads_dropped;
     refuse(wcm::rej_reason::consumer_defined);
     return;
   }
@@ -825,6 +803,29 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
   if ((r.pkey & 0x7FFF) != (wire::default_pkey & 0x7FFF)) {
     refuse(wcm::rej_reason::invalid_gid, &m.dst);
     return;
+  }
+  // (After the checks above: a REQ refused for its own fields touches no
+  // earlier request or connection.)
+  // Stale: that QP of that CA, at this address, is still connected, in
+  // timewait, or waiting for accept under another comm ID here.  (The
+  // same identifiers from another address are another requester's: the
+  // CA GUID and QP number are on the wire, and anyone could name them, so
+  // they neither touch this connection nor are refused for it.)  A
+  // request still waiting for accept is replaced (the requester gave up on
+  // it, a cancel or its retries out, and its REJ was lost; ib_cm would
+  // refuse the new one until the old one timed out, minutes); a connected
+  // one ends.
+  if (auto it = by_qpn_.find({r.local_ca_guid, r.local_qpn, 0, false, m.src}); it != by_qpn_.end()) {
+    conn& old = *it->second;
+    if (old.passive && old.st == state::req_rcvd) {
+      ++stats_.duplicates;
+      close_conn(old);  // an accept of it fails; out of the index and the listener's queue
+    } else {
+      ++stats_.stale_rejects;
+      refuse(wcm::rej_reason::stale_conn);
+      end_stale(old);
+      return;
+    }
   }
   const gid dst_ip = from_wire(ip.dst_ip);
   listen_t* l = find_listener(port_space::tcp, dst_ip, port);

@@ -1321,6 +1321,9 @@ TEST_F(cm_udp_fake_peer, answers_from_another_address_are_dropped_on_the_active_
   send_from_elsewhere(stall);
   run_for(50ms);
   EXPECT_FALSE(conn.ready()) << "a REJ from another address ended the connect";
+  // The REQ is resent on its own timer (17 ms; 67 under sanitizers), not
+  // held back for the minutes the forged MRA asked for.
+  EXPECT_TRUE(peer.next<wcm::req>(ctx, 1s).has_value()) << "an MRA from another address stretched the wait";
   peer.accept(*req, 77);
   ASSERT_TRUE(peer.next<wcm::rtu>(ctx).has_value());
   ASSERT_TRUE(poll_until([&] { return conn.ready(); }));
@@ -1333,6 +1336,19 @@ TEST_F(cm_udp_fake_peer, answers_from_another_address_are_dropped_on_the_active_
   run_for(50ms);
   EXPECT_EQ(c.state(), cm::conn_state::established) << "a DREQ from another address ended the connection";
   EXPECT_EQ(qa.query().state, qp_state::rts);
+  // Disconnecting: a DREP from elsewhere does not end the DREQ's wait.
+  c.disconnect();
+  const auto dq = peer.next<wcm::dreq>(ctx);
+  ASSERT_TRUE(dq.has_value());
+  wcm::drep dp;
+  dp.local_comm_id = 77;
+  dp.remote_comm_id = req->local_comm_id;
+  send_from_elsewhere(dp);
+  run_for(50ms);
+  EXPECT_EQ(c.state(), cm::conn_state::disconnecting) << "a DREP from another address was taken";
+  peer.send(dp);
+  EXPECT_TRUE(poll_until([&] { return c.state() == cm::conn_state::timewait; }))
+      << static_cast<int>(c.state());
 }
 
 TEST_F(cm_udp_fake_peer, an_rtu_from_another_address_completes_no_accept) {
@@ -1500,6 +1516,23 @@ TEST_F(cm_udp_fake_peer, a_second_req_for_a_pending_peer_qp_replaces_it_only_fro
   ASSERT_TRUE(rep.has_value());
   EXPECT_EQ(rep->remote_comm_id, 3u);
   acc.cancel();
+}
+
+// A REQ refused for its own fields (here a partition the port is not in)
+// touches nothing of the requester's earlier request for the same QP: it
+// used to replace (close) it first, and then be refused itself.
+TEST_F(cm_udp_fake_peer, a_refused_req_leaves_the_requesters_pending_one) {
+  ASSERT_TRUE(peer.bound());
+  listen_on_b();
+  auto first = request(req_to(b, peer_ip, 1));
+  ASSERT_TRUE(first.has_value());
+  wire::cm::req r = req_to(b, peer_ip, 2);  // the same CA GUID and QP
+  r.pkey = 0x8001;
+  peer.send(r);
+  const auto j = peer.next<wire::cm::rej>(ctx);
+  ASSERT_TRUE(j.has_value());
+  EXPECT_EQ(j->reason, static_cast<std::uint16_t>(wire::cm::rej_reason::invalid_gid));
+  EXPECT_EQ(first->state(), cm::conn_state::requested) << "the refused REQ replaced the pending one";
 }
 
 // A REQ sent first from another address with a requester's identifiers --

@@ -2001,6 +2001,10 @@ void device::respond_duplicate(qp_t* qp, packet* p) noexcept {
     // Replay from the resource whose PSN range holds this one (IBTA
     // 9.7.5.1.1, rxe P5).  The key is resolved again as the responses go:
     // a region gone since is a remote access error (rxe_recheck_mr).
+    // Not once the QP has lost remote reads (a modify since the READ): a
+    // new READ would be refused, and a replay reads the memory as it is
+    // now.  Dropped quietly, as a duplicate nothing matches.
+    if ((qp->access_flags & access_remote_read) == 0) return;
     if (const rd_resource* res = replayable_read(qp, p))
       start_read_reply(qp, psn, p->hdr.reth, psn != res->first_psn);
     return;  // (unknown, or asking for something else: silently dropped)

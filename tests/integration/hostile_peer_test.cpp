@@ -1868,6 +1868,28 @@ TEST_F(hostile_peer, a_duplicate_read_of_a_region_deregistered_since_is_a_remote
   EXPECT_EQ(qp_.query().state, qp_state::err);
 }
 
+// A duplicate READ is checked against the QP's rights too, as a new one
+// is: once the application has taken remote reads away (RTS -> RTS), the
+// replay of an earlier READ is not answered (it read the memory as it is
+// now, for as long as the requester kept asking: the bypass helper-134
+// found; rxe checks a duplicate before the QP's rights as well).
+TEST_F(hostile_peer, a_duplicate_read_after_the_qp_lost_remote_read_is_not_answered) {
+  make_qp(qp_type::rc);
+  mr m = pd_.reg_mr(buf_.data(), 4096, access_local_write | access_remote_read);
+  wire::transport_headers h;
+  h.reth = {va(), m.rkey(), 2048};
+  send(wire::opcode::rc_read_request, 0, {}, h);  // 2 responses, PSNs 0-1
+  ASSERT_EQ(collect().size(), 2u);
+  send(wire::opcode::rc_read_request, 0, {}, h);  // a replay while allowed
+  ASSERT_EQ(collect().size(), 2u);
+  qp_attr at;
+  at.qp_access_flags = access_local_write;
+  qp_.modify(at, qp_attr_access_flags);
+  send(wire::opcode::rc_read_request, 0, {}, h);
+  EXPECT_TRUE(collect().empty()) << "a duplicate READ was answered after the QP lost remote read";
+  EXPECT_EQ(qp_.query().state, qp_state::rts);
+}
+
 // A duplicate SEND is acknowledged at the newest SEND or WRITE, never at
 // an atomic's PSN: a plain ACK there completes the atomic at an rxe
 // requester (its check_psn/check_ack) without the original value.

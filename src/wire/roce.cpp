@@ -334,10 +334,10 @@ void parse_headers(const std::byte* p, const opcode_info& oi, std::uint8_t pad, 
 
 }  // namespace
 
-bool continues_run(const std::byte* first, const std::byte* next, std::uint32_t k) noexcept {
+bool continues_run(const std::byte* head, const std::byte* seg, std::uint32_t k) noexcept {
   // P_Key (bytes 2-3), destination QP (5-7), PSN (9-11).
-  return std::memcmp(next + 2, first + 2, 2) == 0 && std::memcmp(next + 5, first + 5, 3) == 0 &&
-         get24(next + 9) == ((get24(first + 9) + k) & psn_mask);
+  return std::memcmp(seg + 2, head + 2, 2) == 0 && std::memcmp(seg + 5, head + 5, 3) == 0 &&
+         get24(seg + 9) == ((get24(head + 9) + k) & psn_mask);
 }
 
 std::size_t run_segment_size(std::span<const std::byte> dgram) noexcept {

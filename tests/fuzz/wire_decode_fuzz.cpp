@@ -13,7 +13,12 @@
 // (TVer is not among them: decode refuses a non-zero TVer.)
 //
 // It also checks that the ICRC of the input computed in one call equals the
-// ICRC fed to `icrc_builder` in two pieces.
+// ICRC fed to `icrc_builder` in two pieces; that `decode_headers()` (the
+// in-process path, payload held elsewhere) agrees with `decode()`; that
+// `run_segment_size()` (a 64 KiB datagram a peer controls) splits only
+// where every segment continues the run; that `ipv4_id_icrc::solve()` finds
+// the ID whose delta it is given, for any length; and that
+// `parse_grh_area()` takes any 40 bytes.
 //
 // Any mismatch aborts, which libFuzzer reports as a crash.
 #include "wire/roce.hpp"
@@ -91,6 +96,54 @@ void check_icrc_pieces(std::span<const std::byte> pkt) {
   if (b.value() != w::icrc(ip_udp, pkt)) fail("icrc_builder in pieces differs from icrc()", cut);
 }
 
+// decode_headers() on the headers of whatever decode() took, the payload's
+// length given apart, finds the same opcode and the same headers.
+void check_decode_headers(std::span<const std::byte> pkt) {
+  w::packet_view v;
+  if (w::decode(pkt, true, v) != w::decode_error::ok) return;
+  w::packet_view h;
+  if (w::decode_headers(pkt.first(v.op->length), v.payload.size(), h) != w::decode_error::ok)
+    fail("decode_headers refused what decode took");
+  if (h.op != v.op || !h.payload.empty()) fail("decode_headers' view differs from decode's");
+  std::array<std::byte, w::max_header_size> a{}, b{};
+  if (w::encode(v.hdr, a) != w::encode(h.hdr, b) || a != b)
+    fail("decode_headers' headers differ from decode's");
+}
+
+// A split run_segment_size() finds: every segment after the first continues
+// the first one's run, none is shorter than a packet, and the size is one
+// a packet can have.
+void check_run_segment_size(std::span<const std::byte> dgram) {
+  const std::size_t seg = w::run_segment_size(dgram);
+  if (seg == dgram.size()) return;
+  if (seg < w::bth_size + w::icrc_size || seg > w::max_packet_size || seg > dgram.size())
+    fail("run_segment_size out of range", seg);
+  std::uint32_t k = 1;
+  for (std::size_t off = seg; off < dgram.size(); off += seg, ++k) {
+    if (dgram.size() - off < w::bth_size + w::icrc_size) fail("a segment shorter than a packet", off);
+    if (!w::continues_run(dgram.data(), dgram.data() + off, k))
+      fail("a segment that does not continue the run", off);
+  }
+}
+
+// For a length and ID the input chooses: solve() inverts delta().
+void check_id_solve(std::span<const std::byte> in) {
+  if (in.size() < 4) return;
+  static w::ipv4_id_icrc ids;  // (its cache of a few lengths is part of what is tested)
+  const std::size_t len =
+      w::bth_size + (std::to_integer<std::size_t>(in[0]) << 8 | std::to_integer<std::size_t>(in[1])) % 4200;
+  const auto id =
+      static_cast<std::uint16_t>(std::to_integer<unsigned>(in[2]) << 8 | std::to_integer<unsigned>(in[3]));
+  const std::optional<std::uint16_t> got = ids.solve(len, ids.delta(len, id));
+  if (!got || *got != id) fail("ipv4_id_icrc::solve did not find the ID of its own delta", len);
+}
+
+void check_grh_area(std::span<const std::byte> in) {
+  if (in.size() < 40) return;
+  w::grh_fields g;
+  (void)w::parse_grh_area(in.first<40>(), g);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
@@ -98,5 +151,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   check_decode(pkt, false);
   check_decode(pkt, true);
   check_icrc_pieces(pkt);
+  check_decode_headers(pkt);
+  check_run_segment_size(pkt);
+  check_id_solve(pkt);
+  check_grh_area(pkt);
   return 0;
 }

@@ -804,6 +804,10 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
     refuse(wcm::rej_reason::invalid_gid, &m.dst);
     return;
   }
+  if (r.path_mtu < 1 || r.path_mtu > static_cast<std::uint8_t>(dev_.active_mtu())) {
+    refuse(wcm::rej_reason::invalid_mtu);
+    return;
+  }
   // (After the checks above: a REQ refused for its own fields touches no
   // earlier request or connection.)
   // Stale: that QP of that CA, at this address, is still connected, in
@@ -831,10 +835,6 @@ void manager::on_req(const soft::mad_in& m, const wcm::mad_header& h) noexcept {
   listen_t* l = find_listener(port_space::tcp, dst_ip, port);
   if (l == nullptr || l->closed) {
     refuse(wcm::rej_reason::invalid_service_id);
-    return;
-  }
-  if (r.path_mtu < 1 || r.path_mtu > static_cast<std::uint8_t>(dev_.active_mtu())) {
-    refuse(wcm::rej_reason::invalid_mtu);
     return;
   }
   if (l->queue.size() >= l->backlog) {

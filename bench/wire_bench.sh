@@ -348,8 +348,12 @@ for ((r = 1; r <= rounds; r++)); do
   around=gso_gro,splice_gro
   [[ -n $best_v && ,$around, != *",$best_v,"* ]] && around+=",$best_v"
   # Context, not a target: raw UDP carrying averbs' packets (roce_layout,
-  # bench/udp_baseline.cpp), the most any RoCE sender of this layout gets.
-  around+=",roce_layout"
+  # bench/udp_baseline.cpp), a ceiling for any RoCE sender of this layout.
+  # Its own runs, so that one that fails leaves the target's baseline be,
+  # and outside it, so that the baseline stays right beside averbs.
+  next_port
+  bg "$tmp/udp_roce1.cli" timeout -k 2 60 "$udpb" throughput --variants roce_layout --server-addr "$srv_ip" \
+    --client-addr "$cli_ip" -p "$port" --cpus "$cpus" --seconds "$udp_seconds"
   next_port
   bg "$tmp/udp_bw1.cli" timeout -k 2 60 "$udpb" throughput --variants "$around" --server-addr "$srv_ip" \
     --client-addr "$cli_ip" -p "$port" --cpus "$cpus" --seconds "$udp_seconds"
@@ -363,6 +367,9 @@ for ((r = 1; r <= rounds; r++)); do
   bg "$tmp/udp_bw2.cli" timeout -k 2 60 "$udpb" throughput --variants "$around" --server-addr "$srv_ip" \
     --client-addr "$cli_ip" -p "$port" --cpus "$cpus" --seconds "$udp_seconds"
   recheck_failed throughput "$tmp/udp_bw2.cli"
+  next_port
+  bg "$tmp/udp_roce2.cli" timeout -k 2 60 "$udpb" throughput --variants roce_layout --server-addr "$srv_ip" \
+    --client-addr "$cli_ip" -p "$port" --cpus "$cpus" --seconds "$udp_seconds"
   udp_bw2=$(kv "$tmp/udp_bw2.cli" "throughput variant=gso_gro " MiBps)
   # The target's denominator is the round's best variant (run just before
   # and just after): the geometric mean of the two, if the placement held.
@@ -374,8 +381,8 @@ for ((r = 1; r <= rounds; r++)); do
   [[ " ${vals[bw_moved]:-} " == *" $r "* ]] && bw_left_out=1
   gso1=$(kv "$tmp/udp_bw1.cli" "throughput variant=gso_gro " MiBps)
   pair_if_same_placement bw_gso "$av_bw" "$(geo "$gso1" "$udp_bw2")" "$gso1" "$udp_bw2" 0.25 le1
-  roce1=$(kv "$tmp/udp_bw1.cli" "throughput variant=roce_layout " MiBps)
-  roce2=$(kv "$tmp/udp_bw2.cli" "throughput variant=roce_layout " MiBps)
+  roce1=$(kv "$tmp/udp_roce1.cli" "throughput variant=roce_layout " MiBps)
+  roce2=$(kv "$tmp/udp_roce2.cli" "throughput variant=roce_layout " MiBps)
   isnum "$roce1" && add udp_bw_roce_layout "$roce1"
   pair_if_same_placement bw_roce "$av_bw" "$(geo "$roce1" "$roce2")" "$roce1" "$roce2" 0.25 le1
   # ... and that ceiling against the target's denominator (both raw, both
@@ -395,7 +402,7 @@ for ((r = 1; r <= rounds; r++)); do
     f=$(kv "$tmp/udp_bw2.cli" "throughput variant=$v " MiBps)
     again+="${again:+, }$v ${f:-n/a}"
   done
-  line+=" write_bw ${av_bw:-n/a} MiB/s (raw again: $again);"
+  line+=" write_bw ${av_bw:-n/a} MiB/s (raw again: $again; roce_layout ${roce1:-n/a} before, ${roce2:-n/a} after);"
 
   # ... and with 1 % of the packets dropped on each side (seeds vary by round).
   if ((loss)); then

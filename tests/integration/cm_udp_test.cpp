@@ -879,6 +879,15 @@ class cm_udp_fake_peer : public cm_udp {
     ASSERT_TRUE(poll_until([&] { return acc.ready(); }));
     acc.get();
   }
+  /// reject() and accept() of the request `req` came with both fail with `e`.
+  void expect_late_answers_fail(const cm::connector& req, errc e) {
+    std::error_code ec;
+    req.reject({}, ec);
+    EXPECT_EQ(ec, e) << "reject: " << ec.message();
+    qp q = make_qp(b);
+    req.accept(q, {}, {}, ec);
+    EXPECT_EQ(ec, e) << "accept: " << ec.message();
+  }
   void listen_on_b() {
     make(b, 1, "", nullptr, false);
     l = cm::listen(b.dev, {b.ip, 7471});
@@ -946,12 +955,7 @@ TEST_F(cm_udp_fake_peer, a_timeout_rej_found_by_the_requesters_ids_ends_only_an_
   EXPECT_TRUE(poll_until([&] { return waiting->state() == cm::conn_state::closed; }, 2s))
       << "the requester's own REJ did not end its request: " << static_cast<int>(waiting->state());
   // Answering it now says why it is gone, whichever the answer.
-  std::error_code ec;
-  waiting->reject({}, ec);
-  EXPECT_EQ(ec, errc::timed_out) << ec.message();
-  qp qc = make_qp(b);
-  waiting->accept(qc, {}, {}, ec);
-  EXPECT_EQ(ec, errc::timed_out) << ec.message();
+  expect_late_answers_fail(*waiting, errc::timed_out);
 }
 
 // A passive connection that was up and that a REJ ended is closed to a
@@ -978,12 +982,7 @@ TEST_F(cm_udp_fake_peer, a_connection_a_rej_ended_refuses_a_late_accept_or_rejec
   clock.advance(std::chrono::minutes(5));  // past timewait
   ASSERT_TRUE(poll_until([&] { return passive->state() == cm::conn_state::closed; }))
       << static_cast<int>(passive->state());
-  std::error_code ec;
-  passive->reject({}, ec);
-  EXPECT_EQ(ec, errc::invalid_state) << ec.message();
-  qp qc = make_qp(b);
-  passive->accept(qc, {}, {}, ec);
-  EXPECT_EQ(ec, errc::invalid_state) << ec.message();
+  expect_late_answers_fail(*passive, errc::invalid_state);
 }
 
 // A peer that keeps replacing its request (the same CA GUID and QP, a new

@@ -61,35 +61,48 @@ TEST_F(verbs_stress, modify_query_and_state_racing_destroy_qp) {
   }
 }
 
+class verbs_stress_traffic : public conformance_test {
+ protected:
+  /// Runs `post` on its own thread until it is refused (or 1 s), draining
+  /// `q` after each, while this thread lets it start and then runs
+  /// `destroy`; the refusal.
+  template <class Post, class Destroy>
+  std::error_code race_until_refused(const cq& q, Post&& post, Destroy&& destroy) {
+    std::atomic<bool> started{false};
+    std::error_code last;
+    std::thread user([&] {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      for (int i = 0; std::chrono::steady_clock::now() < until; ++i) {
+        last = post();
+        if (i == 0) started.store(true);
+        if (last) break;
+        (void)drain(q);
+      }
+    });
+    while (!started.load()) std::this_thread::yield();
+    destroy();
+    user.join();
+    (void)drain(q);
+    return last;
+  }
+};
+
 // A UD send naming an AH another thread destroys: posted before the
 // destroy, or refused after it (invalid_argument).  The post used to read
 // the AH's engine pointer outside the engine's lock, and the engine then
 // read the AH through it: freed meanwhile (TSan reports the unlocked read
 // racing the destroy).  It now looks the AH up under the lock by slot and
 // generation.
-using verbs_stress_traffic = conformance_test;
 TEST_F(verbs_stress_traffic, ud_sends_naming_an_ah_racing_its_destroy) {
   auto p = connected_pair(qp_options{.type = qp_type::ud});
   auto src = make_buffer(16);
   for (int r = 0; r < 50; ++r) {
     ah h = make_ah();
     const ah copy = h;  // the same AH
-    std::atomic<bool> started{false};
-    std::error_code last;
-    std::thread user([&] {
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-      for (int i = 0; std::chrono::steady_clock::now() < until; ++i) {
-        last = post_ud(p.a, copy, p.b.num(), ud_qkey, {src.whole()}, 1);
-        if (i == 0) started.store(true);
-        if (last) break;
-        (void)drain(p.cq_a);
-      }
-    });
-    while (!started.load()) std::this_thread::yield();
-    h.destroy();
-    user.join();
+    const std::error_code last = race_until_refused(
+        p.cq_a, [&] { return post_ud(p.a, copy, p.b.num(), ud_qkey, {src.whole()}, 1); },
+        [&] { h.destroy(); });
     EXPECT_EQ(last, errc::invalid_argument) << last.message();
-    (void)drain(p.cq_a);
   }
 }
 
@@ -100,23 +113,14 @@ TEST_F(verbs_stress_traffic, type1_binds_racing_the_windows_dealloc) {
   for (int r = 0; r < 50; ++r) {
     mw w = pd_.alloc_mw(mw_type::type1);
     const mw copy = w;  // the same window
-    std::atomic<bool> started{false};
-    std::error_code last;
-    std::thread user([&] {
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
-      for (int i = 0; std::chrono::steady_clock::now() < until; ++i) {
-        last =
-            p.b.bind_mw(copy, 1, send_signaled, {region.m.lkey(), region.addr(), 4096, access_remote_write});
-        if (i == 0) started.store(true);
-        if (last) break;
-        (void)drain(p.cq_b);
-      }
-    });
-    while (!started.load()) std::this_thread::yield();
-    w.dealloc();
-    user.join();
+    const std::error_code last = race_until_refused(
+        p.cq_b,
+        [&] {
+          return p.b.bind_mw(copy, 1, send_signaled,
+                             {region.m.lkey(), region.addr(), 4096, access_remote_write});
+        },
+        [&] { w.dealloc(); });
     EXPECT_EQ(last, errc::invalid_argument) << last.message();
-    (void)drain(p.cq_b);
   }
 }
 

@@ -186,7 +186,6 @@ void fault_link::pass(packet* p, bool urgent) noexcept {
   }
   if (cfg_.delay > 0 && uniform() < cfg_.delay) {
     p->own_payload();
-    ++dev_.counters_.faults_delayed;
     hold(p, deadline_after(dev_.clock().now(), cfg_.delay_time), urgent);
     return;
   }
@@ -256,6 +255,7 @@ void fault_link::hold(packet* p, clock::time_point due, bool urgent) noexcept {
     dev_.free_packet(p);
     return;
   }
+  ++dev_.counters_.faults_delayed;  // (only one kept: one lost above is a drop)
   if (!timer_pending_) schedule_release(due);
 }
 

@@ -185,6 +185,7 @@ packet* device::alloc_packet() noexcept {
   p->run = 1;
   p->decoded = false;
   p->management = false;
+  p->overtaken = false;
   p->flow_label = 0;  // only a link that reads one sets it
   return p;
 }
@@ -1630,10 +1631,16 @@ void device::poll_priority_every(std::chrono::steady_clock::time_point now,
                                  std::chrono::microseconds interval) noexcept {
   if (now - last_priority_poll_ <= interval) return;
   last_priority_poll_ = now;
-  if (mads_queued_ >= max_queued_mads) {
+  // Not while MADs read before still wait, nor ahead of a packet they went
+  // ahead of once: each MAD costs more to handle (an answer to send) than
+  // to read, and a flood read as fast as it came, to the front of the
+  // queue, kept what waited behind (an ACK, say) from ever being reached.
+  if (mads_queued_ != 0 || (rx_head_ != nullptr && rx_head_->overtaken)) {
     ++counters_.management_deferred;
     return;
   }
+  if (rx_head_ != nullptr)
+    rx_head_->overtaken = true;  // (no MAD is queued: the head is the first behind them)
   link_->poll_priority();
 }
 
@@ -1849,7 +1856,7 @@ void device::run() noexcept {
         break;
       }
     }
-    if (rx_head_ != nullptr) {
+    if (rx_head_ != nullptr && !std::exchange(sends_turn_, false)) {
       packet* p = rx_head_;
       rx_head_ = p->next;
       if (rx_head_ == nullptr) rx_tail_ = nullptr;
@@ -1868,6 +1875,7 @@ void device::run() noexcept {
       if (qpn == wire::cm::gsi_qpn) {
         receive_gsi(p);
         free_packet(p);
+        sends_turn_ = req_head_ != nullptr || !ack_ready_.empty();
         continue;
       }
       qp_t* qp = qp_by_number(qpn);

@@ -496,6 +496,9 @@ struct packet {
   /// Read from the management socket (a MAD): counted while queued
   /// (device::mads_queued_).  Cleared by alloc_packet().
   bool management = false;
+  /// Queued, and MADs read since went ahead of it: no more do until it is
+  /// handled (device::poll_priority_every).  Cleared by alloc_packet().
+  bool overtaken = false;
   std::uint32_t icrc = 0;            // as computed by the sender's device
   packet* next = nullptr;
 
@@ -1035,14 +1038,20 @@ class device final : public progress_source, public clock_listener {
   packet* rx_head_ = nullptr;
   packet* rx_tail_ = nullptr;
   packet* rx_front_last_ = nullptr;  // the last management datagram queued ahead of the data
-  /// Management datagrams on the receive queue.  None is read while
-  /// max_queued_mads wait: a flood of MADs (each answered with a send that
-  /// costs more than its read) would otherwise grow the queue, and the
-  /// packet pool, which never shrinks, without bound, and keep the data
-  /// socket unread (it is read only when the queue is empty).  The socket's
-  /// buffer holds the rest, and drops what it cannot.
+  /// Management datagrams on the receive queue.  None is read while any
+  /// waits: a flood of MADs (each answered with a send that costs more than
+  /// its read) would otherwise grow the queue, and the packet pool, which
+  /// never shrinks, without bound, or keep its front full and the data
+  /// behind unreached; and a packet already overtaken by MADs is not
+  /// overtaken again.  The socket's buffer holds the rest, and drops what
+  /// it cannot.
   std::size_t mads_queued_ = 0;
-  static constexpr std::size_t max_queued_mads = 32;
+  /// After a MAD, the sends waiting (a requester's turn, ACKs) go once
+  /// before the next packet received, in this pass or the next (one MAD
+  /// may take a whole pass's budget): a flood of MADs keeps the receive
+  /// queue from draining, which is when they would go otherwise, and a
+  /// connection's messages and ACKs stopped for as long as it lasted.
+  bool sends_turn_ = false;
   // The run queue: QPs with packets to send, a requester's or READ
   // responses (schedule_requester(); a turn runs responder_turn(), then
   // requester()), in order; intrusive so scheduling never allocates.

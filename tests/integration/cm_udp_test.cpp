@@ -483,6 +483,46 @@ class raw_sender {
   sockaddr_in dst_{};
 };
 
+// A sustained flood of MADs (REQs for a port nobody listens on, each
+// answered with a REJ, which costs more than its read) leaves a
+// connection's messages flowing (helper-138 #1).  MADs were read to the
+// front of the receive queue as fast as they came, so the receive queue
+// never drained, and the sends (a requester's turn, the ACKs), which wait
+// for that, and an ACK received behind them, never went: the RC QPs ran
+// out of retries.
+TEST_F(cm_udp, a_flood_of_mads_leaves_the_data_flowing) {
+  side a, b;
+  make(a, 0);
+  make(b, 1, "", nullptr, false);  // (the flood's raw datagrams carry no ICRC)
+  connection k = connect_rc(a, b);
+  std::atomic<bool> stop{false};
+  std::thread flooder([&] {
+    raw_sender raw(test_address(2), test_address(1), test_port());
+    wire::cm::req r;
+    r.service_id = wire::cm::service_id(wire::cm::port_space::tcp, 7472);
+    std::array<std::byte, wire::cm::mad_size> mad;
+    for (std::uint32_t id = 1; !stop.load(std::memory_order_relaxed); ++id) {
+      r.local_comm_id = id;
+      wire::cm::encode(wire::cm::mad_header{}, r, std::span<std::byte, wire::cm::mad_size>(mad));
+      raw.send(mad);
+    }
+  });
+  const std::uint64_t deferred = b.dev.counters().management_deferred;
+  int exchanges = 0;
+  const auto until = std::chrono::steady_clock::now() + 300ms;
+  while (std::chrono::steady_clock::now() < until && !HasFailure()) {
+    exchange(a, k.qa, b, k.qb);
+    exchange(b, k.qb, a, k.qa);
+    ++exchanges;
+  }
+  stop = true;
+  flooder.join();
+  EXPECT_GT(b.dev.counters().management_deferred, deferred) << "the flood never filled the queue";
+  EXPECT_GE(exchanges, 5) << "the messages stopped under the flood";
+  EXPECT_EQ(k.qa.state(), qp_state::rts);
+  EXPECT_EQ(k.qb.state(), qp_state::rts);
+}
+
 TEST_F(cm_udp, garbage_on_qp1_leaves_the_cm_working) {
   side b;
   make(b, 1, "", nullptr, false);  // the raw sender does not compute ICRCs

@@ -1025,12 +1025,11 @@ void manager::on_rej(const soft::mad_in& m) noexcept {
     cp = it != by_remote_.end() ? it->second : nullptr;
     // Only a connection the requester can still be waiting on: one it has
     // not learned our comm ID for (REQ received, REP sent) -- and only
-    // from its address.  Its CA GUID and comm ID are in every REQ it
-    // sends anywhere; without this anyone who saw one could end the
-    // connection it made here (ib_cm's cm_acquire_rejected_id() is as
-    // weak).
-    if (cp != nullptr && ((cp->st != state::req_rcvd && cp->st != state::rep_sent) || cp->peer_addr != m.src))
-      cp = nullptr;
+    // from its address (the key holds it).  Its CA GUID and comm ID are in
+    // every REQ it sends anywhere; without this anyone who saw one could
+    // end the connection it made here (ib_cm's cm_acquire_rejected_id() is
+    // as weak).
+    if (cp != nullptr && cp->st != state::req_rcvd && cp->st != state::rep_sent) cp = nullptr;
   }
   // Only from the connection's peer, as every answer (docs/cm.md): our
   // comm IDs are sequential, and before the REP a REJ names nothing else.

@@ -184,15 +184,13 @@ class manager final : public soft::gsi_agent {
   std::size_t live_conns() const noexcept { return conns_.size(); }
 
  private:
-  // A REQ's (CA GUID, comm ID, 0, false), or a SIDR_REQ's (its sender's
-  // address in two halves, request ID, true): SIDR has no CA GUID, and
-  // a key space of its own keeps a SIDR sender from ever naming a REQ.
-  // A peer's identifiers (CA GUID and comm ID or QPN), under the address
-  // they came from: they are on the wire for anyone to copy, and one who
-  // sends them from elsewhere must not take them from their owner (a REQ
-  // squatting a requester's comm ID or QPN would swallow or refuse its
-  // real one for minutes).  A SIDR request's: its sender's address in
-  // (guid, low), its request ID.
+  // A REQ's (CA GUID, comm ID or QPN, 0, false, sender's address): the
+  // identifiers are on the wire for anyone to copy, and one who sends them
+  // from elsewhere must not take them from their owner (a REQ squatting a
+  // requester's comm ID or QPN would swallow or refuse its real one for
+  // minutes).  A SIDR_REQ's (its sender's address in two halves, request
+  // ID, true): SIDR has no CA GUID, and a key space of its own keeps a
+  // SIDR sender from ever naming a REQ.
   struct key {
     std::uint64_t guid;
     std::uint32_t id;

@@ -976,14 +976,13 @@ class device final : public progress_source, public clock_listener {
   std::error_code bind_mw(qp_t* qp, send_wqe* w) noexcept;
   /// The live AH or window `r` names, or null (gone, or another device's:
   /// a caller may pass one).  Must hold lock_.
-  ah_t* find_ah(const object_ref& r) const noexcept {
-    return r.owner == this && r.index < ahs_.size() && ahs_[r.index] != nullptr && ahs_[r.index]->gen == r.gen
-               ? ahs_[r.index].get()
-               : nullptr;
-  }
-  mw_t* find_mw(const object_ref& r) const noexcept {
-    return r.owner == this && r.index < mws_.size() && mws_[r.index] != nullptr && mws_[r.index]->gen == r.gen
-               ? mws_[r.index].get()
+  ah_t* find_ah(const object_ref& r) const noexcept { return find_live(ahs_, r); }
+  mw_t* find_mw(const object_ref& r) const noexcept { return find_live(mws_, r); }
+  template <class T>
+  T* find_live(const std::vector<std::unique_ptr<T>>& table, const object_ref& r) const noexcept {
+    return r.owner == this && r.index < table.size() && table[r.index] != nullptr &&
+                   table[r.index]->gen == r.gen
+               ? table[r.index].get()
                : nullptr;
   }
   std::uint32_t alloc_key(key_entry::kind k, void* obj) noexcept;

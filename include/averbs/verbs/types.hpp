@@ -431,10 +431,10 @@ struct device_counters {
   /// device started no new requests.  None is lost to a full buffer unless
   /// thousands wait (then counted in `dropped`).
   std::uint64_t send_deferred = 0;
-  /// Reads of the management socket put off because 32 management
-  /// datagrams (MADs) were still queued: a flood of them waits in (and
-  /// overflows) the socket's buffer instead of growing the device's memory
-  /// and starving the data.
+  /// Reads of the management socket put off because management datagrams
+  /// (MADs) were still queued, or a packet MADs already went ahead of once
+  /// waits: a flood of them waits in (and overflows) the socket's buffer
+  /// instead of growing the device's memory and starving the data.
   std::uint64_t management_deferred = 0;
   std::uint64_t gso_runs = 0;  ///< runs of packets sent as one UDP GSO datagram
   std::uint64_t gso_packets = 0;  ///< packets sent inside those runs

@@ -72,6 +72,16 @@ class cm_test : public ::testing::Test {
     ctx->poll();
   }
 
+  /// Starts accepting `req` on `q` with every packet dropped (its REP is
+  /// lost; the faults stay set) and lets the device run once.
+  averbs::request<void> accept_losing_the_rep(const cm::connector& req, const qp& q,
+                                              const cm::conn_params& p) {
+    sdev->set_faults("drop=1");
+    auto accepted = req.async_accept(q, {}, p, use_request);
+    ctx->poll();
+    return accepted;
+  }
+
   /// A connected pair: `a` connected to `b` through a listener at `port`.
   struct pair {
     cm::connector active, passive;

@@ -511,9 +511,7 @@ TEST_F(cm_test, a_cancelled_accept_stops_resending_its_reply) {
   cm::connector c(dev);
   auto conn = c.async_connect(a, at(7000), {}, fast(), use_request);
   cm::connection_request req = l.get_request();
-  sdev->set_faults("drop=1");
-  auto accepted = req.conn.async_accept(b, {}, fast(), use_request);
-  ctx->poll();
+  auto accepted = accept_losing_the_rep(req.conn, b, fast());
   ASSERT_FALSE(accepted.ready());
   accepted.cancel();
   sdev->set_faults("");
@@ -535,9 +533,7 @@ TEST_F(cm_test, a_cancelled_accept_ends_when_its_state_is_read) {
   cm::connector c(dev);
   auto conn = c.async_connect(a, at(7000), {}, fast(), use_request);
   cm::connection_request req = l.get_request();
-  sdev->set_faults("drop=1");  // the REP is lost
-  auto accepted = req.conn.async_accept(b, {}, fast(), use_request);
-  ctx->poll();
+  auto accepted = accept_losing_the_rep(req.conn, b, fast());
   ASSERT_FALSE(accepted.ready());
   ASSERT_EQ(req.conn.state(), cm::conn_state::accepting);
   accepted.cancel();
